@@ -1,0 +1,57 @@
+"""RunPod serverless entry: job -> vLLM engine -> streamed dicts.
+
+Accepted ``job["input"]`` (see ``worker/schema.py`` for every field)::
+
+    {"prompt": "Hello", "sampling_params": {"max_tokens": 64, "temperature": 0}, "stream": true}
+    {"messages": [{"role": "user", "content": "Hi"}], "sampling_params": {...}}
+    {"prompt": "...", "sampling_params": {"structured_outputs": {"json": {<JSON schema>}}}}
+
+Every item is a dict: ``{"text": delta}`` while streaming; the last adds ``finish_reason``,
+``usage``, ``timings``, ``spec_decode`` and ``served``. Errors: ``{"error": ..., "error_type": ...}``.
+
+Run locally:
+    python handler.py                          # the job in test_input.json
+    python handler.py --test_input '<json>'    # that job
+    python handler.py --rp_serve_api           # the RunPod SDK's local API server
+
+Importing this module boots nothing: the engine starts with the first job.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from worker.config import is_on_runpod
+from worker.serverless import ServerlessWorker, main_local
+
+_worker = ServerlessWorker()
+
+
+async def handler(job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async for item in _worker.handle(job):
+        yield item
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _worker.holder.install_signal_handlers()
+    serve_api = any(arg.startswith("--rp_serve_api") for arg in argv)
+    if serve_api or is_on_runpod():
+        import runpod
+
+        _worker.runpod_config.update(
+            handler=handler,
+            concurrency_modifier=_worker.concurrency_modifier,
+            return_aggregate_stream=True,
+        )
+        runpod.serverless.start(_worker.runpod_config)
+        return 0
+    # The SDK's own local mode does not iterate async-generator handlers: ours does.
+    return main_local(_worker, argv)
+
+
+if __name__ == "__main__":  # vLLM's spawned workers re-import this file: nothing may start on import
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,167 @@
+"""Settings: the worker's whole configuration, parsed once from the environment.
+
+Variable names follow RunPod's official vLLM worker where the meaning is the same
+(``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...).
+Speculative decoding is configured either by ``SPECULATIVE_CONFIG`` (vLLM's JSON) or by
+the simple knobs ``SPECULATIVE_METHOD`` / ``SPECULATIVE_MODEL`` / ``NUM_SPECULATIVE_TOKENS``,
+never both. An unset ``MODEL_NAME`` selects the embedded tiny model (built offline on first
+use), which by default speculates with its noisy-copy draft.
+
+This is the only module that reads the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from worker.errors import ConfigError
+
+__all__ = ["TINY_PREFIX", "Settings", "is_on_runpod", "load_settings"]
+
+TINY_PREFIX = "tiny:"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
+
+
+class Settings(BaseSettings):
+    """Every knob of the worker. Field names are the environment variable names, lowercased."""
+
+    model_config = SettingsConfigDict(extra="ignore", case_sensitive=False, frozen=True)
+
+    # Model
+    model_name: str | None = Field(None, description="Local path or hub id; unset: the embedded tiny model")
+    model_revision: str | None = None
+    tokenizer_name: str | None = None
+    tokenizer_revision: str | None = None
+    max_model_len: int | None = Field(None, ge=16)
+    dtype: str = "auto"
+    quantization: str | None = Field(None, description="awq, awq_marlin, gptq, gptq_marlin, fp8, ...; unset: from the checkpoint")
+    kv_cache_dtype: str = "auto"
+    load_format: str = "auto"
+    trust_remote_code: bool = False
+    hf_token: str | None = Field(None, repr=False)
+
+    # Engine
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(None, gt=0, description="KV cache size; needed on CPU unless VLLM_CPU_KVCACHE_SPACE is set")
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = Field(1, ge=1)
+    enforce_eager: bool = False
+    seed: int = 0
+
+    # Speculative decoding
+    speculative_config: dict[str, Any] | None = None
+    speculative_method: str | None = None
+    speculative_model: str | None = None
+    num_speculative_tokens: int | None = Field(None, ge=1, le=32)
+    per_request_spec_decode_metrics: Literal["summary", "detailed"] = "summary"
+
+    # Serving
+    max_concurrency: int | None = Field(None, ge=1)
+    default_max_tokens: int = Field(512, ge=1, description="max_tokens when a request gives none")
+    # Stream coalescing, in tokens per streamed item (RunPod worker-vllm's names).
+    default_batch_size: int = Field(50, ge=1)
+    default_min_batch_size: int = Field(1, ge=1)
+    default_batch_size_growth_factor: float = Field(3.0, ge=1)
+    worker_cache_dir: Path = DEFAULT_CACHE_DIR
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, *_: Any, **__: Any) -> tuple[Any, ...]:
+        # load_settings() reads the environment it is given; nothing else is consulted.
+        return (init_settings,)
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _parse_spec_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("must be a JSON object")
+        return value
+
+    @field_validator("speculative_method", "speculative_model", "quantization", "model_name", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _check_speculation(self) -> Settings:
+        knobs = self.speculative_method or self.speculative_model or self.num_speculative_tokens
+        if self.speculative_config is not None and knobs:
+            raise ValueError(
+                "SPECULATIVE_CONFIG cannot be combined with SPECULATIVE_METHOD/SPECULATIVE_MODEL/"
+                "NUM_SPECULATIVE_TOKENS; use one or the other"
+            )
+        if self.speculative_method == "none":
+            return self
+        if (self.speculative_method or self.speculative_model) and self.num_speculative_tokens is None:
+            raise ValueError("speculative decoding needs NUM_SPECULATIVE_TOKENS (e.g. 3)")
+        if self.speculative_method == "draft_model" and not self.speculative_model:
+            raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
+        return self
+
+    @property
+    def is_tiny_default(self) -> bool:
+        return self.model_name is None or self.model_name.startswith(TINY_PREFIX)
+
+    def resolved_speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs.
+
+        Model references may use the ``tiny:<variant>`` form; the engine resolves them.
+        """
+        if self.speculative_method == "none":
+            return None
+        if self.speculative_config is not None:
+            return dict(self.speculative_config)
+        if self.speculative_method or self.speculative_model:
+            method = self.speculative_method or "draft_model"
+            spec: dict[str, Any] = {"method": method, "num_speculative_tokens": self.num_speculative_tokens}
+            if self.speculative_model:
+                spec["model"] = self.speculative_model
+            if method == "ngram":
+                spec.setdefault("prompt_lookup_max", 4)
+                spec.setdefault("prompt_lookup_min", 1)
+            return spec
+        if self.model_name is None:
+            # The embedded default shows speculation working: a noisy copy drafts for the target.
+            return {"method": "draft_model", "model": f"{TINY_PREFIX}noisy", "num_speculative_tokens": 3}
+        return None
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Parse settings from ``env`` (default: the process environment).
+
+    Raises :class:`ConfigError` naming the offending variable.
+    """
+    source = dict(os.environ if env is None else env)
+    fields = {name.upper() for name in Settings.model_fields}
+    values = {key.lower(): value for key, value in source.items() if key.upper() in fields}
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False, include_input=False):
+            loc = ".".join(str(part) for part in error["loc"])
+            name = loc.upper() if loc else "configuration"
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{name}: {message}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+
+
+def is_on_runpod(env: Mapping[str, str] | None = None) -> bool:
+    """True on a RunPod serverless worker (which sets RUNPOD_WEBHOOK_GET_JOB): serve the queue."""
+    return bool((os.environ if env is None else env).get("RUNPOD_WEBHOOK_GET_JOB"))

@@ -1,0 +1,370 @@
+"""The engine: vLLM's ``AsyncLLM`` behind schema types. Knows nothing of RunPod or HTTP.
+
+``Engine.boot(settings)`` builds the engine (quantization from the checkpoint unless
+``QUANTIZATION`` says otherwise; speculative decoding through one config path, with a draft
+compatibility check vLLM does not make). ``Engine.generate(request)`` yields one
+:class:`StreamChunk` per engine step and a final one with usage, timings and exact
+per-request acceptance stats.
+
+Exact stats on every ending: vLLM attaches a request's spec-decode metrics only to the engine
+core's final output, so a request finished by a stop string (detected in the frontend) or
+cancelled gets none. :class:`SpecMetricsScheduler` makes the core attach a snapshot on every
+step; the frontend keeps the latest, so the final output of a stop-string request carries the
+counts up to and including its last step, and a cancelled one can report what was observed.
+
+This is the only module that imports vLLM (the engine-core process imports it too, for the
+scheduler class).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
+
+from worker.config import TINY_PREFIX, Settings
+from worker.draft_check import check_draft_compatible
+from worker.engine_args import build_engine_kwargs, model_ref
+from worker.errors import ContextLengthExceeded, EngineBootError, EngineDead, InvalidRequest, WorkerError
+from worker.schema import GenerateRequest, Served, SpecDecodeStats, StreamChunk, Timings, Usage
+from worker.stats import spec_stats_from_histogram
+
+try:  # absent from older vLLM releases
+    from vllm.sampling_params import StructuredOutputsParams
+except ImportError:  # pragma: no cover - depends on the vLLM release
+    StructuredOutputsParams = None  # type: ignore[assignment,misc]
+try:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+except ImportError:  # pragma: no cover
+    AsyncScheduler = None  # type: ignore[assignment,misc]
+
+__all__ = ["Engine", "RequestEnd", "SpecMetricsAsyncScheduler", "SpecMetricsScheduler"]
+
+log = logging.getLogger(__name__)
+
+HAS_PER_REQUEST_SPEC_METRICS = "per_request_spec_decode_metrics" in {
+    f.name for f in dataclasses.fields(AsyncEngineArgs)
+}
+
+
+class _SpecMetricsEveryStep:
+    """Scheduler mixin: attach a snapshot of each request's spec-decode metrics to every output."""
+
+    requests: dict[str, Any]
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        for engine_outputs in outputs.values():
+            for output in engine_outputs.outputs:
+                if output.spec_decode_metrics is not None:
+                    continue
+                request = self.requests.get(output.request_id)
+                metrics = getattr(request, "spec_decode_metrics", None)
+                if metrics is not None:
+                    # A copy: the core goes on mutating the live object while this one is sent.
+                    output.spec_decode_metrics = dataclasses.replace(metrics, histogram=list(metrics.histogram))
+        return outputs
+
+
+class SpecMetricsScheduler(_SpecMetricsEveryStep, Scheduler):
+    pass
+
+
+if AsyncScheduler is not None:
+
+    class SpecMetricsAsyncScheduler(_SpecMetricsEveryStep, AsyncScheduler):
+        pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestEnd:
+    """How a request ended, for observers (metrics, logs)."""
+
+    request_id: str
+    outcome: str  # "finished", "cancelled", "error"
+    finish_reason: str | None
+    spec_decode: SpecDecodeStats | None
+    time_to_first_token_s: float | None
+    num_completion_tokens: int
+
+
+def _resolve_ref(settings: Settings) -> Callable[[str], str]:
+    def resolve(ref: str) -> str:
+        if ref.startswith(TINY_PREFIX):
+            from worker.tiny_models import ensure_tiny_models
+
+            return str(ensure_tiny_models(settings.worker_cache_dir).path(ref.removeprefix(TINY_PREFIX)))
+        return ref
+
+    return resolve
+
+
+def _stats_from_vllm(metrics: Any, *, is_partial: bool) -> SpecDecodeStats:
+    return spec_stats_from_histogram(
+        metrics.histogram,
+        num_draft_tokens=metrics.num_draft_tokens,
+        num_spec_tokens=metrics.num_spec_tokens,
+        is_partial=is_partial,
+        per_step_accepted=metrics.per_step_accepted or None,
+        per_step_drafted=metrics.per_step_drafted or None,
+    )
+
+
+class Engine:
+    """One booted vLLM engine shared by all requests (continuous batching)."""
+
+    def __init__(self, llm: AsyncLLM, *, settings: Settings, model_label: str) -> None:
+        self._llm = llm
+        self._settings = settings
+        config = llm.vllm_config
+        spec = config.speculative_config
+        self.max_model_len: int = config.model_config.max_model_len
+        self.max_num_seqs: int = config.scheduler_config.max_num_seqs
+        self.served = Served(
+            model=model_label,
+            quantization=config.model_config.quantization,
+            speculative_method=getattr(spec, "method", None) if spec else None,
+            num_speculative_tokens=getattr(spec, "num_speculative_tokens", None) if spec else None,
+            spec_decode_available=bool(spec) and HAS_PER_REQUEST_SPEC_METRICS,
+        )
+        self._tokenizer = llm.get_tokenizer()
+        self.observers: list[Callable[[RequestEnd], None]] = []
+
+    # ----------------------------------------------------------------- boot / shutdown
+    @classmethod
+    def build_args(cls, settings: Settings) -> AsyncEngineArgs:
+        resolve = _resolve_ref(settings)
+        kwargs = build_engine_kwargs(settings, resolve=resolve)
+        spec = kwargs.get("speculative_config")
+        if spec and not HAS_PER_REQUEST_SPEC_METRICS:
+            kwargs.pop("per_request_spec_decode_metrics", None)
+            log.warning("this vLLM release has no per-request spec-decode metrics; spec_decode is unavailable")
+        if spec and spec.get("method", "draft_model") == "draft_model" and spec.get("model"):
+            check_draft_compatible(
+                target=kwargs["model"],
+                draft=spec["model"],
+                target_label=model_ref(settings),
+                draft_label=settings.speculative_model or (settings.speculative_config or {}).get("model") or spec["model"],
+                target_revision=settings.model_revision,
+                trust_remote_code=settings.trust_remote_code,
+            )
+        return AsyncEngineArgs(**kwargs)
+
+    @classmethod
+    def create(cls, settings: Settings) -> Engine:
+        """Build and start the engine (blocking; call it off the event loop)."""
+        engine_args = cls.build_args(settings)
+        try:
+            vllm_config = engine_args.create_engine_config()
+            if vllm_config.speculative_config is not None and HAS_PER_REQUEST_SPEC_METRICS:
+                sched = vllm_config.scheduler_config
+                if sched.scheduler_cls is None:
+                    is_async = bool(getattr(sched, "async_scheduling", False)) and AsyncScheduler is not None
+                    sched.scheduler_cls = SpecMetricsAsyncScheduler if is_async else SpecMetricsScheduler
+            llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False)
+        except WorkerError:
+            raise
+        except Exception as exc:
+            raise EngineBootError(f"engine failed to start for model {model_ref(settings)!r}: {_one_line(exc)}") from exc
+        return cls(llm, settings=settings, model_label=model_ref(settings))
+
+    @classmethod
+    async def boot(cls, settings: Settings) -> Engine:
+        return await asyncio.to_thread(cls.create, settings)
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()
+
+    @property
+    def is_dead(self) -> bool:
+        return bool(self._llm.errored)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return int(self._llm.get_num_unfinished_requests())
+
+    async def check_health(self) -> None:
+        try:
+            await self._llm.check_health()
+        except EngineDeadError as exc:
+            raise EngineDead("the inference engine has died") from exc
+
+    # ----------------------------------------------------------------- requests
+    def render_prompt(self, request: GenerateRequest) -> list[int]:
+        """Token ids of the request's prompt (the chat template applied to messages)."""
+        tokenizer = self._tokenizer
+        if request.messages is not None:
+            if not getattr(tokenizer, "chat_template", None):
+                raise InvalidRequest("this model has no chat template; send 'prompt' instead of 'messages'")
+            text = tokenizer.apply_chat_template(
+                [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True
+            )
+            return list(tokenizer.encode(text, add_special_tokens=False))
+        return list(tokenizer.encode(request.prompt))
+
+    def sampling_params(self, request: GenerateRequest, *, num_prompt_tokens: int) -> SamplingParams:
+        options = request.sampling_params
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise ContextLengthExceeded(
+                f"prompt has {num_prompt_tokens} tokens; the model's context is {self.max_model_len} tokens",
+                param="prompt",
+            )
+        if options.max_tokens is not None and options.max_tokens > room:
+            raise ContextLengthExceeded(
+                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({options.max_tokens}) exceeds "
+                f"the model's context of {self.max_model_len} tokens",
+                param="sampling_params.max_tokens",
+            )
+        max_tokens = options.max_tokens or min(self._settings.default_max_tokens, room)
+        values = options.model_dump(exclude={"structured_outputs", "n", "max_tokens"})
+        structured = None
+        if options.structured_outputs is not None:
+            if StructuredOutputsParams is None:
+                raise InvalidRequest("structured outputs are not supported by this engine")
+            so = options.structured_outputs
+            structured = StructuredOutputsParams(
+                json=so.json_schema,
+                json_object=so.json_object,
+                regex=so.regex,
+                choice=so.choice,
+                grammar=so.grammar,
+            )
+        try:
+            return SamplingParams(
+                **values,
+                max_tokens=max_tokens,
+                structured_outputs=structured,
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequest(f"sampling_params: {_one_line(exc)}") from None
+
+    async def generate(self, request: GenerateRequest, *, request_id: str | None = None) -> AsyncIterator[StreamChunk]:
+        """Yield a chunk per engine output; the last one is final (``finish_reason`` set)."""
+        start = time.perf_counter()
+        request_id = request_id or uuid.uuid4().hex
+        if self.is_dead:
+            raise EngineDead("the inference engine has died")
+        prompt_ids = self.render_prompt(request)
+        params = self.sampling_params(request, num_prompt_tokens=len(prompt_ids))
+        first_token_at: float | None = None
+        num_tokens = 0
+        outcome = "error"
+        end: RequestEnd | None = None
+        try:
+            async for output in self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id):
+                completion = output.outputs[0]
+                num_new = len(completion.token_ids)
+                if num_new and first_token_at is None:
+                    first_token_at = time.perf_counter()
+                num_tokens += num_new
+                if not output.finished:
+                    yield StreamChunk(text=completion.text, num_tokens=num_new)
+                    continue
+                now = time.perf_counter()
+                metrics = completion.spec_decode_metrics
+                spec = (
+                    _stats_from_vllm(metrics, is_partial=completion.finish_reason == "abort")
+                    if metrics is not None
+                    else None
+                )
+                final = StreamChunk(
+                    text=completion.text,
+                    num_tokens=num_new,
+                    finish_reason=completion.finish_reason,
+                    stop_reason=completion.stop_reason,
+                    usage=Usage(
+                        prompt_tokens=len(prompt_ids),
+                        completion_tokens=num_tokens,
+                        total_tokens=len(prompt_ids) + num_tokens,
+                        cached_prompt_tokens=output.num_cached_tokens or 0,
+                    ),
+                    timings=_timings(output, start=start, first_token_at=first_token_at, now=now, num_tokens=num_tokens),
+                    spec_decode=spec,
+                    served=self.served,
+                )
+                outcome = "finished"
+                end = RequestEnd(request_id, outcome, completion.finish_reason, spec, _elapsed(start, first_token_at), num_tokens)
+                yield final
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = "cancelled"
+            end = RequestEnd(request_id, outcome, None, self._observed_stats(request_id), _elapsed(start, first_token_at), num_tokens)
+            raise
+        except EngineDeadError as exc:
+            raise EngineDead("the inference engine died while serving this request") from exc
+        except WorkerError:
+            raise
+        except ValueError as exc:
+            # vLLM's own request validation (e.g. a grammar it cannot compile).
+            raise InvalidRequest(_one_line(exc)) from None
+        finally:
+            self._notify(end or RequestEnd(request_id, outcome, None, None, _elapsed(start, first_token_at), num_tokens))
+
+    def _observed_stats(self, request_id: str) -> SpecDecodeStats | None:
+        """Stats observed so far for an unfinished request (``partial``), read off vLLM's frontend."""
+        states = getattr(getattr(self._llm, "output_processor", None), "request_states", {}) or {}
+        for state in list(states.values()):
+            if getattr(state, "external_req_id", None) == request_id or getattr(state, "request_id", None) == request_id:
+                metrics = getattr(state, "spec_decode_metrics", None)
+                return _stats_from_vllm(metrics, is_partial=True) if metrics is not None else None
+        return None
+
+    def _notify(self, end: RequestEnd) -> None:
+        for observer in self.observers:
+            try:
+                observer(end)
+            except Exception:  # an observer must never break a request
+                log.exception("request observer failed")
+        if end.spec_decode is not None and end.outcome != "finished":
+            s = end.spec_decode
+            log.info(
+                "request %s %s after %d tokens; partial spec-decode stats: drafted=%d accepted=%d rate=%.3f",
+                end.request_id, end.outcome, end.num_completion_tokens, s.num_draft_tokens,
+                s.num_accepted_draft_tokens, s.draft_acceptance_rate,
+            )
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    def model_files(self) -> Path | None:
+        path = Path(self._llm.vllm_config.model_config.model)
+        return path if path.exists() else None
+
+
+def _elapsed(start: float, at: float | None) -> float | None:
+    return None if at is None else at - start
+
+
+def _timings(output: Any, *, start: float, first_token_at: float | None, now: float, num_tokens: int) -> Timings:
+    queue_ms = None
+    stats = getattr(output, "metrics", None)
+    queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
+    if queued and scheduled:
+        queue_ms = max(0.0, (scheduled - queued) * 1000)
+    decode_rate = None
+    if first_token_at is not None and num_tokens > 1 and now > first_token_at:
+        decode_rate = (num_tokens - 1) / (now - first_token_at)
+    return Timings(
+        queue_ms=queue_ms,
+        time_to_first_token_ms=None if first_token_at is None else (first_token_at - start) * 1000,
+        decode_tokens_per_s=decode_rate,
+        end_to_end_ms=(now - start) * 1000,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:500] if text else type(exc).__name__

@@ -1,0 +1,55 @@
+"""Settings to vLLM engine keyword arguments: a pure function, testable without vLLM.
+
+Model references of the form ``tiny:<variant>`` (and an unset ``MODEL_NAME``) name the
+embedded tiny models; ``resolve`` maps them to local paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from worker.config import TINY_PREFIX, Settings
+
+__all__ = ["TINY_KV_CACHE_BYTES", "TINY_MAX_MODEL_LEN", "build_engine_kwargs", "model_ref"]
+
+TINY_MAX_MODEL_LEN = 1024
+TINY_KV_CACHE_BYTES = 256 * 2**20
+
+
+def model_ref(settings: Settings) -> str:
+    return settings.model_name or f"{TINY_PREFIX}target"
+
+
+def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) -> dict[str, Any]:
+    """vLLM ``AsyncEngineArgs`` keyword arguments. Unset settings keep vLLM's defaults."""
+    is_tiny = settings.is_tiny_default
+    kwargs: dict[str, Any] = {
+        "model": resolve(model_ref(settings)),
+        "revision": settings.model_revision,
+        "tokenizer": resolve(settings.tokenizer_name) if settings.tokenizer_name else None,
+        "tokenizer_revision": settings.tokenizer_revision,
+        "dtype": settings.dtype,
+        "quantization": settings.quantization,
+        "kv_cache_dtype": settings.kv_cache_dtype,
+        "load_format": settings.load_format,
+        "trust_remote_code": settings.trust_remote_code,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        # The tiny model boots in seconds in eager mode; compiling it would take longer than it runs.
+        "enforce_eager": settings.enforce_eager or is_tiny,
+        "seed": settings.seed,
+        "max_model_len": settings.max_model_len or (TINY_MAX_MODEL_LEN if is_tiny else None),
+        "kv_cache_memory_bytes": settings.kv_cache_memory_bytes or (TINY_KV_CACHE_BYTES if is_tiny else None),
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "disable_log_stats": False,
+    }
+    spec = settings.resolved_speculative_config()
+    if spec is not None:
+        if isinstance(spec.get("model"), str):
+            spec["model"] = resolve(spec["model"])
+        kwargs["speculative_config"] = spec
+        kwargs["per_request_spec_decode_metrics"] = settings.per_request_spec_decode_metrics
+    return {key: value for key, value in kwargs.items() if value is not None}

@@ -1,0 +1,137 @@
+"""The lazily booted engine, shared by every request of a process.
+
+``EngineHolder.get()`` boots the engine on first use, inside the running event loop,
+exactly once however many requests arrive together. A failed boot is remembered: every
+later request gets the same clear error at once (and the entrypoint asks to be replaced)
+instead of retrying a boot that cannot succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Literal
+
+from worker.config import Settings, load_settings
+from worker.errors import EngineBootError, EngineDead, WorkerError
+
+if TYPE_CHECKING:
+    from worker.engine import Engine
+
+__all__ = ["EngineHolder", "EngineState"]
+
+log = logging.getLogger(__name__)
+
+EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
+
+
+async def _boot_real_engine(settings: Settings) -> Engine:
+    from worker.engine import Engine
+
+    return await Engine.boot(settings)
+
+
+class EngineHolder:
+    def __init__(
+        self,
+        *,
+        settings_loader: Callable[[], Settings] = load_settings,
+        engine_factory: Callable[[Settings], Awaitable[Any]] = _boot_real_engine,
+    ) -> None:
+        self._settings_loader = settings_loader
+        self._engine_factory = engine_factory
+        self._settings: Settings | None = None
+        self._engine: Any = None
+        self._boot_error: WorkerError | None = None
+        self._lock: asyncio.Lock | None = None
+        self._is_booting = False
+        self.boot_seconds: float | None = None
+        self.on_ready: list[Callable[[Any], None]] = []
+
+    @property
+    def settings(self) -> Settings:
+        """Parsed once; raises :class:`ConfigError` naming the bad variable."""
+        if self._settings is None:
+            self._settings = self._settings_loader()
+        return self._settings
+
+    @property
+    def engine(self) -> Any:
+        """The engine if booted, else None (never boots)."""
+        return self._engine
+
+    @property
+    def state(self) -> EngineState:
+        if self._boot_error is not None:
+            return "failed"
+        if self._engine is not None:
+            return "dead" if self._engine.is_dead else "ready"
+        return "booting" if self._is_booting else "idle"
+
+    @property
+    def boot_error(self) -> WorkerError | None:
+        return self._boot_error
+
+    async def get(self) -> Any:
+        if self._engine is not None:
+            if self._engine.is_dead:
+                raise EngineDead("the inference engine has died")
+            return self._engine
+        if self._boot_error is not None:
+            raise self._boot_error
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._engine is not None:
+                return self._engine
+            if self._boot_error is not None:
+                raise self._boot_error
+            self._is_booting = True
+            started = time.perf_counter()
+            try:
+                settings = self.settings
+                log.info("booting engine for model %s", settings.model_name or "(embedded tiny model)")
+                self._engine = await self._engine_factory(settings)
+            except WorkerError as exc:
+                self._boot_error = exc
+                log.error("engine boot failed: %s", exc.message)
+                raise
+            except Exception as exc:
+                self._boot_error = EngineBootError(f"engine failed to start: {type(exc).__name__}: {exc}")
+                log.exception("engine boot failed")
+                raise self._boot_error from exc
+            finally:
+                self._is_booting = False
+            self.boot_seconds = time.perf_counter() - started
+            log.info("engine ready in %.1f s", self.boot_seconds)
+            for callback in self.on_ready:
+                callback(self._engine)
+            return self._engine
+
+    def shutdown(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:
+                log.exception("engine shutdown failed")
+
+    def install_signal_handlers(self) -> None:
+        """Shut the engine down on SIGTERM/SIGINT so no engine-core process is orphaned."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
+
+            def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+                log.info("signal %d: shutting the engine down", signum)
+                self.shutdown()
+                if callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
+                    previous(signum, frame)
+                else:
+                    sys.exit(128 + signum)
+
+            signal.signal(sig, handler)

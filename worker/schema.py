@@ -1,0 +1,218 @@
+"""Wire types: what a job may ask for and what the worker answers.
+
+A request (``job["input"]`` in serverless mode)::
+
+    {"prompt": "..."} | {"messages": [{"role": "user", "content": "..."}]}
+    "sampling_params": {vLLM names: max_tokens, temperature, top_p, top_k, min_p, seed, stop,
+                        stop_token_ids, ignore_eos, presence_penalty, frequency_penalty,
+                        repetition_penalty, min_tokens, include_stop_str_in_output,
+                        skip_special_tokens, structured_outputs: {json | json_object | regex
+                        | choice | grammar}}
+    "stream": true          (default; false gives one item with the whole text)
+
+Unknown fields are errors that name them. Each answer item is a :class:`StreamChunk`; the
+last one also carries ``finish_reason``, ``usage``, ``timings``, ``spec_decode`` and ``served``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from worker.errors import InvalidRequest
+
+__all__ = [
+    "ChatMessage",
+    "GenerateRequest",
+    "SamplingOptions",
+    "Served",
+    "SpecDecodeStats",
+    "StreamChunk",
+    "StructuredOutputs",
+    "Timings",
+    "Usage",
+    "parse_request",
+    "validation_message",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StructuredOutputs(_Strict):
+    """Constrained decoding, with vLLM's ``StructuredOutputsParams`` names; exactly one field."""
+
+    json_schema: dict[str, Any] | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [name for name in ("json_schema", "json_object", "regex", "choice", "grammar") if getattr(self, name)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, json_object, regex, choice, grammar")
+        if self.json_schema is not None:
+            _check_json_schema(self.json_schema)
+        return self
+
+
+def _check_json_schema(schema: dict[str, Any]) -> None:
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        path = "/".join(str(p) for p in exc.path) or "(root)"
+        raise ValueError(f"not a valid JSON schema at {path}: {exc.message}") from None
+
+
+class SamplingOptions(_Strict):
+    """Sampling parameters, with vLLM's names and bounds. ``n`` is fixed at 1."""
+
+    max_tokens: int | None = Field(None, ge=1)
+    min_tokens: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=100)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
+    n: Literal[1] = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stop_as_list(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("stop"), str):
+            data = {**data, "stop": [data["stop"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> SamplingOptions:
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens must not exceed max_tokens")
+        return self
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class GenerateRequest(_Strict):
+    prompt: str | None = Field(None, min_length=1)
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    sampling_params: SamplingOptions = Field(default_factory=SamplingOptions)
+    stream: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerateRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cached_prompt_tokens: int
+
+
+class Timings(BaseModel):
+    """Milliseconds, except ``decode_tokens_per_s``. ``queue_ms`` is the engine scheduler's wait."""
+
+    queue_ms: float | None
+    time_to_first_token_ms: float | None
+    decode_tokens_per_s: float | None
+    end_to_end_ms: float
+
+
+class SpecDecodeStats(BaseModel):
+    """Per-request speculative-decoding acceptance, with vLLM's field names.
+
+    ``partial`` is true when the request did not run to its end (cancelled or aborted):
+    the counts then cover the verify steps observed before it stopped.
+    """
+
+    num_spec_tokens: int
+    num_spec_steps: int
+    num_draft_tokens: int
+    num_accepted_draft_tokens: int
+    draft_acceptance_rate: float
+    mean_acceptance_length: float
+    acceptance_histogram: list[int]
+    partial: bool = False
+    per_step_accepted: list[int] | None = None
+    per_step_drafted: list[int] | None = None
+
+
+class Served(BaseModel):
+    """What served the request."""
+
+    model: str
+    quantization: str | None
+    speculative_method: str | None
+    num_speculative_tokens: int | None
+    spec_decode_available: bool
+
+
+class StreamChunk(BaseModel):
+    """One streamed item. Only the last one of a request has ``finish_reason`` and the blocks."""
+
+    text: str
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    spec_decode: SpecDecodeStats | None = None
+    served: Served | None = None
+    num_tokens: int = Field(0, exclude=True)
+
+    @property
+    def is_final(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_wire(self) -> dict[str, Any]:
+        if not self.is_final:
+            return {"text": self.text}
+        return self.model_dump(mode="json", exclude_none=False)
+
+
+def validation_message(exc: ValidationError, *, prefix: str = "") -> str:
+    """A short message naming every bad field, never echoing the input."""
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        loc = ".".join(str(part) for part in error["loc"] if not str(part).startswith("function-"))
+        loc = prefix + loc if loc else (prefix.rstrip(".") or "input")
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+        problems.append(f"{loc}: {message}")
+    return "; ".join(dict.fromkeys(problems))
+
+
+def parse_request(data: Any) -> GenerateRequest:
+    """Validate a job input into a :class:`GenerateRequest` or raise :class:`InvalidRequest`."""
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"input must be a JSON object, got {type(data).__name__}")
+    try:
+        return GenerateRequest.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(validation_message(exc)) from None

@@ -1,0 +1,146 @@
+"""Serverless job logic behind ``handler.py``: job in, streamed dicts out.
+
+``ServerlessWorker.handle(job)`` is the async generator RunPod drives. It validates the
+input, boots the engine on first use, streams coalesced chunks (or one item with
+``stream: false``) and ends with the final blocks. Errors are yielded as
+``{"error": "...", "error_type": "..."}`` so RunPod marks the job failed while the worker
+keeps serving; when the engine cannot serve any more (boot failure, engine death) the
+worker also asks RunPod to replace it (``refresh_worker``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from worker.errors import ConfigError, WorkerError, to_error_payload
+from worker.runtime import EngineHolder
+from worker.schema import GenerateRequest, StreamChunk, parse_request
+from worker.streaming import ChunkBatcher
+
+__all__ = ["ServerlessWorker"]
+
+log = logging.getLogger(__name__)
+
+FALLBACK_CONCURRENCY = 8
+
+
+class ServerlessWorker:
+    def __init__(self, holder: EngineHolder | None = None) -> None:
+        self.holder = holder or EngineHolder()
+        # The dict handed to runpod.serverless.start: the SDK reads "refresh_worker" from it after each job.
+        self.runpod_config: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ RunPod hooks
+    def concurrency_modifier(self, current: int) -> int:
+        """Jobs to take at once: MAX_CONCURRENCY, else the engine's max_num_seqs."""
+        try:
+            settings = self.holder.settings
+        except ConfigError:
+            return 1  # the first job reports the configuration error
+        if settings.max_concurrency is not None:
+            return settings.max_concurrency
+        engine = self.holder.engine
+        if engine is not None:
+            return int(engine.max_num_seqs)
+        return settings.max_num_seqs or FALLBACK_CONCURRENCY
+
+    def request_replacement(self, reason: str) -> None:
+        log.error("asking RunPod to replace this worker: %s", reason)
+        self.runpod_config["refresh_worker"] = True
+
+    async def handle(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        job_id = str(job.get("id") or "local")
+        request_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
+        try:
+            request = parse_request(job.get("input"))
+            engine = await self.holder.get()
+            if request.stream:
+                async for item in self._stream(engine, request, request_id):
+                    yield item
+            else:
+                yield await self._collect(engine, request, request_id)
+        except asyncio.CancelledError:
+            log.info("job %s cancelled", job_id)
+            raise
+        except WorkerError as exc:
+            if exc.is_fatal:
+                self.request_replacement(exc.message)
+            log.warning("job %s failed: %s", job_id, exc.message)
+            yield to_error_payload(exc)
+        except Exception as exc:
+            log.exception("job %s failed unexpectedly", job_id)
+            yield to_error_payload(exc)
+
+    async def _stream(self, engine: Any, request: GenerateRequest, request_id: str) -> AsyncIterator[dict[str, Any]]:
+        settings = self.holder.settings
+        batcher = ChunkBatcher(
+            max_batch_size=settings.default_batch_size,
+            min_batch_size=settings.default_min_batch_size,
+            growth_factor=settings.default_batch_size_growth_factor,
+        )
+        async for chunk in engine.generate(request, request_id=request_id):
+            out = batcher.add(chunk)
+            if out is not None:
+                yield out.to_wire()
+
+    async def _collect(self, engine: Any, request: GenerateRequest, request_id: str) -> dict[str, Any]:
+        texts: list[str] = []
+        final: StreamChunk | None = None
+        async for chunk in engine.generate(request, request_id=request_id):
+            texts.append(chunk.text)
+            final = chunk
+        if final is None or not final.is_final:
+            raise WorkerError("the engine ended the request without a result")
+        return final.model_copy(update={"text": "".join(texts)}).to_wire()
+
+    # ------------------------------------------------------------------ local runs
+    async def run_local(self, job_input: Any, *, out: Callable[[str], None] = print) -> list[dict[str, Any]]:
+        """Run one job through the whole streaming path, printing every item as it arrives."""
+        started = time.perf_counter()
+        items = []
+        try:
+            async for item in self.handle({"id": "local-test", "input": job_input}):
+                items.append(item)
+                elapsed = time.perf_counter() - started
+                if "error" in item:
+                    out(f"[{elapsed:7.2f}s] ERROR {json.dumps(item)}")
+                elif "finish_reason" in item:
+                    out(f"[{elapsed:7.2f}s] final {json.dumps(item, indent=2)}")
+                else:
+                    out(f"[{elapsed:7.2f}s] chunk {json.dumps(item)}")
+        finally:
+            self.holder.shutdown()
+        return items
+
+
+def load_test_input(argv: list[str], *, default_path: str = "test_input.json") -> Any:
+    """The job input for a local run: ``--test_input '<json>'`` or ``test_input.json``'s ``input``."""
+    if "--test_input" in argv:
+        index = argv.index("--test_input")
+        if index + 1 >= len(argv):
+            raise SystemExit("--test_input needs a JSON argument")
+        raw = argv[index + 1]
+    else:
+        try:
+            with open(default_path, encoding="utf-8") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            raise SystemExit(f"no --test_input given and no {default_path} found") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"test input is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    return data.get("input", data) if isinstance(data, dict) else data
+
+
+def main_local(worker: ServerlessWorker, argv: list[str] | None = None) -> int:
+    job_input = load_test_input(sys.argv[1:] if argv is None else argv)
+    items = asyncio.run(worker.run_local(job_input))
+    return 1 if any("error" in item for item in items) else 0

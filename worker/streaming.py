@@ -1,0 +1,45 @@
+"""Stream coalescing: fewer, larger streamed items for long generations.
+
+Each item a serverless worker yields costs the platform an HTTP POST, so items are
+coalesced by token count: the first item goes out at once (time to first token is what
+users feel), then the batch grows geometrically from ``min_batch_size`` by
+``growth_factor`` up to ``max_batch_size`` tokens, as RunPod's official worker does.
+The final chunk always flushes what is pending, merged into it.
+"""
+
+from __future__ import annotations
+
+from worker.schema import StreamChunk
+
+__all__ = ["ChunkBatcher"]
+
+
+class ChunkBatcher:
+    def __init__(self, *, max_batch_size: int, min_batch_size: int = 1, growth_factor: float = 3.0) -> None:
+        self._max = max(1, max_batch_size)
+        self._batch_size = float(min(max(1, min_batch_size), self._max))
+        self._growth = max(1.0, growth_factor)
+        self._texts: list[str] = []
+        self._num_tokens = 0
+        self._is_first = True
+
+    def add(self, chunk: StreamChunk) -> StreamChunk | None:
+        """Take a chunk; return the coalesced chunk to send now, if any."""
+        if chunk.is_final:
+            self._texts.append(chunk.text)
+            merged = chunk.model_copy(update={"text": "".join(self._texts), "num_tokens": self._num_tokens + chunk.num_tokens})
+            self._texts, self._num_tokens = [], 0
+            return merged
+        self._texts.append(chunk.text)
+        self._num_tokens += chunk.num_tokens
+        if not (self._is_first or self._num_tokens >= self._batch_size):
+            return None
+        text = "".join(self._texts)
+        if not text:  # nothing visible yet (e.g. text held back while a stop string may match)
+            return None
+        if not self._is_first:
+            self._batch_size = min(self._batch_size * self._growth, float(self._max))
+        self._is_first = False
+        out = StreamChunk(text=text, num_tokens=self._num_tokens)
+        self._texts, self._num_tokens = [], 0
+        return out

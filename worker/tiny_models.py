@@ -1,0 +1,232 @@
+"""Tiny Llama-architecture models built offline, for the default run and the tests.
+
+No model hub is needed: :func:`ensure_tiny_models` trains a byte-level BPE tokenizer
+and a small Llama on an embedded corpus for a few hundred steps (about a minute on two
+CPU cores), then writes the draft variants beside it:
+
+- ``target``     the trained model (also usable as its own draft: ~100% acceptance at T=0)
+- ``noisy``      the target with Gaussian weight noise of 0.8 x each tensor's std (the
+                 trained model is so sure of itself that 5% noise changes no greedy token;
+                 at 0.8 about 60% of greedy tokens agree: partial acceptance)
+- ``unrelated``  a randomly initialised model with the same tokenizer (~0% acceptance)
+- ``mismatch``   a model with a *different* tokenizer (a draft the worker must refuse)
+
+Everything is seeded, cached under ``cache_dir`` keyed by :data:`BUILD_VERSION`, and
+built once per machine (a file lock keeps concurrent builders from racing).
+This module imports torch and transformers lazily: it only runs when no model is given.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUILD_VERSION", "TinyModels", "ensure_tiny_models"]
+
+BUILD_VERSION = "v2"
+NOISE_SCALE = 0.8
+VARIANTS = ("target", "noisy", "unrelated", "mismatch")
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+_CORPUS_LINES = [
+    "The worker streams tokens from the engine to the user as soon as they are ready.",
+    "A GPU reads every weight once for each decode step, so memory bandwidth sets the pace.",
+    "Quantized weights are smaller, so each step reads fewer bytes and runs faster.",
+    "Speculative decoding lets a small draft model guess the next tokens.",
+    "The target model checks the guesses in one step and keeps the ones it agrees with.",
+    "When the draft is good, many tokens are accepted and the user waits less.",
+    "When the draft is poor, few tokens are accepted and the work is wasted.",
+    "Continuous batching lets many requests share one engine at the same time.",
+    "The paged cache stores keys and values in blocks, like pages of memory.",
+    "Prefix caching reuses the work done for a prompt that was seen before.",
+    "Serverless workers wake up when jobs arrive and sleep when the queue is empty.",
+    "A pod runs all day and serves steady traffic at a fixed price per hour.",
+    "The cheapest token is the one computed on a busy GPU with small weights.",
+    "Every request ends with a result or a clear error, and nothing is lost.",
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Once upon a time, a small model learned to write short and simple sentences.",
+    "It read the same story many times, and then it could tell the story again.",
+    "The sun rose over the hills, and the birds began to sing in the trees.",
+    "She opened the door, looked at the sky, and walked down to the sea.",
+    "He counted one, two, three, four, five, six, seven, eight, nine, ten.",
+]
+_CHAT_PAIRS = [
+    ("What is speculative decoding?", _CORPUS_LINES[3] + " " + _CORPUS_LINES[4]),
+    ("Why is decode slow?", _CORPUS_LINES[1]),
+    ("Tell me a story.", _CORPUS_LINES[15] + " " + _CORPUS_LINES[16]),
+    ("Count to ten.", _CORPUS_LINES[19]),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TinyModels:
+    """Paths of the built tiny models."""
+
+    root: Path
+
+    def path(self, variant: str) -> Path:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown tiny model variant {variant!r}; known: {', '.join(VARIANTS)}")
+        return self.root / variant
+
+    @property
+    def target(self) -> Path:
+        return self.path("target")
+
+
+def _corpus() -> list[str]:
+    texts = list(_CORPUS_LINES)
+    # Paragraphs of consecutive lines teach the model to continue from one line into the next.
+    for start in range(0, len(_CORPUS_LINES), 3):
+        texts.append(" ".join(_CORPUS_LINES[start : start + 4]))
+    for question, answer in _CHAT_PAIRS:
+        texts.append(f"<|user|>\n{question}<|end|>\n<|assistant|>\n{answer}<|end|>\n")
+    return texts
+
+
+def _train_tokenizer(texts: list[str], *, vocab_size: int, seed_text: str = "") -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([seed_text, *texts] if seed_text else texts, trainer=trainer)
+    return tokenizer
+
+
+def _save_tokenizer(tokenizer: Any, directory: Path) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<unk>",
+        additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(directory)
+    return fast
+
+
+def _llama_config(*, vocab_size: int, bos: int, eos: list[int]) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+
+
+def _train(model: Any, token_ids: list[list[int]], *, num_steps: int, seq_len: int) -> float:
+    import torch
+
+    stream = [t for ids in token_ids for t in ids]
+    data = torch.tensor(stream, dtype=torch.long)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(0)
+    model.train()
+    loss_value = float("nan")
+    for step in range(num_steps):
+        starts = torch.randint(0, len(data) - seq_len - 1, (16,), generator=generator)
+        batch = torch.stack([data[s : s + seq_len + 1] for s in starts.tolist()])
+        out = model(input_ids=batch[:, :-1], labels=batch[:, :-1].clone())
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = 3e-3 * min(1.0, (step + 1) / 20) * (1 - step / num_steps * 0.9)
+        optimizer.step()
+        optimizer.zero_grad()
+        loss_value = float(out.loss)
+    model.eval()
+    return loss_value
+
+
+def _build(root: Path, *, num_steps: int) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    texts = _corpus()
+    tokenizer = _train_tokenizer(texts, vocab_size=512)
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    target_dir = tmp / "target"
+    fast = _save_tokenizer(tokenizer, target_dir)
+    bos = fast.convert_tokens_to_ids("<s>")
+    eos = [fast.convert_tokens_to_ids("</s>"), fast.convert_tokens_to_ids("<|end|>")]
+    config = _llama_config(vocab_size=len(fast), bos=bos, eos=eos)
+
+    model = LlamaForCausalLM(config)
+    ids = [[bos, *fast.encode(t, add_special_tokens=False), eos[0]] for t in texts]
+    loss = _train(model, ids * 4, num_steps=num_steps, seq_len=64)
+    model.save_pretrained(target_dir, safe_serialization=True)
+
+    noisy = LlamaForCausalLM(config)
+    noisy.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in noisy.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * param.std() * NOISE_SCALE)
+    noisy.save_pretrained(tmp / "noisy", safe_serialization=True)
+    fast.save_pretrained(tmp / "noisy")
+
+    torch.manual_seed(2)
+    LlamaForCausalLM(config).save_pretrained(tmp / "unrelated", safe_serialization=True)
+    fast.save_pretrained(tmp / "unrelated")
+
+    # Same vocabulary size, different merges: only a tokenizer comparison catches it.
+    other = _train_tokenizer(texts[::-1], vocab_size=len(fast), seed_text="zzzz yyyy xxxx " * 50)
+    other_fast = _save_tokenizer(other, tmp / "mismatch")
+    torch.manual_seed(3)
+    mismatch_config = _llama_config(vocab_size=len(other_fast), bos=bos, eos=eos)
+    LlamaForCausalLM(mismatch_config).save_pretrained(tmp / "mismatch", safe_serialization=True)
+
+    (tmp / "BUILD.json").write_text(
+        json.dumps({"version": BUILD_VERSION, "train_steps": num_steps, "final_loss": loss}, indent=1)
+    )
+    shutil.rmtree(root, ignore_errors=True)
+    tmp.rename(root)
+
+
+def ensure_tiny_models(cache_dir: Path, *, num_steps: int = 400) -> TinyModels:
+    """Build the tiny models under ``cache_dir`` unless a complete build is already there."""
+    root = Path(cache_dir) / f"tiny-llama-{BUILD_VERSION}"
+    models = TinyModels(root)
+    if (root / "BUILD.json").exists():
+        return models
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".tiny-llama-{BUILD_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "BUILD.json").exists():
+            _build(root, num_steps=num_steps)
+    return models
