@@ -41,6 +41,12 @@ from worker.errors import ContextLengthExceeded, EngineBootError, EngineDead, In
 from worker.schema import GenerateRequest, Served, SpecDecodeStats, StreamChunk, Timings, Usage
 from worker.stats import spec_stats_from_histogram
 
+try:  # vLLM's typed client errors; older releases raise ValueError
+    from vllm.exceptions import VLLMClientError
+
+    _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
+except ImportError:  # pragma: no cover
+    _CLIENT_ERRORS = (ValueError,)
 try:  # absent from older vLLM releases
     from vllm.sampling_params import StructuredOutputsParams
 except ImportError:  # pragma: no cover - depends on the vLLM release
@@ -264,8 +270,12 @@ class Engine:
         num_tokens = 0
         outcome = "error"
         end: RequestEnd | None = None
+        state: Any = None  # vLLM's frontend state of this request: the latest spec-decode snapshot
+        outputs = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id)
         try:
-            async for output in self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id):
+            async for output in outputs:
+                if state is None:
+                    state = self._request_state(request_id)
                 completion = output.outputs[0]
                 num_new = len(completion.token_ids)
                 if num_new and first_token_at is None:
@@ -301,25 +311,28 @@ class Engine:
                 yield final
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "cancelled"
-            end = RequestEnd(request_id, outcome, None, self._observed_stats(request_id), _elapsed(start, first_token_at), num_tokens)
+            metrics = getattr(state, "spec_decode_metrics", None)
+            observed = _stats_from_vllm(metrics, is_partial=True) if metrics is not None else None
+            end = RequestEnd(request_id, outcome, None, observed, _elapsed(start, first_token_at), num_tokens)
             raise
         except EngineDeadError as exc:
             raise EngineDead("the inference engine died while serving this request") from exc
         except WorkerError:
             raise
-        except ValueError as exc:
+        except _CLIENT_ERRORS as exc:
             # vLLM's own request validation (e.g. a grammar it cannot compile).
             raise InvalidRequest(_one_line(exc)) from None
         finally:
+            # Closing vLLM's generator aborts the engine request if it is still running,
+            # now rather than whenever the garbage collector gets to it.
+            await outputs.aclose()
             self._notify(end or RequestEnd(request_id, outcome, None, None, _elapsed(start, first_token_at), num_tokens))
 
-    def _observed_stats(self, request_id: str) -> SpecDecodeStats | None:
-        """Stats observed so far for an unfinished request (``partial``), read off vLLM's frontend."""
-        states = getattr(getattr(self._llm, "output_processor", None), "request_states", {}) or {}
+    def _request_state(self, request_id: str) -> Any:
+        states = getattr(getattr(self._llm, "output_processor", None), "request_states", None) or {}
         for state in list(states.values()):
-            if getattr(state, "external_req_id", None) == request_id or getattr(state, "request_id", None) == request_id:
-                metrics = getattr(state, "spec_decode_metrics", None)
-                return _stats_from_vllm(metrics, is_partial=True) if metrics is not None else None
+            if getattr(state, "external_req_id", None) == request_id:
+                return state
         return None
 
     def _notify(self, end: RequestEnd) -> None:

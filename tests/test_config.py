@@ -1,0 +1,73 @@
+import pytest
+
+from worker.config import is_on_runpod, load_settings
+from worker.errors import ConfigError
+
+
+def test_defaults_select_tiny_model_with_noisy_draft() -> None:
+    settings = load_settings({})
+    assert settings.is_tiny_default
+    assert settings.resolved_speculative_config() == {
+        "method": "draft_model", "model": "tiny:noisy", "num_speculative_tokens": 3,
+    }
+
+
+def test_speculation_can_be_switched_off_for_the_default_model() -> None:
+    assert load_settings({"SPECULATIVE_METHOD": "none"}).resolved_speculative_config() is None
+
+
+def test_explicit_model_has_no_speculation_unless_asked() -> None:
+    assert load_settings({"MODEL_NAME": "org/model"}).resolved_speculative_config() is None
+
+
+def test_simple_knobs_build_the_speculative_config() -> None:
+    spec = load_settings(
+        {"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
+    ).resolved_speculative_config()
+    assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    spec = load_settings(
+        {"MODEL_NAME": "m", "SPECULATIVE_MODEL": "d", "NUM_SPECULATIVE_TOKENS": "2"}
+    ).resolved_speculative_config()
+    assert spec == {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
+
+
+def test_speculative_config_json_is_passed_through() -> None:
+    settings = load_settings({"SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "x", "num_speculative_tokens": 3}'})
+    assert settings.resolved_speculative_config() == {"method": "eagle3", "model": "x", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MAX_MODEL_LEN": "abc"}, "MAX_MODEL_LEN"),
+        ({"GPU_MEMORY_UTILIZATION": "1.5"}, "GPU_MEMORY_UTILIZATION"),
+        ({"SPECULATIVE_CONFIG": "{not json"}, "SPECULATIVE_CONFIG"),
+        ({"SPECULATIVE_CONFIG": "[1, 2]"}, "SPECULATIVE_CONFIG"),
+        ({"SPECULATIVE_MODEL": "d"}, "NUM_SPECULATIVE_TOKENS"),
+        ({"SPECULATIVE_METHOD": "draft_model", "NUM_SPECULATIVE_TOKENS": "3"}, "SPECULATIVE_MODEL"),
+        ({"SPECULATIVE_CONFIG": "{}", "SPECULATIVE_MODEL": "d"}, "SPECULATIVE_CONFIG"),
+        ({"NUM_SPECULATIVE_TOKENS": "0"}, "NUM_SPECULATIVE_TOKENS"),
+        ({"ENABLE_PREFIX_CACHING": "maybe"}, "ENABLE_PREFIX_CACHING"),
+    ],
+)
+def test_bad_configuration_names_the_variable(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(env)
+    assert named in info.value.message
+    assert "Traceback" not in info.value.message
+
+
+def test_secrets_stay_out_of_repr() -> None:
+    settings = load_settings({"HF_TOKEN": "hf_secret_value"})
+    assert "hf_secret_value" not in repr(settings)
+
+
+def test_environment_is_read_from_the_given_mapping_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_NAME", "from-process-env")
+    assert load_settings({}).model_name is None
+    assert load_settings().model_name == "from-process-env"
+
+
+def test_is_on_runpod() -> None:
+    assert is_on_runpod({"RUNPOD_WEBHOOK_GET_JOB": "https://api.runpod.ai/v2/x/job-take/$ID"})
+    assert not is_on_runpod({})

@@ -1,0 +1,102 @@
+"""Per-request acceptance stats from the real vLLM engine on CPU, for each kind of draft."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import boot_engine
+from worker.schema import SpecDecodeStats, StreamChunk, parse_request
+
+PROMPTS = [
+    "Once upon a time",
+    "The worker streams",
+    "A GPU reads every weight",
+    # Repeats itself: the n-gram proposer finds its continuation in the prompt.
+    "He counted one, two, three, four, five, six, seven, eight, nine, ten. He counted one, two,",
+]
+DRAFTS: dict[str, dict[str, str]] = {
+    "self": {"SPECULATIVE_MODEL": "tiny:target"},
+    "noisy": {"SPECULATIVE_MODEL": "tiny:noisy"},
+    "unrelated": {"SPECULATIVE_MODEL": "tiny:unrelated"},
+    "ngram": {"SPECULATIVE_METHOD": "ngram"},
+}
+# The draft-acceptance rate each draft must land in, at temperature 0.
+EXPECTED_RATE = {"self": (0.99, 1.0), "noisy": (0.15, 0.9), "unrelated": (0.0, 0.1), "ngram": (0.05, 1.0)}
+
+
+@pytest.fixture(scope="module", params=list(DRAFTS))
+async def spec_engine(request: pytest.FixtureRequest, tiny_models: Any) -> AsyncIterator[tuple[str, Any]]:
+    engine = await boot_engine(tiny_models, MODEL_NAME="tiny:target", NUM_SPECULATIVE_TOKENS=3, **DRAFTS[request.param])
+    yield request.param, engine
+    engine.shutdown()
+
+
+async def run(engine: Any, data: dict[str, Any]) -> list[StreamChunk]:
+    return [chunk async for chunk in engine.generate(parse_request(data))]
+
+
+def check_invariants(stats: SpecDecodeStats) -> None:
+    assert stats.num_accepted_draft_tokens <= stats.num_draft_tokens
+    assert stats.num_draft_tokens <= stats.num_spec_steps * stats.num_spec_tokens
+    assert len(stats.acceptance_histogram) == stats.num_spec_tokens + 1
+    assert sum(stats.acceptance_histogram) == stats.num_spec_steps
+    if stats.num_draft_tokens:
+        assert stats.draft_acceptance_rate == pytest.approx(stats.num_accepted_draft_tokens / stats.num_draft_tokens)
+    if stats.num_spec_steps:
+        assert stats.mean_acceptance_length == pytest.approx(
+            1 + stats.num_accepted_draft_tokens / stats.num_spec_steps
+        )
+
+
+async def test_acceptance_matches_the_draft(spec_engine: tuple[str, Any]) -> None:
+    name, engine = spec_engine
+    assert engine.served.speculative_method == ("ngram" if name == "ngram" else "draft_model")
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        chunks = await run(engine, {"prompt": prompt, "sampling_params": {"temperature": 0, "max_tokens": 48}})
+        final = chunks[-1]
+        assert final.is_final and all(not c.is_final for c in chunks[:-1])
+        stats = final.spec_decode
+        assert stats is not None and not stats.partial
+        check_invariants(stats)
+        assert final.usage is not None
+        # A draft model drafts at every step after the prefill, and each verify step yields
+        # 1 + accepted tokens, the last step's surplus beyond max_tokens being dropped.
+        # (The n-gram proposer skips steps where it finds no match.)
+        if final.finish_reason == "length" and name != "ngram":
+            produced = stats.num_spec_steps + stats.num_accepted_draft_tokens
+            expected = final.usage.completion_tokens - 1
+            assert expected <= produced <= expected + stats.num_spec_tokens
+        drafted += stats.num_draft_tokens
+        accepted += stats.num_accepted_draft_tokens
+    low, high = EXPECTED_RATE[name]
+    assert drafted > 0
+    rate = accepted / drafted if drafted else 0.0
+    assert low <= rate <= high, f"{name}: acceptance {rate:.3f} outside [{low}, {high}]"
+
+
+async def test_stop_string_request_still_has_exact_stats(spec_engine: tuple[str, Any]) -> None:
+    _, engine = spec_engine
+    params = {"temperature": 0, "max_tokens": 60, "stop": ["seven"]}
+    chunks = await run(engine, {"prompt": PROMPTS[-1], "sampling_params": params})
+    final = chunks[-1]
+    assert final.finish_reason == "stop" and final.stop_reason == "seven"
+    assert "seven" not in "".join(c.text for c in chunks)
+    assert final.spec_decode is not None, "vLLM returns no metrics for stop strings; the worker must"
+    assert final.spec_decode.num_spec_steps > 0
+    check_invariants(final.spec_decode)
+
+
+async def test_eos_and_length_endings_have_stats(spec_engine: tuple[str, Any]) -> None:
+    _, engine = spec_engine
+    by_eos = await run(engine, {"messages": [{"role": "user", "content": "Count to ten."}], "sampling_params": {"temperature": 0, "max_tokens": 200}})
+    by_length = await run(engine, {"prompt": "The sun rose", "sampling_params": {"temperature": 0, "max_tokens": 5}})
+    assert by_eos[-1].finish_reason == "stop" and by_eos[-1].stop_reason is None or isinstance(by_eos[-1].stop_reason, int)
+    assert by_length[-1].finish_reason == "length"
+    assert by_length[-1].usage is not None and by_length[-1].usage.completion_tokens == 5
+    for chunks in (by_eos, by_length):
+        assert chunks[-1].spec_decode is not None
+        check_invariants(chunks[-1].spec_decode)
