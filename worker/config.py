@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = False
     seed: int = 0
+    # Compact JSON for structured outputs: with free whitespace a weak model can pad JSON
+    # with spaces until max_tokens. Engine-wide in vLLM, and only the xgrammar and guidance
+    # backends honour it; guidance covers the widest range of JSON schemas.
+    structured_outputs_disable_any_whitespace: bool = True
+    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "guidance"
 
     # Speculative decoding
     speculative_config: dict[str, Any] | None = None
@@ -105,6 +110,10 @@ class Settings(BaseSettings):
             raise ValueError(
                 "SPECULATIVE_CONFIG cannot be combined with SPECULATIVE_METHOD/SPECULATIVE_MODEL/"
                 "NUM_SPECULATIVE_TOKENS; use one or the other"
+            )
+        if self.structured_outputs_disable_any_whitespace and self.structured_outputs_backend not in ("xgrammar", "guidance"):
+            raise ValueError(
+                "STRUCTURED_OUTPUTS_DISABLE_ANY_WHITESPACE needs STRUCTURED_OUTPUTS_BACKEND=xgrammar or guidance"
             )
         if self.speculative_method == "none":
             return self

@@ -225,12 +225,12 @@ class Engine:
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
             raise ContextLengthExceeded(
-                f"prompt has {num_prompt_tokens} tokens; the model's context is {self.max_model_len} tokens",
+                f"prompt: {num_prompt_tokens} tokens leave no room in the model's context of {self.max_model_len} tokens",
                 param="prompt",
             )
         if options.max_tokens is not None and options.max_tokens > room:
             raise ContextLengthExceeded(
-                f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({options.max_tokens}) exceeds "
+                f"sampling_params.max_tokens: prompt ({num_prompt_tokens} tokens) plus max_tokens ({options.max_tokens}) exceeds "
                 f"the model's context of {self.max_model_len} tokens",
                 param="sampling_params.max_tokens",
             )

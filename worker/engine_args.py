@@ -45,6 +45,10 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) ->
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "disable_log_stats": False,
+        "structured_outputs_config": {
+            "backend": settings.structured_outputs_backend,
+            "disable_any_whitespace": settings.structured_outputs_disable_any_whitespace,
+        },
     }
     spec = settings.resolved_speculative_config()
     if spec is not None:

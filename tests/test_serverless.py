@@ -1,0 +1,167 @@
+"""The serverless handler path against the real vLLM engine (tiny model, noisy-copy draft)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import boot_engine, engine_settings
+from worker.engine import RequestEnd
+from worker.runtime import EngineHolder
+from worker.serverless import ServerlessWorker
+
+
+@pytest.fixture(scope="module")
+async def default_engine(tiny_models: Any) -> AsyncIterator[Any]:
+    engine = await boot_engine(tiny_models)  # the embedded default: tiny target + noisy draft
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture
+def worker(default_engine: Any) -> ServerlessWorker:
+    async def factory(settings: Any) -> Any:
+        return default_engine
+
+    return ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+
+
+async def run_job(worker: ServerlessWorker, job_input: Any, job_id: str = "job") -> list[dict[str, Any]]:
+    return [item async for item in worker.handle({"id": job_id, "input": job_input})]
+
+
+async def test_streaming_and_non_streaming_give_the_same_text(worker: ServerlessWorker) -> None:
+    job = {"prompt": "Once upon a time", "sampling_params": {"temperature": 0, "max_tokens": 40}}
+    streamed = await run_job(worker, {**job, "stream": True})
+    whole = await run_job(worker, {**job, "stream": False})
+    assert len(whole) == 1 and len(streamed) > 1
+    assert "".join(item["text"] for item in streamed) == whole[0]["text"]
+    final = streamed[-1]
+    for block in ("finish_reason", "usage", "timings", "spec_decode", "served"):
+        assert block in final and block in whole[0]
+    assert all(set(item) == {"text"} for item in streamed[:-1])
+    assert final["usage"]["completion_tokens"] == whole[0]["usage"]["completion_tokens"] == 40
+    assert final["served"]["speculative_method"] == "draft_model"
+    assert final["spec_decode"]["num_draft_tokens"] > 0
+    timings = final["timings"]
+    assert timings["time_to_first_token_ms"] > 0 and timings["end_to_end_ms"] >= timings["time_to_first_token_ms"]
+    assert timings["decode_tokens_per_s"] > 0
+    json.dumps(final)  # every item is plain JSON
+
+
+async def test_long_generation_is_coalesced(worker: ServerlessWorker) -> None:
+    items = await run_job(worker, {"prompt": "The", "sampling_params": {"temperature": 0, "max_tokens": 200, "ignore_eos": True}})
+    # Batches of 1, 3, 9, 27, 50, 50... tokens: far fewer items than tokens.
+    assert items[-1]["usage"]["completion_tokens"] == 200
+    assert len(items) <= 12
+
+
+async def test_chat_messages_use_the_chat_template(worker: ServerlessWorker) -> None:
+    items = await run_job(worker, {"messages": [{"role": "user", "content": "Tell me a story."}], "sampling_params": {"temperature": 0}})
+    text = "".join(item["text"] for item in items)
+    assert "Once upon a time" in text
+    assert items[-1]["finish_reason"] == "stop"
+
+
+async def test_json_schema_output_is_valid_json(worker: ServerlessWorker) -> None:
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 12}}, "required": ["answer"],
+              "additionalProperties": False}
+    items = await run_job(worker, {"prompt": "Reply in JSON:", "stream": False,
+                                   "sampling_params": {"temperature": 0, "max_tokens": 64, "structured_outputs": {"json": schema}}})
+    assert "error" not in items[0], items[0]
+    value = json.loads(items[0]["text"])
+    assert set(value) == {"answer"} and isinstance(value["answer"], str)
+
+
+async def test_sixteen_concurrent_jobs_all_finish(worker: ServerlessWorker) -> None:
+    prompts = [f"Job {i}: once upon a time" for i in range(16)]
+    results = await asyncio.gather(*(
+        run_job(worker, {"prompt": p, "sampling_params": {"temperature": 0, "max_tokens": 24, "ignore_eos": True}}, job_id=f"j{i}")
+        for i, p in enumerate(prompts)
+    ))
+    for items in results:
+        assert "error" not in items[-1]
+        assert items[-1]["usage"]["completion_tokens"] == 24
+        assert items[-1]["spec_decode"] is not None
+
+
+async def test_cancelled_job_aborts_its_engine_request(worker: ServerlessWorker, default_engine: Any) -> None:
+    ended: list[RequestEnd] = []
+    default_engine.observers.append(ended.append)
+    seen = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in worker.handle({"id": "cancel-me", "input": {"prompt": "The", "sampling_params": {"max_tokens": 1000, "ignore_eos": True}}}):
+            seen.set()
+
+    try:
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(seen.wait(), 60)
+        await asyncio.sleep(0.3)  # let a few verify steps run
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):
+            if default_engine.num_unfinished_requests == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert default_engine.num_unfinished_requests == 0
+    finally:
+        default_engine.observers.remove(ended.append)
+    cancelled = [end for end in ended if end.request_id.startswith("cancel-me")]
+    assert len(cancelled) == 1 and cancelled[0].outcome == "cancelled"
+    stats = cancelled[0].spec_decode
+    assert stats is not None and stats.partial and stats.num_spec_steps > 0
+    assert stats.num_accepted_draft_tokens <= stats.num_draft_tokens
+
+
+@pytest.mark.parametrize(
+    ("job_input", "named"),
+    [
+        ({"prompt": "x", "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
+        ({"prompt": "x", "sampling_params": {"bogus": 1}}, "sampling_params.bogus: unknown field"),
+        ({"prompt": "x", "extra": True}, "extra: unknown field"),
+        ("just a string", "input must be a JSON object"),
+        (None, "input must be a JSON object"),
+        ({"prompt": "word " * 3000}, "context"),
+        ({"prompt": "x", "sampling_params": {"max_tokens": 5000}}, "sampling_params.max_tokens"),
+        ({"prompt": "x", "sampling_params": {"structured_outputs": {"regex": "("}}}, ""),
+    ],
+)
+async def test_bad_input_gets_a_named_error_and_the_next_job_succeeds(
+    worker: ServerlessWorker, job_input: Any, named: str
+) -> None:
+    items = await run_job(worker, job_input)
+    assert len(items) == 1 and "error" in items[0], items
+    assert named in items[0]["error"]
+    assert "Traceback" not in items[0]["error"]
+    assert items[0]["error_type"] == "invalid_request_error"
+    assert "refresh_worker" not in worker.runpod_config
+    ok = await run_job(worker, {"prompt": "The sun", "sampling_params": {"max_tokens": 4}})
+    assert ok[-1]["usage"]["completion_tokens"] == 4
+
+
+async def test_missing_max_tokens_gets_the_default_not_16(worker: ServerlessWorker) -> None:
+    items = await run_job(worker, {"prompt": "The", "stream": False, "sampling_params": {"ignore_eos": True}})
+    assert items[0]["usage"]["completion_tokens"] == 512
+
+
+async def test_concurrency_follows_max_num_seqs(worker: ServerlessWorker, monkeypatch: pytest.MonkeyPatch) -> None:
+    await run_job(worker, {"prompt": "a", "sampling_params": {"max_tokens": 1}})
+    assert worker.concurrency_modifier(0) == 16  # MAX_NUM_SEQS of the test engine
+    override = ServerlessWorker(EngineHolder(settings_loader=lambda: engine_settings(MAX_CONCURRENCY=3)))
+    assert override.concurrency_modifier(0) == 3
+
+
+async def test_without_speculation_spec_decode_is_null(plain_engine: Any) -> None:
+    async def factory(settings: Any) -> Any:
+        return plain_engine
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    items = await run_job(worker, {"prompt": "Once", "sampling_params": {"max_tokens": 8}})
+    assert items[-1]["spec_decode"] is None
+    assert items[-1]["served"]["speculative_method"] is None
