@@ -8,7 +8,9 @@ def test_defaults_select_tiny_model_with_noisy_draft() -> None:
     settings = load_settings({})
     assert settings.is_tiny_default
     assert settings.resolved_speculative_config() == {
-        "method": "draft_model", "model": "tiny:noisy", "num_speculative_tokens": 3,
+        "method": "draft_model",
+        "model": "tiny:noisy",
+        "num_speculative_tokens": 3,
     }
 
 

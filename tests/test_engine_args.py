@@ -27,11 +27,19 @@ def test_real_model_keeps_vllm_defaults_and_checkpoint_quantization() -> None:
 
 def test_settings_are_mapped() -> None:
     kwargs = build_engine_kwargs(
-        load_settings({
-            "MODEL_NAME": "org/m", "QUANTIZATION": "awq_marlin", "KV_CACHE_DTYPE": "fp8", "MAX_NUM_SEQS": "64",
-            "TENSOR_PARALLEL_SIZE": "2", "ENABLE_PREFIX_CACHING": "false", "MAX_MODEL_LEN": "8192",
-            "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "5",
-        }),
+        load_settings(
+            {
+                "MODEL_NAME": "org/m",
+                "QUANTIZATION": "awq_marlin",
+                "KV_CACHE_DTYPE": "fp8",
+                "MAX_NUM_SEQS": "64",
+                "TENSOR_PARALLEL_SIZE": "2",
+                "ENABLE_PREFIX_CACHING": "false",
+                "MAX_MODEL_LEN": "8192",
+                "SPECULATIVE_METHOD": "ngram",
+                "NUM_SPECULATIVE_TOKENS": "5",
+            }
+        ),
         resolve=resolve,
     )
     assert kwargs["quantization"] == "awq_marlin"

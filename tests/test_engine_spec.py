@@ -46,9 +46,7 @@ def check_invariants(stats: SpecDecodeStats) -> None:
     if stats.num_draft_tokens:
         assert stats.draft_acceptance_rate == pytest.approx(stats.num_accepted_draft_tokens / stats.num_draft_tokens)
     if stats.num_spec_steps:
-        assert stats.mean_acceptance_length == pytest.approx(
-            1 + stats.num_accepted_draft_tokens / stats.num_spec_steps
-        )
+        assert stats.mean_acceptance_length == pytest.approx(1 + stats.num_accepted_draft_tokens / stats.num_spec_steps)
 
 
 async def test_acceptance_matches_the_draft(spec_engine: tuple[str, Any]) -> None:
@@ -92,9 +90,17 @@ async def test_stop_string_request_still_has_exact_stats(spec_engine: tuple[str,
 
 async def test_eos_and_length_endings_have_stats(spec_engine: tuple[str, Any]) -> None:
     _, engine = spec_engine
-    by_eos = await run(engine, {"messages": [{"role": "user", "content": "Count to ten."}], "sampling_params": {"temperature": 0, "max_tokens": 200}})
+    by_eos = await run(
+        engine,
+        {
+            "messages": [{"role": "user", "content": "Count to ten."}],
+            "sampling_params": {"temperature": 0, "max_tokens": 200},
+        },
+    )
     by_length = await run(engine, {"prompt": "The sun rose", "sampling_params": {"temperature": 0, "max_tokens": 5}})
-    assert by_eos[-1].finish_reason == "stop" and by_eos[-1].stop_reason is None or isinstance(by_eos[-1].stop_reason, int)
+    # The chat turn ends on the model's end-of-turn token: a stop with a token id, no string.
+    assert by_eos[-1].finish_reason == "stop"
+    assert by_eos[-1].stop_reason is None or isinstance(by_eos[-1].stop_reason, int)
     assert by_length[-1].finish_reason == "length"
     assert by_length[-1].usage is not None and by_length[-1].usage.completion_tokens == 5
     for chunks in (by_eos, by_length):

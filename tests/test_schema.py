@@ -33,7 +33,10 @@ def test_stop_string_becomes_a_list() -> None:
         ({"messages": []}, "messages"),
         ({"prompt": "x", "stream": "yes please"}, "stream"),
         ({"prompt": "x", "sampling_params": {"structured_outputs": {}}}, "exactly one of json"),
-        ({"prompt": "x", "sampling_params": {"structured_outputs": {"json": {"type": "nope"}}}}, "not a valid JSON schema"),
+        (
+            {"prompt": "x", "sampling_params": {"structured_outputs": {"json": {"type": "nope"}}}},
+            "not a valid JSON schema",
+        ),
         ({"prompt": "x", "sampling_params": {"stop": [""]}}, "stop strings must not be empty"),
     ],
 )

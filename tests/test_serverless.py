@@ -54,24 +54,38 @@ async def test_streaming_and_non_streaming_give_the_same_text(worker: Serverless
 
 
 async def test_long_generation_is_coalesced(worker: ServerlessWorker) -> None:
-    items = await run_job(worker, {"prompt": "The", "sampling_params": {"temperature": 0, "max_tokens": 200, "ignore_eos": True}})
+    items = await run_job(
+        worker, {"prompt": "The", "sampling_params": {"temperature": 0, "max_tokens": 200, "ignore_eos": True}}
+    )
     # Batches of 1, 3, 9, 27, 50, 50... tokens: far fewer items than tokens.
     assert items[-1]["usage"]["completion_tokens"] == 200
     assert len(items) <= 12
 
 
 async def test_chat_messages_use_the_chat_template(worker: ServerlessWorker) -> None:
-    items = await run_job(worker, {"messages": [{"role": "user", "content": "Tell me a story."}], "sampling_params": {"temperature": 0}})
+    items = await run_job(
+        worker, {"messages": [{"role": "user", "content": "Tell me a story."}], "sampling_params": {"temperature": 0}}
+    )
     text = "".join(item["text"] for item in items)
     assert "Once upon a time" in text
     assert items[-1]["finish_reason"] == "stop"
 
 
 async def test_json_schema_output_is_valid_json(worker: ServerlessWorker) -> None:
-    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 12}}, "required": ["answer"],
-              "additionalProperties": False}
-    items = await run_job(worker, {"prompt": "Reply in JSON:", "stream": False,
-                                   "sampling_params": {"temperature": 0, "max_tokens": 64, "structured_outputs": {"json": schema}}})
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 12}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    items = await run_job(
+        worker,
+        {
+            "prompt": "Reply in JSON:",
+            "stream": False,
+            "sampling_params": {"temperature": 0, "max_tokens": 64, "structured_outputs": {"json": schema}},
+        },
+    )
     assert "error" not in items[0], items[0]
     value = json.loads(items[0]["text"])
     assert set(value) == {"answer"} and isinstance(value["answer"], str)
@@ -79,10 +93,16 @@ async def test_json_schema_output_is_valid_json(worker: ServerlessWorker) -> Non
 
 async def test_sixteen_concurrent_jobs_all_finish(worker: ServerlessWorker) -> None:
     prompts = [f"Job {i}: once upon a time" for i in range(16)]
-    results = await asyncio.gather(*(
-        run_job(worker, {"prompt": p, "sampling_params": {"temperature": 0, "max_tokens": 24, "ignore_eos": True}}, job_id=f"j{i}")
-        for i, p in enumerate(prompts)
-    ))
+    results = await asyncio.gather(
+        *(
+            run_job(
+                worker,
+                {"prompt": p, "sampling_params": {"temperature": 0, "max_tokens": 24, "ignore_eos": True}},
+                job_id=f"j{i}",
+            )
+            for i, p in enumerate(prompts)
+        )
+    )
     for items in results:
         assert "error" not in items[-1]
         assert items[-1]["usage"]["completion_tokens"] == 24
@@ -95,7 +115,9 @@ async def test_cancelled_job_aborts_its_engine_request(worker: ServerlessWorker,
     seen = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in worker.handle({"id": "cancel-me", "input": {"prompt": "The", "sampling_params": {"max_tokens": 1000, "ignore_eos": True}}}):
+        async for _ in worker.handle(
+            {"id": "cancel-me", "input": {"prompt": "The", "sampling_params": {"max_tokens": 1000, "ignore_eos": True}}}
+        ):
             seen.set()
 
     try:

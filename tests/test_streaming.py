@@ -23,9 +23,14 @@ def test_first_token_goes_out_at_once_then_batches_grow() -> None:
 def test_final_chunk_carries_what_was_pending() -> None:
     batcher = ChunkBatcher(max_batch_size=50, min_batch_size=50)
     sent = _tokens(batcher, 5)
-    final = batcher.add(StreamChunk(text="end", num_tokens=1, finish_reason="stop",
-                                    usage=Usage(prompt_tokens=1, completion_tokens=6, total_tokens=7,
-                                                cached_prompt_tokens=0)))
+    final = batcher.add(
+        StreamChunk(
+            text="end",
+            num_tokens=1,
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=1, completion_tokens=6, total_tokens=7, cached_prompt_tokens=0),
+        )
+    )
     assert [c.text for c in sent] == ["t0 "]
     assert final is not None and final.is_final
     assert final.text == "t1 t2 t3 t4 end"

@@ -41,7 +41,9 @@ class Settings(BaseSettings):
     tokenizer_revision: str | None = None
     max_model_len: int | None = Field(None, ge=16)
     dtype: str = "auto"
-    quantization: str | None = Field(None, description="awq, awq_marlin, gptq, gptq_marlin, fp8, ...; unset: from the checkpoint")
+    quantization: str | None = Field(
+        None, description="awq, awq_marlin, gptq, gptq_marlin, fp8, ...; unset: from the checkpoint"
+    )
     kv_cache_dtype: str = "auto"
     load_format: str = "auto"
     trust_remote_code: bool = False
@@ -49,7 +51,9 @@ class Settings(BaseSettings):
 
     # Engine
     gpu_memory_utilization: float = Field(0.90, gt=0, le=1)
-    kv_cache_memory_bytes: int | None = Field(None, gt=0, description="KV cache size; needed on CPU unless VLLM_CPU_KVCACHE_SPACE is set")
+    kv_cache_memory_bytes: int | None = Field(
+        None, gt=0, description="KV cache size; needed on CPU unless VLLM_CPU_KVCACHE_SPACE is set"
+    )
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
     enable_prefix_caching: bool = True
@@ -111,7 +115,10 @@ class Settings(BaseSettings):
                 "SPECULATIVE_CONFIG cannot be combined with SPECULATIVE_METHOD/SPECULATIVE_MODEL/"
                 "NUM_SPECULATIVE_TOKENS; use one or the other"
             )
-        if self.structured_outputs_disable_any_whitespace and self.structured_outputs_backend not in ("xgrammar", "guidance"):
+        if self.structured_outputs_disable_any_whitespace and self.structured_outputs_backend not in (
+            "xgrammar",
+            "guidance",
+        ):
             raise ValueError(
                 "STRUCTURED_OUTPUTS_DISABLE_ANY_WHITESPACE needs STRUCTURED_OUTPUTS_BACKEND=xgrammar or guidance"
             )
@@ -158,7 +165,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """
     source = dict(os.environ if env is None else env)
     fields = {name.upper() for name in Settings.model_fields}
-    values = {key.lower(): value for key, value in source.items() if key.upper() in fields}
+    values: dict[str, Any] = {key.lower(): value for key, value in source.items() if key.upper() in fields}
     try:
         return Settings(**values)
     except ValidationError as exc:

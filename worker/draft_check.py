@@ -48,9 +48,7 @@ def check_draft_compatible(
         target_config, target_tok = _load(target, revision=target_revision, trust_remote_code=trust_remote_code)
         draft_config, draft_tok = _load(draft, revision=draft_revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise IncompatibleDraft(
-            f"cannot compare draft {draft_label!r} with target {target_label!r}: {exc}"
-        ) from None
+        raise IncompatibleDraft(f"cannot compare draft {draft_label!r} with target {target_label!r}: {exc}") from None
 
     problems = []
     target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()

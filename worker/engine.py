@@ -162,7 +162,9 @@ class Engine:
                 target=kwargs["model"],
                 draft=spec["model"],
                 target_label=model_ref(settings),
-                draft_label=settings.speculative_model or (settings.speculative_config or {}).get("model") or spec["model"],
+                draft_label=settings.speculative_model
+                or (settings.speculative_config or {}).get("model")
+                or spec["model"],
                 target_revision=settings.model_revision,
                 trust_remote_code=settings.trust_remote_code,
             )
@@ -183,7 +185,9 @@ class Engine:
         except WorkerError:
             raise
         except Exception as exc:
-            raise EngineBootError(f"engine failed to start for model {model_ref(settings)!r}: {_one_line(exc)}") from exc
+            raise EngineBootError(
+                f"engine failed to start for model {model_ref(settings)!r}: {_one_line(exc)}"
+            ) from exc
         return cls(llm, settings=settings, model_label=model_ref(settings))
 
     @classmethod
@@ -217,21 +221,22 @@ class Engine:
             text = tokenizer.apply_chat_template(
                 [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True
             )
-            return list(tokenizer.encode(text, add_special_tokens=False))
-        return list(tokenizer.encode(request.prompt))
+            return list(tokenizer.encode(str(text), add_special_tokens=False))
+        return list(tokenizer.encode(request.prompt or ""))
 
     def sampling_params(self, request: GenerateRequest, *, num_prompt_tokens: int) -> SamplingParams:
         options = request.sampling_params
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
             raise ContextLengthExceeded(
-                f"prompt: {num_prompt_tokens} tokens leave no room in the model's context of {self.max_model_len} tokens",
+                f"prompt: {num_prompt_tokens} tokens leave no room in the model's context "
+                f"of {self.max_model_len} tokens",
                 param="prompt",
             )
         if options.max_tokens is not None and options.max_tokens > room:
             raise ContextLengthExceeded(
-                f"sampling_params.max_tokens: prompt ({num_prompt_tokens} tokens) plus max_tokens ({options.max_tokens}) exceeds "
-                f"the model's context of {self.max_model_len} tokens",
+                f"sampling_params.max_tokens: prompt ({num_prompt_tokens} tokens) plus max_tokens "
+                f"({options.max_tokens}) exceeds the model's context of {self.max_model_len} tokens",
                 param="sampling_params.max_tokens",
             )
         max_tokens = options.max_tokens or min(self._settings.default_max_tokens, room)
@@ -302,12 +307,16 @@ class Engine:
                         total_tokens=len(prompt_ids) + num_tokens,
                         cached_prompt_tokens=output.num_cached_tokens or 0,
                     ),
-                    timings=_timings(output, start=start, first_token_at=first_token_at, now=now, num_tokens=num_tokens),
+                    timings=_timings(
+                        output, start=start, first_token_at=first_token_at, now=now, num_tokens=num_tokens
+                    ),
                     spec_decode=spec,
                     served=self.served,
                 )
                 outcome = "finished"
-                end = RequestEnd(request_id, outcome, completion.finish_reason, spec, _elapsed(start, first_token_at), num_tokens)
+                end = RequestEnd(
+                    request_id, outcome, completion.finish_reason, spec, _elapsed(start, first_token_at), num_tokens
+                )
                 yield final
         except (asyncio.CancelledError, GeneratorExit):
             outcome = "cancelled"
@@ -326,7 +335,9 @@ class Engine:
             # Closing vLLM's generator aborts the engine request if it is still running,
             # now rather than whenever the garbage collector gets to it.
             await outputs.aclose()
-            self._notify(end or RequestEnd(request_id, outcome, None, None, _elapsed(start, first_token_at), num_tokens))
+            self._notify(
+                end or RequestEnd(request_id, outcome, None, None, _elapsed(start, first_token_at), num_tokens)
+            )
 
     def _request_state(self, request_id: str) -> Any:
         states = getattr(getattr(self._llm, "output_processor", None), "request_states", None) or {}
@@ -345,8 +356,12 @@ class Engine:
             s = end.spec_decode
             log.info(
                 "request %s %s after %d tokens; partial spec-decode stats: drafted=%d accepted=%d rate=%.3f",
-                end.request_id, end.outcome, end.num_completion_tokens, s.num_draft_tokens,
-                s.num_accepted_draft_tokens, s.draft_acceptance_rate,
+                end.request_id,
+                end.outcome,
+                end.num_completion_tokens,
+                s.num_draft_tokens,
+                s.num_accepted_draft_tokens,
+                s.draft_acceptance_rate,
             )
 
     async def abort(self, request_id: str) -> None:

@@ -1,14 +1,14 @@
 """Typed errors of the worker, converted to wire payloads at each edge by one function.
 
-    WorkerError                  base: a message safe to show a client
-    ├── InvalidRequest           bad input (HTTP 400)
-    │   └── ContextLengthExceeded
-    ├── ConfigError              bad environment configuration (fails the boot)
-    ├── EngineBootError          the engine could not start (the worker must be replaced)
-    │   └── IncompatibleDraft    the draft model cannot draft for the target
-    ├── EngineDead               the engine died while serving (the worker must be replaced)
-    ├── EngineBusy               back-pressure: retry later (HTTP 429)
-    └── EngineNotReady           still booting (HTTP 503)
+WorkerError                  base: a message safe to show a client
+├── InvalidRequest           bad input (HTTP 400)
+│   └── ContextLengthExceeded
+├── ConfigError              bad environment configuration (fails the boot)
+├── EngineBootError          the engine could not start (the worker must be replaced)
+│   └── IncompatibleDraft    the draft model cannot draft for the target
+├── EngineDead               the engine died while serving (the worker must be replaced)
+├── EngineBusy               back-pressure: retry later (HTTP 429)
+└── EngineNotReady           still booting (HTTP 503)
 """
 
 from __future__ import annotations

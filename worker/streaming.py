@@ -27,7 +27,9 @@ class ChunkBatcher:
         """Take a chunk; return the coalesced chunk to send now, if any."""
         if chunk.is_final:
             self._texts.append(chunk.text)
-            merged = chunk.model_copy(update={"text": "".join(self._texts), "num_tokens": self._num_tokens + chunk.num_tokens})
+            merged = chunk.model_copy(
+                update={"text": "".join(self._texts), "num_tokens": self._num_tokens + chunk.num_tokens}
+            )
             self._texts, self._num_tokens = [], 0
             return merged
         self._texts.append(chunk.text)

@@ -29,8 +29,13 @@ class FakeEngine:
         self.is_dead = False
         self.is_shut_down = False
         self.observers: list[Any] = []
-        self.served = Served(model="fake", quantization=None, speculative_method=None,
-                             num_speculative_tokens=None, spec_decode_available=False)
+        self.served = Served(
+            model="fake",
+            quantization=None,
+            speculative_method=None,
+            num_speculative_tokens=None,
+            spec_decode_available=False,
+        )
 
     async def generate(self, request: GenerateRequest, *, request_id: str | None = None) -> AsyncIterator[StreamChunk]:
         if self.is_dead:
@@ -46,9 +51,11 @@ class FakeEngine:
                 yield StreamChunk(text=f"w{i} ", num_tokens=1)
             yield StreamChunk(
                 text="",
+                num_tokens=0,
                 finish_reason="length",
-                usage=Usage(prompt_tokens=1, completion_tokens=self.words, total_tokens=self.words + 1,
-                            cached_prompt_tokens=0),
+                usage=Usage(
+                    prompt_tokens=1, completion_tokens=self.words, total_tokens=self.words + 1, cached_prompt_tokens=0
+                ),
                 timings=Timings(queue_ms=0.0, time_to_first_token_ms=0.0, decode_tokens_per_s=None, end_to_end_ms=0.0),
                 served=self.served,
             )

@@ -1,0 +1,141 @@
+"""handler.py as users run it: import cost, the local test run, the SDK's local API server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_boots_nothing_and_is_fast(subprocess_env: dict[str, str]) -> None:
+    code = (
+        "import sys, time; t = time.perf_counter(); import handler; dt = time.perf_counter() - t; import json; "
+        "heavy = sorted(m for m in ('vllm', 'torch', 'transformers') if m in sys.modules); "
+        "print(json.dumps({'seconds': dt, 'heavy': heavy, 'engine': handler._worker.holder.engine is not None}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["heavy"] == []
+    assert report["engine"] is False
+    assert report["seconds"] < 1.0, report
+
+
+def test_local_test_input_run_streams_and_ends_with_the_blocks(subprocess_env: dict[str, str]) -> None:
+    """`python handler.py` with test_input.json: the README's first command."""
+    out = subprocess.run(
+        [sys.executable, "handler.py"], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    chunks = [line for line in lines if "] chunk " in line]
+    assert len(chunks) >= 2
+    final_at = next(i for i, line in enumerate(lines) if "] final " in line)
+    final_text = "\n".join(lines[final_at:])
+    final = json.loads(final_text[final_text.index("{") : final_text.rindex("}") + 1])
+    assert final["spec_decode"]["num_draft_tokens"] > 0  # test_input.json shows speculation on
+    assert final["usage"]["completion_tokens"] > 0
+    assert final["served"]["speculative_method"] == "draft_model"
+
+
+def test_local_test_input_argument_reports_bad_input(subprocess_env: dict[str, str]) -> None:
+    bad = json.dumps({"input": {"prompt": "hi", "sampling_params": {"max_tokens": -1}}})
+    out = subprocess.run(
+        [sys.executable, "handler.py", "--test_input", bad],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    assert "sampling_params.max_tokens" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+    pairs = list(zip(map(int, out[::2]), map(int, out[1::2]), strict=True))
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in pairs if pp == parent]
+        found += children
+        frontier += children
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env: dict[str, str]) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_port", str(port)],
+        cwd=ROOT,
+        env=subprocess_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/runsync"
+        deadline = time.time() + 60
+        while True:
+            try:
+                result = _post(
+                    url,
+                    {"input": {"prompt": "Once upon a time", "sampling_params": {"max_tokens": 12, "temperature": 0}}},
+                    240,
+                )
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert result["status"] == "COMPLETED"
+        items = result["output"]  # return_aggregate_stream: every streamed item
+        assert "".join(i["text"] for i in items).startswith(", a small model")
+        assert items[-1]["usage"]["completion_tokens"] == 12
+        assert items[-1]["spec_decode"]["num_spec_steps"] > 0
+        bad = _post(url, {"input": {"prompt": "x", "sampling_params": {"top_k": "many"}}}, 60)
+        assert "sampling_params.top_k" in bad["output"][0]["error"]
+        engine_processes = _descendants(proc.pid)
+        assert engine_processes, "the engine runs in child processes"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(pid) for pid in engine_processes):
+        time.sleep(0.5)
+    assert not [pid for pid in engine_processes if _alive(pid)], "orphaned engine processes after SIGTERM"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()

@@ -1,0 +1,105 @@
+"""Failures a real engine cannot produce on demand, driven through a FakeEngine (named as such)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.conftest import engine_settings
+from worker.errors import EngineBootError
+from worker.runtime import EngineHolder
+from worker.serverless import ServerlessWorker
+from worker.testing import FakeEngine
+
+JOB = {"prompt": "hi", "sampling_params": {"max_tokens": 3}}
+
+
+async def collect(worker: ServerlessWorker, job_input: Any = JOB, job_id: str = "j") -> list[dict[str, Any]]:
+    return [item async for item in worker.handle({"id": job_id, "input": job_input})]
+
+
+async def test_concurrent_first_jobs_boot_the_engine_once() -> None:
+    boots = 0
+
+    async def factory(settings: Any) -> FakeEngine:
+        nonlocal boots
+        boots += 1
+        await asyncio.sleep(0.2)
+        return FakeEngine()
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    results = await asyncio.gather(*(collect(worker, job_id=f"j{i}") for i in range(10)))
+    assert boots == 1
+    assert all(items[-1]["finish_reason"] == "length" for items in results)
+
+
+async def test_failed_boot_fails_every_job_clearly_and_asks_for_replacement() -> None:
+    boots = 0
+
+    async def factory(settings: Any) -> FakeEngine:
+        nonlocal boots
+        boots += 1
+        await asyncio.sleep(0.1)
+        raise EngineBootError("engine failed to start for model 'x': out of memory")
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    results = await asyncio.gather(*(collect(worker, job_id=f"j{i}") for i in range(5)))
+    later = await collect(worker)
+    assert boots == 1  # a boot that failed is not retried by every later job
+    for items in [*results, later]:
+        assert items == [
+            {"error": "engine failed to start for model 'x': out of memory", "error_type": "engine_boot_error"}
+        ]
+    assert worker.runpod_config.get("refresh_worker") is True
+
+
+async def test_unexpected_boot_exception_is_reported_without_traceback() -> None:
+    async def factory(settings: Any) -> FakeEngine:
+        raise RuntimeError("CUDA error: device-side assert")
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    items = await collect(worker)
+    assert items[0]["error_type"] == "engine_boot_error"
+    assert "RuntimeError" in items[0]["error"] and "Traceback" not in items[0]["error"]
+    assert worker.runpod_config.get("refresh_worker") is True
+
+
+async def test_bad_configuration_fails_the_job_naming_the_variable() -> None:
+    worker = ServerlessWorker(EngineHolder(settings_loader=lambda: engine_settings(MAX_MODEL_LEN="lots")))
+    items = await collect(worker)
+    assert "MAX_MODEL_LEN" in items[0]["error"]
+    assert items[0]["error_type"] == "configuration_error"
+    assert worker.runpod_config.get("refresh_worker") is True
+    assert worker.concurrency_modifier(0) == 1
+
+
+async def test_engine_death_mid_stream_ends_the_job_with_an_error() -> None:
+    fake = FakeEngine(words=10, die_after=3)
+
+    async def factory(settings: Any) -> FakeEngine:
+        return fake
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    items = await collect(worker)
+    assert items[0] == {"text": "w0 "}
+    assert items[-1]["error_type"] == "engine_dead"
+    assert worker.runpod_config.get("refresh_worker") is True
+    # No job is left hanging on a dead engine: the next one fails at once.
+    later = await asyncio.wait_for(collect(worker), 5)
+    assert later[0]["error_type"] == "engine_dead"
+
+
+async def test_unexpected_engine_exception_is_a_generic_error() -> None:
+    class Exploding(FakeEngine):
+        async def generate(self, request: Any, *, request_id: str | None = None) -> Any:  # type: ignore[override]
+            raise KeyError("internal detail")
+            yield  # pragma: no cover
+
+    async def factory(settings: Any) -> FakeEngine:
+        return Exploding()
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    items = await collect(worker)
+    assert items == [{"error": "internal error (KeyError)", "error_type": "server_error"}]
+    assert "refresh_worker" not in worker.runpod_config
+    assert (await collect(worker, job_id="next"))[0]["error_type"] == "server_error"
