@@ -82,6 +82,16 @@ class Settings(BaseSettings):
     default_batch_size_growth_factor: float = Field(3.0, ge=1)
     worker_cache_dir: Path = DEFAULT_CACHE_DIR
     log_level: str = "INFO"
+    openai_served_model_name_override: str | None = Field(None, description="model name the OpenAI routes answer to")
+
+    # Metrics: the acceptance watchdog warns when speculation stops paying.
+    acceptance_watchdog_threshold: float = Field(1.5, ge=1.0, description="mean acceptance length floor")
+    acceptance_watchdog_window: int = Field(50, ge=1, description="requests in the rolling window")
+
+    # Pod mode
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    api_key: str | None = Field(None, repr=False)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, *_: Any, **__: Any) -> tuple[Any, ...]:
@@ -134,6 +144,11 @@ class Settings(BaseSettings):
     def is_tiny_default(self) -> bool:
         return self.model_name is None or self.model_name.startswith(TINY_PREFIX)
 
+    @property
+    def served_model_name(self) -> str:
+        """The name the OpenAI routes answer to."""
+        return self.openai_served_model_name_override or self.model_name or f"{TINY_PREFIX}target"
+
     def resolved_speculative_config(self) -> dict[str, Any] | None:
         """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs.
 
@@ -158,12 +173,12 @@ class Settings(BaseSettings):
         return None
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Parse settings from ``env`` (default: the process environment).
+def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Parse settings from ``env`` (default: the process environment), then ``overrides`` (CLI flags).
 
     Raises :class:`ConfigError` naming the offending variable.
     """
-    source = dict(os.environ if env is None else env)
+    source: dict[str, Any] = {**(os.environ if env is None else env), **(overrides or {})}
     fields = {name.upper() for name in Settings.model_fields}
     values: dict[str, Any] = {key.lower(): value for key, value in source.items() if key.upper() in fields}
     try:

@@ -18,7 +18,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
 from worker.config import Settings, load_settings
-from worker.errors import EngineBootError, EngineDead, WorkerError
+from worker.errors import EngineBootError, EngineDead, EngineNotReady, WorkerError
+from worker.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
     from worker.engine import Engine
@@ -51,7 +52,7 @@ class EngineHolder:
         self._lock: asyncio.Lock | None = None
         self._is_booting = False
         self.boot_seconds: float | None = None
-        self.on_ready: list[Callable[[Any], None]] = []
+        self.metrics: WorkerMetrics | None = None
 
     @property
     def settings(self) -> Settings:
@@ -109,9 +110,23 @@ class EngineHolder:
                 self._is_booting = False
             self.boot_seconds = time.perf_counter() - started
             log.info("engine ready in %.1f s", self.boot_seconds)
-            for callback in self.on_ready:
-                callback(self._engine)
+            self.metrics = WorkerMetrics(
+                num_spec_tokens=self._engine.served.num_speculative_tokens,
+                threshold=settings.acceptance_watchdog_threshold,
+                window=settings.acceptance_watchdog_window,
+            )
+            self._engine.observers.append(self.metrics.observe)
             return self._engine
+
+    def ready_engine(self) -> Any:
+        """The engine if it can serve now; otherwise the error saying why not (never waits)."""
+        if self._boot_error is not None:
+            raise self._boot_error
+        if self._engine is None:
+            raise EngineNotReady("the engine is still starting; retry shortly")
+        if self._engine.is_dead:
+            raise EngineDead("the inference engine has died")
+        return self._engine
 
     def shutdown(self) -> None:
         engine, self._engine = self._engine, None

@@ -19,7 +19,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from worker.errors import ConfigError, WorkerError, to_error_payload
+from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_payload
+from worker.openai_compat import OpenAICall, error_body, models_response, parse_openai_call
 from worker.runtime import EngineHolder
 from worker.schema import GenerateRequest, StreamChunk, parse_request
 from worker.streaming import ChunkBatcher
@@ -55,11 +56,17 @@ class ServerlessWorker:
         log.error("asking RunPod to replace this worker: %s", reason)
         self.runpod_config["refresh_worker"] = True
 
-    async def handle(self, job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def handle(self, job: dict[str, Any]) -> AsyncIterator[Any]:
         job_id = str(job.get("id") or "local")
         request_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
+        job_input = job.get("input")
+        is_openai = isinstance(job_input, dict) and "openai_route" in job_input
         try:
-            request = parse_request(job.get("input"))
+            if is_openai and isinstance(job_input, dict):
+                async for line in self._openai(job_input, request_id):
+                    yield line
+                return
+            request = parse_request(job_input)
             engine = await self.holder.get()
             if request.stream:
                 async for item in self._stream(engine, request, request_id):
@@ -73,22 +80,48 @@ class ServerlessWorker:
             if exc.is_fatal:
                 self.request_replacement(exc.message)
             log.warning("job %s failed: %s", job_id, exc.message)
-            yield to_error_payload(exc)
+            yield error_body(exc) if is_openai else to_error_payload(exc)
         except Exception as exc:
             log.exception("job %s failed unexpectedly", job_id)
-            yield to_error_payload(exc)
+            yield error_body(exc) if is_openai else to_error_payload(exc)
 
-    async def _stream(self, engine: Any, request: GenerateRequest, request_id: str) -> AsyncIterator[dict[str, Any]]:
+    async def _coalesced(self, chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[StreamChunk]:
         settings = self.holder.settings
         batcher = ChunkBatcher(
             max_batch_size=settings.default_batch_size,
             min_batch_size=settings.default_min_batch_size,
             growth_factor=settings.default_batch_size_growth_factor,
         )
-        async for chunk in engine.generate(request, request_id=request_id):
+        async for chunk in chunks:
             out = batcher.add(chunk)
             if out is not None:
-                yield out.to_wire()
+                yield out
+
+    async def _stream(self, engine: Any, request: GenerateRequest, request_id: str) -> AsyncIterator[dict[str, Any]]:
+        async for chunk in self._coalesced(engine.generate(request, request_id=request_id)):
+            yield chunk.to_wire()
+
+    async def _openai(self, job_input: dict[str, Any], request_id: str) -> AsyncIterator[Any]:
+        """``{"openai_route": ..., "openai_input": {...}}``: exactly what the pod server would send."""
+        unknown = sorted(set(job_input) - {"openai_route", "openai_input"})
+        if unknown:
+            raise InvalidRequest(
+                f"{', '.join(unknown)}: unknown field (an OpenAI job has openai_route and openai_input)"
+            )
+        route = job_input["openai_route"]
+        settings = self.holder.settings
+        if route == "/v1/models":
+            yield models_response(settings.served_model_name, created=int(time.time()))
+            return
+        openai_request, request = parse_openai_call(str(route), job_input.get("openai_input"))
+        engine = await self.holder.get()
+        call = OpenAICall(openai_request, model=settings.served_model_name, request_id=request_id)
+        chunks = engine.generate(request, request_id=call.id)
+        if not openai_request.stream:
+            yield await call.collect(chunks)
+            return
+        async for line in call.stream(self._coalesced(chunks)):
+            yield line
 
     async def _collect(self, engine: Any, request: GenerateRequest, request_id: str) -> dict[str, Any]:
         texts: list[str] = []

@@ -1,0 +1,57 @@
+"""``python -m worker``: the pod-mode server (and, later, the tools around it).
+
+    python -m worker serve [--host H] [--port P]   # OpenAI-compatible server; HOST, PORT, API_KEY env too
+
+Configuration is the same environment as the serverless handler's (``worker/config.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from worker.config import load_settings
+from worker.errors import ConfigError
+
+__all__ = ["main"]
+
+log = logging.getLogger("worker")
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from worker.pod import create_app
+    from worker.runtime import EngineHolder
+
+    flags = {"HOST": args.host, "PORT": args.port}
+    try:
+        settings = load_settings(overrides={name: value for name, value in flags.items() if value is not None})
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    if settings.host not in _LOOPBACK and settings.api_key is None:
+        log.warning("=" * 72)
+        log.warning("LISTENING ON %s WITHOUT AN API KEY: anyone who can reach this port can use the GPU", settings.host)
+        log.warning("set API_KEY to require 'Authorization: Bearer <key>'")
+        log.warning("=" * 72)
+    holder = EngineHolder(settings_loader=lambda: settings)
+    app = create_app(holder)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible pod server")
+    serve.add_argument("--host", help="bind address (env HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (env PORT, default 8000)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        return _serve(args)
+    return 2  # pragma: no cover - argparse rejects unknown commands
