@@ -16,7 +16,7 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q --no-deps -r requirements-cpu.lock
-.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+.venv/bin/python -m pip install -q --no-deps -e .
 rm -f .venv/.installed-*
 touch "$stamp"
 echo "setup: .venv ready"
