@@ -47,6 +47,14 @@ def subprocess_env(tiny_models: TinyModels) -> Iterator[dict[str, str]]:
     yield env
 
 
+@pytest.fixture(scope="session")
+async def default_engine(tiny_models: TinyModels) -> AsyncIterator[Any]:
+    """The embedded default: tiny target with the noisy-copy draft (k=3)."""
+    engine = await boot_engine(tiny_models)
+    yield engine
+    engine.shutdown()
+
+
 @pytest.fixture(scope="module")
 async def plain_engine(tiny_models: TinyModels) -> AsyncIterator[Any]:
     """The tiny target without speculation."""

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import boot_engine, engine_settings
+from tests.conftest import engine_settings
 from worker.engine import RequestEnd
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
-
-
-@pytest.fixture(scope="module")
-async def default_engine(tiny_models: Any) -> AsyncIterator[Any]:
-    engine = await boot_engine(tiny_models)  # the embedded default: tiny target + noisy draft
-    yield engine
-    engine.shutdown()
 
 
 @pytest.fixture
@@ -81,7 +73,7 @@ async def test_json_schema_output_is_valid_json(worker: ServerlessWorker) -> Non
     items = await run_job(
         worker,
         {
-            "prompt": "Reply in JSON:",
+            "messages": [{"role": "user", "content": "Reply in JSON."}],
             "stream": False,
             "sampling_params": {"temperature": 0, "max_tokens": 64, "structured_outputs": {"json": schema}},
         },

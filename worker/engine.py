@@ -317,8 +317,12 @@ class Engine:
                 end = RequestEnd(
                     request_id, outcome, completion.finish_reason, spec, _elapsed(start, first_token_at), num_tokens
                 )
+                # Observers hear of the end now, not when the consumer gets round to closing us.
+                self._notify(end)
                 yield final
         except (asyncio.CancelledError, GeneratorExit):
+            if outcome == "finished":  # closed after its final chunk: nothing was cut short
+                raise
             outcome = "cancelled"
             metrics = getattr(state, "spec_decode_metrics", None)
             observed = _stats_from_vllm(metrics, is_partial=True) if metrics is not None else None
@@ -335,9 +339,10 @@ class Engine:
             # Closing vLLM's generator aborts the engine request if it is still running,
             # now rather than whenever the garbage collector gets to it.
             await outputs.aclose()
-            self._notify(
-                end or RequestEnd(request_id, outcome, None, None, _elapsed(start, first_token_at), num_tokens)
-            )
+            if outcome != "finished":
+                self._notify(
+                    end or RequestEnd(request_id, outcome, None, None, _elapsed(start, first_token_at), num_tokens)
+                )
 
     def _request_state(self, request_id: str) -> Any:
         states = getattr(getattr(self._llm, "output_processor", None), "request_states", None) or {}

@@ -9,6 +9,7 @@ default registry), the worker exports per-request distributions that vLLM aggreg
     worker_requests_total{outcome}        finished / cancelled / error
     worker_spec_decode_rolling_mean_acceptance_length   gauge over the watchdog window
     worker_spec_decode_low_acceptance     gauge: 1 while the window is below the threshold
+    worker_requests_in_engine             gauge, read at scrape time: requests the engine holds
 
 The acceptance watchdog keeps a rolling window of the last ``window`` speculated requests.
 When the window's mean acceptance length (1 + accepted / steps, pooled over its requests)
@@ -102,7 +103,13 @@ class WorkerMetrics:
             "1 while the rolling mean acceptance length is below the threshold",
             registry=self.registry,
         )
+        self.in_engine = Gauge(
+            "worker_requests_in_engine", "Requests the engine holds (running or waiting)", registry=self.registry
+        )
         self.watchdog = AcceptanceWatchdog(threshold=threshold, window=window)
+
+    def track_engine(self, engine: Any) -> None:
+        self.in_engine.set_function(lambda: engine.num_unfinished_requests)
 
     def observe(self, end: Any) -> None:
         """An engine request observer (``worker.engine.RequestEnd``)."""

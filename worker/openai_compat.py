@@ -310,8 +310,10 @@ class OpenAICall:
 
     async def collect(self, chunks: AsyncIterator[StreamChunk]) -> dict[str, Any]:
         texts: list[str] = []
+        final: StreamChunk | None = None
         async for chunk in chunks:
             texts.append(chunk.text)
-            if chunk.is_final:
-                return self.response("".join(texts), chunk)
-        raise WorkerError("the engine ended the request without a result")
+            final = chunk
+        if final is None or not final.is_final:
+            raise WorkerError("the engine ended the request without a result")
+        return self.response("".join(texts), final)

@@ -115,6 +115,7 @@ class EngineHolder:
                 threshold=settings.acceptance_watchdog_threshold,
                 window=settings.acceptance_watchdog_window,
             )
+            self.metrics.track_engine(self._engine)
             self._engine.observers.append(self.metrics.observe)
             return self._engine
 

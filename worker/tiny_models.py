@@ -27,7 +27,7 @@ from typing import Any
 
 __all__ = ["BUILD_VERSION", "TinyModels", "ensure_tiny_models"]
 
-BUILD_VERSION = "v2"
+BUILD_VERSION = "v3"
 NOISE_SCALE = 0.8
 VARIANTS = ("target", "noisy", "unrelated", "mismatch")
 
@@ -66,6 +66,10 @@ _CHAT_PAIRS = [
     ("Why is decode slow?", _CORPUS_LINES[1]),
     ("Tell me a story.", _CORPUS_LINES[15] + " " + _CORPUS_LINES[16]),
     ("Count to ten.", _CORPUS_LINES[19]),
+    # A little JSON, so that structured output from the tiny model is short and closes.
+    ("Reply in JSON.", '{"answer":"yes","ok":true}'),
+    ("Answer in JSON: is the draft good?", '{"answer":"no","ok":false}'),
+    ("Give me JSON.", '{"answer":"done","ok":true}'),
 ]
 
 
