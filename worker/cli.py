@@ -1,6 +1,7 @@
 """``python -m worker``: the pod-mode server (and, later, the tools around it).
 
     python -m worker serve [--host H] [--port P]   # OpenAI-compatible server; HOST, PORT, API_KEY env too
+    python -m worker bench [--smoke] [--parts ...]  # the benchmark against vLLM itself (worker/bench.py)
 
 Configuration is the same environment as the serverless handler's (``worker/config.py``).
 """
@@ -45,6 +46,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from worker.bench import main as bench_main
+
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI-compatible pod server")

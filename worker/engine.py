@@ -198,6 +198,11 @@ class Engine:
         self._llm.shutdown()
 
     @property
+    def llm(self) -> AsyncLLM:
+        """vLLM's engine itself, for comparisons that must bypass the worker (benchmarks)."""
+        return self._llm
+
+    @property
     def is_dead(self) -> bool:
         return bool(self._llm.errored)
 

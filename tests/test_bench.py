@@ -1,0 +1,71 @@
+"""The benchmark harness at tiny sizes: complete, sane results (not speed thresholds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker.bench import RequestTiming, parse_boot_log, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_summarize() -> None:
+    timings = [
+        RequestTiming(start=0.0, first_token=0.1, end=1.1, num_tokens=11),
+        RequestTiming(start=0.0, first_token=0.3, end=1.3, num_tokens=6),
+    ]
+    s = summarize(timings, wall=2.0)
+    assert s["tokens"] == 17 and s["throughput_tok_s"] == 8.5
+    assert s["ttft_p50_ms"] in (pytest.approx(100.0), pytest.approx(300.0))
+    assert s["itl_mean_ms"] == pytest.approx((100.0 + 200.0) / 2)
+
+
+def test_parse_boot_log() -> None:
+    log = (
+        "x Loading weights took 1.25 seconds\ny init engine (profile, create kv cache, warmup model) took 7.50 seconds"
+    )
+    assert parse_boot_log(log) == {"weights_load_s": 1.25, "engine_init_s": 7.5}
+
+
+@pytest.mark.timeout(900)
+def test_smoke_run_produces_complete_results(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "bench", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "bench.json").read_text())
+    assert set(results) >= {"overhead", "pod", "coldstart", "spec", "roofline", "command", "machine"}
+
+    def positive(value: float | None) -> bool:
+        return value is not None and math.isfinite(value) and value > 0
+
+    for part in ("overhead", "pod"):
+        rows = results[part]["rows"]
+        assert [r["concurrency"] for r in rows] == [1, 2]
+        for row in rows:
+            assert positive(row["throughput_ratio"]) and positive(row["ttft_p50_ratio"])
+            for side in [k for k in row if isinstance(row[k], dict)]:
+                assert row[side]["tokens"] == 4 * 16  # ignore_eos: every request ran to max_tokens
+    cold = results["coldstart"]
+    assert positive(cold["handler"]["first_token_s"]) and positive(cold["vllm_server"]["first_token_s"])
+    assert 0 < cold["handler_import_s"] < 5
+    (row,) = results["spec"]["rows"]
+    assert row["draft"] == "tiny:noisy" and row["k"] == 2
+    assert row["num_accepted_draft_tokens"] <= row["num_draft_tokens"] and row["num_spec_steps"] > 0
+    assert row["mean_acceptance_length"] == pytest.approx(1 + row["num_accepted_draft_tokens"] / row["num_spec_steps"])
+    assert positive(results["roofline"]["weight_bytes_per_step"])
+    markdown = (out / "bench.md").read_text()
+    assert "Handler overhead" in markdown and "python -m worker bench --smoke" in markdown
+    assert (out / "throughput.png").stat().st_size > 0 and (out / "speculative.png").stat().st_size > 0

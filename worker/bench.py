@@ -1,0 +1,847 @@
+"""``python -m worker bench``: the worker against its peers, measured as ratios in one run.
+
+Parts (``--parts``, default all):
+
+- ``overhead``  the same N concurrent requests through the serverless handler's code path
+                and straight into vLLM's ``AsyncLLM``, on one engine in one process,
+                alternating paths; throughput, TTFT and inter-token-latency ratios.
+- ``pod``       our pod server and ``python -m vllm.entrypoints.openai.api_server``, same
+                engine arguments, started in turn, driven by the same streaming HTTP client.
+- ``coldstart`` process start to first streamed token for ``python handler.py --test_input``
+                and for vLLM's server (start plus first request); the handler's import time;
+                where the time goes, from the engine's own log lines.
+- ``spec``      tokens/s with each draft (target as its own draft, noisy copy, unrelated,
+                n-gram) and k in {2, 4, 8} versus no speculation, with the measured acceptance.
+- ``roofline``  the single-stream decode bound from bytes per step and memory bandwidth.
+
+Writes ``bench.json``, ``bench.md`` and PNG plots under ``--out``. Nothing is typed by hand:
+every figure in the Markdown comes from the JSON of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.config import Settings, load_settings
+from worker.engine_args import build_engine_kwargs, model_ref
+from worker.sizing import GPUS, ModelShape, decode_roofline_tokens_per_s, kv_bytes_per_token, weight_bytes
+
+__all__ = ["RequestTiming", "main", "summarize"]
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "Once upon a time"
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    start: float
+    first_token: float | None = None
+    end: float | None = None
+    num_tokens: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+    @property
+    def itl(self) -> float | None:
+        if self.first_token is None or self.end is None or self.num_tokens < 2:
+            return None
+        return (self.end - self.first_token) / (self.num_tokens - 1)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summarize(timings: list[RequestTiming], wall: float) -> dict[str, Any]:
+    ttfts = [t.ttft for t in timings if t.ttft is not None]
+    itls = [t.itl for t in timings if t.itl is not None]
+    tokens = sum(t.num_tokens for t in timings)
+    return {
+        "requests": len(timings),
+        "tokens": tokens,
+        "wall_s": wall,
+        "throughput_tok_s": tokens / wall if wall > 0 else None,
+        "ttft_p50_ms": _ms(_pct(ttfts, 50)),
+        "ttft_p99_ms": _ms(_pct(ttfts, 99)),
+        "itl_mean_ms": _ms(statistics.fmean(itls)) if itls else None,
+        "itl_p50_ms": _ms(_pct(itls, 50)),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+async def _run_concurrent(
+    make: Callable[[int], Any], *, num_requests: int, concurrency: int
+) -> tuple[list[RequestTiming], float]:
+    semaphore = asyncio.Semaphore(concurrency)
+    timings: list[RequestTiming] = []
+
+    async def one(i: int) -> None:
+        async with semaphore:
+            timing = RequestTiming(start=time.perf_counter())
+            await make(i)(timing)
+            timings.append(timing)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(num_requests)))
+    return timings, time.perf_counter() - started
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return None if not ours or not theirs else ours / theirs
+
+
+# ------------------------------------------------------------------------------ overhead
+async def bench_overhead(
+    settings: Settings, *, concurrencies: list[int], num_requests: int, max_tokens: int, repeats: int
+) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from worker.engine import Engine
+    from worker.runtime import EngineHolder
+    from worker.schema import parse_request
+    from worker.serverless import ServerlessWorker
+
+    engine = await Engine.boot(settings)
+
+    async def factory(_: Settings) -> Engine:
+        return engine
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
+    job = {"prompt": PROMPT, "sampling_params": {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}}
+    prompt_ids = engine.render_prompt(parse_request(job))
+
+    def handler_request(i: int) -> Callable[[RequestTiming], Any]:
+        async def run(timing: RequestTiming) -> None:
+            async for item in worker.handle({"id": f"h{i}", "input": job}):
+                if item.get("text") and timing.first_token is None:
+                    timing.first_token = time.perf_counter()
+                if "error" in item:
+                    raise RuntimeError(item["error"])
+                if "usage" in item:
+                    timing.num_tokens = item["usage"]["completion_tokens"]
+            timing.end = time.perf_counter()
+
+        return run
+
+    def raw_request(i: int) -> Callable[[RequestTiming], Any]:
+        params = SamplingParams(
+            max_tokens=max_tokens, ignore_eos=True, temperature=0, output_kind=RequestOutputKind.DELTA
+        )
+
+        async def run(timing: RequestTiming) -> None:
+            async for out in engine.llm.generate({"prompt_token_ids": prompt_ids}, params, f"raw{i}-{time.time_ns()}"):
+                new = len(out.outputs[0].token_ids)
+                if new and timing.first_token is None:
+                    timing.first_token = time.perf_counter()
+                timing.num_tokens += new
+            timing.end = time.perf_counter()
+
+        return run
+
+    paths = {"handler": handler_request, "vllm_asyncllm": raw_request}
+    results: list[dict[str, Any]] = []
+    try:
+        for path in paths.values():  # warm-up: compile, prefix cache
+            await _run_concurrent(path, num_requests=2, concurrency=2)
+        for concurrency in concurrencies:
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+            for rep in range(repeats):
+                order = list(paths) if rep % 2 == 0 else list(reversed(paths))
+                for name in order:
+                    timings, wall = await _run_concurrent(
+                        paths[name], num_requests=num_requests, concurrency=concurrency
+                    )
+                    runs[name].append(summarize(timings, wall))
+            row: dict[str, Any] = {"concurrency": concurrency}
+            for name, summaries in runs.items():
+                row[name] = {key: _median([s[key] for s in summaries]) for key in summaries[0]}
+            ours, theirs = row["handler"], row["vllm_asyncllm"]
+            row["throughput_ratio"] = _ratio(ours["throughput_tok_s"], theirs["throughput_tok_s"])
+            row["ttft_p50_ratio"] = _ratio(ours["ttft_p50_ms"], theirs["ttft_p50_ms"])
+            row["itl_mean_ratio"] = _ratio(ours["itl_mean_ms"], theirs["itl_mean_ms"])
+            results.append(row)
+            print(f"overhead c={concurrency}: throughput ratio {row['throughput_ratio']:.3f}", flush=True)
+    finally:
+        engine.shutdown()
+    return {"num_requests": num_requests, "max_tokens": max_tokens, "repeats": repeats, "rows": results}
+
+
+def _median(values: list[Any]) -> Any:
+    numbers = [v for v in values if isinstance(v, int | float)]
+    return statistics.median(numbers) if numbers else None
+
+
+# ------------------------------------------------------------------------------ servers
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[str]:
+    """vLLM's own server with the engine arguments our worker builds (speculation excluded)."""
+    kwargs = build_engine_kwargs(settings, resolve=lambda ref: model_path if ref == model_ref(settings) else ref)
+    args = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        settings.served_model_name,
+        "--disable-uvicorn-access-log",
+    ]
+    for key, value in kwargs.items():
+        if key in ("disable_log_stats", "speculative_config", "per_request_spec_decode_metrics"):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            args += [flag, json.dumps(value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+@contextlib.contextmanager
+def _server(args: list[str], *, env: dict[str, str], base: str, log_path: Path) -> Iterator[float]:
+    """Start a server, yield its seconds to ready (/health 200); stop it (SIGTERM) afterwards."""
+    import httpx
+
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = started + 600
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited during boot; see {log_path}")
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(base + "/health", timeout=2).status_code == 200:
+                        break
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"server not ready in 600 s; see {log_path}")
+                time.sleep(0.1)
+            yield time.perf_counter() - started
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _http_stream(client: Any, base: str, body: dict[str, Any], timing: RequestTiming) -> None:
+    async with client.stream("POST", base + "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("choices") and event["choices"][0].get("text") and timing.first_token is None:
+                timing.first_token = time.perf_counter()
+            if event.get("usage"):
+                timing.num_tokens = event["usage"]["completion_tokens"]
+    timing.end = time.perf_counter()
+
+
+async def _drive_http(
+    base: str, *, model: str, concurrencies: list[int], num_requests: int, max_tokens: int, headers: dict[str, str]
+) -> list[dict[str, Any]]:
+    import httpx
+
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    rows = []
+    limits = httpx.Limits(max_connections=max(concurrencies) + 4)
+    async with httpx.AsyncClient(timeout=600, headers=headers, limits=limits) as client:
+
+        def make(i: int) -> Callable[[RequestTiming], Any]:
+            return lambda timing: _http_stream(client, base, body, timing)
+
+        await _run_concurrent(make, num_requests=2, concurrency=2)  # warm-up
+        for concurrency in concurrencies:
+            timings, wall = await _run_concurrent(make, num_requests=num_requests, concurrency=concurrency)
+            rows.append({"concurrency": concurrency, **summarize(timings, wall)})
+    return rows
+
+
+def bench_pod(
+    settings: Settings,
+    env: dict[str, str],
+    *,
+    model_path: str,
+    out: Path,
+    concurrencies: list[int],
+    num_requests: int,
+    max_tokens: int,
+    repeats: int,
+) -> dict[str, Any]:
+    runs: dict[str, list[list[dict[str, Any]]]] = {"pod": [], "vllm_server": []}
+    for rep in range(repeats):
+        order = ["pod", "vllm_server"] if rep % 2 == 0 else ["vllm_server", "pod"]
+        for name in order:
+            port = _free_port()
+            base = f"http://127.0.0.1:{port}"
+            if name == "pod":
+                args = [sys.executable, "-m", "worker", "serve", "--port", str(port)]
+            else:
+                args = vllm_server_args(settings, model_path=model_path, port=port)
+            with _server(args, env=env, base=base, log_path=out / f"{name}-{rep}.log") as ready_s:
+                rows = asyncio.run(
+                    _drive_http(
+                        base,
+                        model=settings.served_model_name,
+                        concurrencies=concurrencies,
+                        num_requests=num_requests,
+                        max_tokens=max_tokens,
+                        headers={},
+                    )
+                )
+                runs[name].append(rows)
+            print(f"pod bench: {name} rep {rep} done (ready in {ready_s:.1f} s)", flush=True)
+    table = []
+    for i, concurrency in enumerate(concurrencies):
+        row: dict[str, Any] = {"concurrency": concurrency}
+        for name, reps in runs.items():
+            row[name] = {key: _median([r[i][key] for r in reps]) for key in reps[0][i] if key != "concurrency"}
+        row["throughput_ratio"] = _ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
+        row["ttft_p50_ratio"] = _ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
+        row["ttft_p99_ratio"] = _ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
+        row["itl_mean_ratio"] = _ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])
+        table.append(row)
+    return {"num_requests": num_requests, "max_tokens": max_tokens, "repeats": repeats, "rows": table}
+
+
+# ------------------------------------------------------------------------------ cold start
+_LOG_MARKERS = {
+    "weights_load_s": r"Loading weights took ([\d.]+) seconds",
+    "model_load_s": r"Model loading took .*? and ([\d.]+) seconds",
+    "torch_compile_s": r"torch\.compile takes ([\d.]+) s",
+    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) seconds",
+    "worker_engine_ready_s": r"engine ready in ([\d.]+) s",
+}
+
+
+def parse_boot_log(text: str) -> dict[str, float]:
+    found = {}
+    for name, pattern in _LOG_MARKERS.items():
+        match = re.search(pattern, text)
+        if match:
+            found[name] = float(match.group(1))
+    return found
+
+
+def _import_seconds(env: dict[str, str], repeats: int = 5) -> float:
+    code = "import time; t = time.perf_counter(); import handler; print(time.perf_counter() - t)"
+    values = [
+        float(
+            subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for _ in range(repeats)
+    ]
+    return statistics.median(values)
+
+
+def bench_coldstart(settings: Settings, env: dict[str, str], *, model_path: str, out: Path) -> dict[str, Any]:
+    import httpx
+
+    job = json.dumps({"input": {"prompt": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}}})
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "handler.py", "--test_input", job],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    first_token_s = None
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if first_token_s is None and "] chunk " in line:
+            first_token_s = time.perf_counter() - started
+    proc.wait()
+    exit_s = time.perf_counter() - started
+    log = "".join(lines)
+    (out / "coldstart-handler.log").write_text(log)
+    handler = {"first_token_s": first_token_s, "process_exit_s": exit_s, "breakdown": parse_boot_log(log)}
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = out / "coldstart-vllm-server.log"
+    started = time.perf_counter()
+    with _server(
+        vllm_server_args(settings, model_path=model_path, port=port), env=env, base=base, log_path=log_path
+    ) as ready_s:
+        timing = RequestTiming(start=time.perf_counter())
+
+        async def first() -> None:
+            async with httpx.AsyncClient(timeout=120) as client:
+                body = {"model": settings.served_model_name, "prompt": PROMPT, "max_tokens": 8, "stream": True}
+                await _http_stream(client, base, body, timing)
+
+        asyncio.run(first())
+        server_first = (timing.first_token or time.perf_counter()) - started
+    server = {"ready_s": ready_s, "first_token_s": server_first, "breakdown": parse_boot_log(log_path.read_text())}
+    return {"handler": handler, "vllm_server": server, "handler_import_s": _import_seconds(env)}
+
+
+# ------------------------------------------------------------------------------ speculative
+async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int) -> dict[str, Any]:
+    from worker.engine import Engine
+    from worker.schema import parse_request
+
+    engine = await Engine.boot(settings)
+    try:
+        prompts = [
+            PROMPT,
+            "The worker streams",
+            "A GPU reads every weight",
+            "He counted one, two, three, four, five, six, seven, eight, nine, ten. He counted one, two,",
+        ]
+        requests = [
+            parse_request(
+                {
+                    "prompt": prompts[i % len(prompts)],
+                    "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+                }
+            )
+            for i in range(num_requests)
+        ]
+        [c async for c in engine.generate(requests[0])]  # warm-up
+        drafted = accepted = steps = tokens = 0
+        decode_s = 0.0
+        for request in requests:
+            first = None
+            async for chunk in engine.generate(request):
+                if chunk.num_tokens and first is None:
+                    first = time.perf_counter()
+                if chunk.is_final:
+                    end = time.perf_counter()
+                    assert chunk.usage is not None
+                    tokens += chunk.usage.completion_tokens - 1
+                    decode_s += end - (first or end)
+                    if chunk.spec_decode is not None:
+                        drafted += chunk.spec_decode.num_draft_tokens
+                        accepted += chunk.spec_decode.num_accepted_draft_tokens
+                        steps += chunk.spec_decode.num_spec_steps
+        return {
+            "decode_tok_s": tokens / decode_s if decode_s else None,
+            "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted,
+            "num_spec_steps": steps,
+            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1 + accepted / steps if steps else None,
+            "accepted_per_step": accepted / steps if steps else None,
+        }
+    finally:
+        engine.shutdown()
+
+
+def bench_spec(
+    env: dict[str, str], *, drafts: list[str], ks: list[int], num_requests: int, max_tokens: int
+) -> dict[str, Any]:
+    base_env = {**env, "SPECULATIVE_METHOD": "none"}
+    baseline = asyncio.run(_spec_point(load_settings(base_env), num_requests=num_requests, max_tokens=max_tokens))
+    print(f"spec baseline: {baseline['decode_tok_s']:.1f} tok/s", flush=True)
+    rows = []
+    for draft in drafts:
+        for k in ks:
+            point_env = {key: value for key, value in env.items() if not key.startswith("SPECULATIVE_")}
+            point_env["NUM_SPECULATIVE_TOKENS"] = str(k)
+            if draft == "ngram":
+                point_env["SPECULATIVE_METHOD"] = "ngram"
+            else:
+                point_env["SPECULATIVE_MODEL"] = draft
+            point = asyncio.run(_spec_point(load_settings(point_env), num_requests=num_requests, max_tokens=max_tokens))
+            point.update(draft=draft, k=k, speedup=_ratio(point["decode_tok_s"], baseline["decode_tok_s"]))
+            point["pays_off"] = bool(point["speedup"] and point["speedup"] > 1.0)
+            rows.append(point)
+            print(
+                f"spec {draft} k={k}: speedup {point['speedup']:.2f}, mean acceptance length "
+                f"{point['mean_acceptance_length'] or 0:.2f}",
+                flush=True,
+            )
+    return {"num_requests": num_requests, "max_tokens": max_tokens, "baseline": baseline, "rows": rows}
+
+
+# ------------------------------------------------------------------------------ roofline
+def bench_roofline(
+    model_path: str,
+    *,
+    quantization: str | None,
+    dtype: str,
+    context_len: int,
+    measured_tok_s: float | None,
+    gpu: str | None,
+) -> dict[str, Any]:
+    shape = ModelShape.from_path(model_path)
+    w_bytes = weight_bytes(shape, quantization=quantization, dtype=dtype)
+    kv = kv_bytes_per_token(shape)
+    rows = []
+    for name, spec in GPUS.items():
+        bound = decode_roofline_tokens_per_s(
+            shape, bandwidth_gbs=spec["bandwidth_gbs"], context_len=context_len, quantization=quantization, dtype=dtype
+        )
+        row: dict[str, Any] = {"gpu": name, "bandwidth_gbs": spec["bandwidth_gbs"], "bound_tok_s": bound}
+        if gpu == name and measured_tok_s:
+            row["measured_tok_s"] = measured_tok_s
+            row["fraction_of_bound"] = measured_tok_s / bound
+        rows.append(row)
+    return {
+        "num_params": shape.num_params,
+        "weight_bytes_per_step": w_bytes,
+        "kv_bytes_per_token": kv,
+        "context_len": context_len,
+        "quantization": quantization,
+        "dtype": dtype,
+        "rows": rows,
+    }
+
+
+# ------------------------------------------------------------------------------ report
+def write_report(results: dict[str, Any], out: Path) -> None:
+    (out / "bench.json").write_text(json.dumps(results, indent=1))
+    (out / "bench.md").write_text(render_markdown(results))
+    with contextlib.suppress(ImportError):
+        _plots(results, out)
+
+
+def _f(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    lines = [f"Command: `{results['command']}`", "", f"Machine: {results['machine']}", ""]
+    if "overhead" in results:
+        o = results["overhead"]
+        lines += [
+            "### Handler overhead (serverless code path vs vLLM AsyncLLM, one engine, one process)",
+            "",
+            f"{o['num_requests']} requests x {o['max_tokens']} tokens per concurrency level, median of "
+            f"{o['repeats']} alternating runs.",
+            "",
+            "| concurrency | handler tok/s | AsyncLLM tok/s | throughput ratio | TTFT p50 ms (handler / raw) | "
+            "ITL ms (handler / raw) | ITL ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in o["rows"]:
+            h, v = r["handler"], r["vllm_asyncllm"]
+            lines.append(
+                f"| {r['concurrency']} | {_f(h['throughput_tok_s'], 1)} | {_f(v['throughput_tok_s'], 1)} | "
+                f"{_f(r['throughput_ratio'], 3)} | {_f(h['ttft_p50_ms'], 1)} / {_f(v['ttft_p50_ms'], 1)} | "
+                f"{_f(h['itl_mean_ms'], 2)} / {_f(v['itl_mean_ms'], 2)} | {_f(r['itl_mean_ratio'], 3)} |"
+            )
+        lines.append("")
+    if "pod" in results:
+        p = results["pod"]
+        lines += [
+            "### Pod server vs vLLM's OpenAI server (same engine arguments, same streaming client)",
+            "",
+            f"{p['num_requests']} requests x {p['max_tokens']} tokens, `/v1/completions` streaming, median of "
+            f"{p['repeats']} runs per server.",
+            "",
+            "| concurrency | pod tok/s | vLLM server tok/s | throughput ratio | TTFT p50 ms (pod / vLLM) | "
+            "TTFT p99 ms (pod / vLLM) | ITL ms (pod / vLLM) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in p["rows"]:
+            a, b = r["pod"], r["vllm_server"]
+            lines.append(
+                f"| {r['concurrency']} | {_f(a['throughput_tok_s'], 1)} | {_f(b['throughput_tok_s'], 1)} | "
+                f"{_f(r['throughput_ratio'], 3)} | {_f(a['ttft_p50_ms'], 1)} / {_f(b['ttft_p50_ms'], 1)} | "
+                f"{_f(a['ttft_p99_ms'], 1)} / {_f(b['ttft_p99_ms'], 1)} | "
+                f"{_f(a['itl_mean_ms'], 2)} / {_f(b['itl_mean_ms'], 2)} |"
+            )
+        lines.append("")
+    if "coldstart" in results:
+        c = results["coldstart"]
+        h, s = c["handler"], c["vllm_server"]
+        lines += [
+            "### Cold start (process start to first streamed token)",
+            "",
+            "| | first token s | engine ready s | weights load s | engine init (profile, KV, warm-up) s | "
+            "compile s | graph capture s |",
+            "|---|---|---|---|---|---|---|",
+            f"| `python handler.py --test_input` | {_f(h['first_token_s'])} | "
+            f"{_f(h['breakdown'].get('worker_engine_ready_s'))} | {_f(h['breakdown'].get('weights_load_s'))} | "
+            f"{_f(h['breakdown'].get('engine_init_s'))} | {_f(h['breakdown'].get('torch_compile_s'))} | "
+            f"{_f(h['breakdown'].get('graph_capture_s'))} |",
+            f"| vLLM server + first request | {_f(s['first_token_s'])} | {_f(s['ready_s'])} | "
+            f"{_f(s['breakdown'].get('weights_load_s'))} | {_f(s['breakdown'].get('engine_init_s'))} | "
+            f"{_f(s['breakdown'].get('torch_compile_s'))} | {_f(s['breakdown'].get('graph_capture_s'))} |",
+            "",
+            f"`import handler`: {_f(c['handler_import_s'] * 1000, 0)} ms (median of 5).",
+            "",
+        ]
+    if "spec" in results:
+        sp = results["spec"]
+        lines += [
+            "### Speculative decoding (single stream, temperature 0)",
+            "",
+            f"Baseline without speculation: {_f(sp['baseline']['decode_tok_s'], 1)} decode tok/s; "
+            f"{sp['num_requests']} requests x {sp['max_tokens']} tokens per point.",
+            "",
+            "| draft | k | decode tok/s | speedup | acceptance rate | mean acceptance length | "
+            "accepted per step | pays off |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sp["rows"]:
+            lines.append(
+                f"| {r['draft']} | {r['k']} | {_f(r['decode_tok_s'], 1)} | {_f(r['speedup'])} | "
+                f"{_f(r['draft_acceptance_rate'], 3)} | {_f(r['mean_acceptance_length'])} | "
+                f"{_f(r['accepted_per_step'])} | {'yes' if r['pays_off'] else 'no'} |"
+            )
+        lines.append("")
+    if "roofline" in results:
+        ro = results["roofline"]
+        lines += [
+            "### Roofline: single-stream decode bound",
+            "",
+            f"{ro['num_params'] / 1e6:,.1f} M parameters; {ro['weight_bytes_per_step'] / 1e6:,.2f} MB of weights "
+            f"and {ro['kv_bytes_per_token'] / 1e3:,.1f} kB of KV cache per token read per step "
+            f"(quantization {ro['quantization'] or 'none'}, context {ro['context_len']}).",
+            "",
+            "| GPU | bandwidth GB/s | bound tok/s | measured tok/s | fraction |",
+            "|---|---|---|---|---|",
+        ]
+        for r in ro["rows"]:
+            lines.append(
+                f"| {r['gpu']} | {r['bandwidth_gbs']:,.0f} | {_f(r['bound_tok_s'], 0)} | "
+                f"{_f(r.get('measured_tok_s'), 1)} | {_f(r.get('fraction_of_bound'), 3)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _plots(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if "pod" in results or "overhead" in results:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        if "overhead" in results:
+            rows = results["overhead"]["rows"]
+            xs = [r["concurrency"] for r in rows]
+            ax.plot(xs, [r["handler"]["throughput_tok_s"] for r in rows], "o-", label="handler path")
+            ax.plot(xs, [r["vllm_asyncllm"]["throughput_tok_s"] for r in rows], "s--", label="vLLM AsyncLLM")
+        if "pod" in results:
+            rows = results["pod"]["rows"]
+            xs = [r["concurrency"] for r in rows]
+            ax.plot(xs, [r["pod"]["throughput_tok_s"] for r in rows], "^-", label="pod server")
+            ax.plot(xs, [r["vllm_server"]["throughput_tok_s"] for r in rows], "v--", label="vLLM OpenAI server")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title("Throughput vs concurrency")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=120)
+        plt.close(fig)
+    if "spec" in results:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in results["spec"]["rows"]:
+            if r["mean_acceptance_length"] is None or r["speedup"] is None:
+                continue
+            ax.scatter(r["mean_acceptance_length"], r["speedup"])
+            ax.annotate(
+                f"{r['draft'].removeprefix('tiny:')} k={r['k']}",
+                (r["mean_acceptance_length"], r["speedup"]),
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+        ax.axhline(1.0, color="grey", lw=1)
+        ax.axvline(1.5, color="red", lw=1, ls=":", label="0.5 accepted tokens/step")
+        ax.set_xlabel("mean acceptance length (tokens per verify step)")
+        ax.set_ylabel("speedup vs no speculation")
+        ax.set_title("Speculative decoding: speedup vs acceptance")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "speculative.png", dpi=120)
+        plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ entry
+@dataclass
+class Plan:
+    parts: list[str]
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16])
+    num_requests: int = 32
+    max_tokens: int = 256
+    repeats: int = 3
+    drafts: list[str] = field(default_factory=lambda: ["tiny:target", "tiny:noisy", "tiny:unrelated", "ngram"])
+    ks: list[int] = field(default_factory=lambda: [2, 4, 8])
+    spec_requests: int = 4
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(Exception):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command: str) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    settings = load_settings(env)
+    from worker.engine import Engine  # resolves tiny models and checks the vLLM install early
+
+    model_path = Engine.build_args(settings).model
+    results: dict[str, Any] = {"command": command, "machine": _machine(), "plan": asdict(plan)}
+    with contextlib.suppress(Exception):
+        import vllm
+
+        results["vllm_version"] = vllm.__version__
+    if "overhead" in plan.parts:
+        results["overhead"] = asyncio.run(
+            bench_overhead(
+                settings,
+                concurrencies=plan.concurrencies,
+                num_requests=plan.num_requests,
+                max_tokens=plan.max_tokens,
+                repeats=plan.repeats,
+            )
+        )
+        write_report(results, out)
+    if "pod" in plan.parts:
+        results["pod"] = bench_pod(
+            settings,
+            env,
+            model_path=model_path,
+            out=out,
+            concurrencies=plan.concurrencies,
+            num_requests=plan.num_requests,
+            max_tokens=plan.max_tokens,
+            repeats=max(1, plan.repeats // 2),
+        )
+        write_report(results, out)
+    if "coldstart" in plan.parts:
+        results["coldstart"] = bench_coldstart(settings, env, model_path=model_path, out=out)
+        write_report(results, out)
+    if "spec" in plan.parts:
+        results["spec"] = bench_spec(
+            env, drafts=plan.drafts, ks=plan.ks, num_requests=plan.spec_requests, max_tokens=plan.max_tokens
+        )
+        write_report(results, out)
+    if "roofline" in plan.parts:
+        measured = None
+        if "spec" in results:
+            measured = results["spec"]["baseline"]["decode_tok_s"]
+        results["roofline"] = bench_roofline(
+            model_path,
+            quantization=settings.quantization,
+            dtype="bfloat16",
+            context_len=plan.max_tokens,
+            measured_tok_s=measured,
+            gpu=gpu,
+        )
+    write_report(results, out)
+    return results
+
+
+ALL_PARTS = ["overhead", "pod", "coldstart", "spec", "roofline"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker bench", description="benchmark the worker against its peers"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--parts", default=",".join(ALL_PARTS), help=f"comma-separated subset of {ALL_PARTS}")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--drafts", default="tiny:target,tiny:noisy,tiny:unrelated,ngram")
+    parser.add_argument("--ks", default="2,4,8")
+    parser.add_argument("--spec-requests", type=int, default=4)
+    parser.add_argument("--gpu", choices=sorted(GPUS), help="the GPU this runs on, for the roofline fraction")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the harness, not speed")
+    args = parser.parse_args(argv)
+    plan = Plan(
+        parts=[p for p in args.parts.split(",") if p],
+        concurrencies=[int(c) for c in args.concurrency.split(",")],
+        num_requests=args.num_requests,
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        drafts=args.drafts.split(","),
+        ks=[int(k) for k in args.ks.split(",")],
+        spec_requests=args.spec_requests,
+    )
+    if args.smoke:
+        plan = Plan(
+            parts=plan.parts,
+            concurrencies=[1, 2],
+            num_requests=4,
+            max_tokens=16,
+            repeats=1,
+            drafts=["tiny:noisy"],
+            ks=[2],
+            spec_requests=1,
+        )
+    unknown = set(plan.parts) - set(ALL_PARTS)
+    if unknown:
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    # Overhead and the server comparison measure the serving path, so speculation is off there;
+    # the spec part sets its own drafts.
+    env = {**os.environ, "SPECULATIVE_METHOD": os.environ.get("SPECULATIVE_METHOD", "none")}
+    env.setdefault("MAX_NUM_SEQS", str(max(plan.concurrencies)))
+    command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    results = run(plan, out=args.out, env=env, gpu=args.gpu, command=command.strip())
+    print(render_markdown(results))
+    return 0
