@@ -116,6 +116,11 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------ overhead
+def requests_for(concurrency: int, num_requests: int) -> int:
+    """``num_requests``, or with 0 ("auto") two waves of the concurrency level (at least 8)."""
+    return num_requests or max(8, 2 * concurrency)
+
+
 async def bench_overhead(
     settings: Settings, *, concurrencies: list[int], num_requests: int, max_tokens: int, repeats: int
 ) -> dict[str, Any]:
@@ -128,6 +133,7 @@ async def bench_overhead(
     from worker.serverless import ServerlessWorker
 
     engine = await Engine.boot(settings)
+    served = engine.served.model_dump()
 
     async def factory(_: Settings) -> Engine:
         return engine
@@ -175,7 +181,7 @@ async def bench_overhead(
                 order = list(paths) if rep % 2 == 0 else list(reversed(paths))
                 for name in order:
                     timings, wall = await _run_concurrent(
-                        paths[name], num_requests=num_requests, concurrency=concurrency
+                        paths[name], num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
                     )
                     runs[name].append(summarize(timings, wall))
             row: dict[str, Any] = {"concurrency": concurrency}
@@ -189,7 +195,13 @@ async def bench_overhead(
             print(f"overhead c={concurrency}: throughput ratio {row['throughput_ratio']:.3f}", flush=True)
     finally:
         engine.shutdown()
-    return {"num_requests": num_requests, "max_tokens": max_tokens, "repeats": repeats, "rows": results}
+    return {
+        "num_requests": num_requests or "auto",
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "served": served,
+        "rows": results,
+    }
 
 
 def _median(values: list[Any]) -> Any:
@@ -298,7 +310,9 @@ async def _drive_http(
 
         await _run_concurrent(make, num_requests=2, concurrency=2)  # warm-up
         for concurrency in concurrencies:
-            timings, wall = await _run_concurrent(make, num_requests=num_requests, concurrency=concurrency)
+            timings, wall = await _run_concurrent(
+                make, num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
+            )
             rows.append({"concurrency": concurrency, **summarize(timings, wall)})
     return rows
 
@@ -347,7 +361,7 @@ def bench_pod(
         row["ttft_p99_ratio"] = _ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
         row["itl_mean_ratio"] = _ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])
         table.append(row)
-    return {"num_requests": num_requests, "max_tokens": max_tokens, "repeats": repeats, "rows": table}
+    return {"num_requests": num_requests or "auto", "max_tokens": max_tokens, "repeats": repeats, "rows": table}
 
 
 # ------------------------------------------------------------------------------ cold start
@@ -509,6 +523,13 @@ def bench_spec(
 
 
 # ------------------------------------------------------------------------------ roofline
+def checkpoint_quantization(model_path: str) -> str | None:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        return str(config["quantization_config"]["quant_method"])
+    return None
+
+
 def bench_roofline(
     model_path: str,
     *,
@@ -519,6 +540,7 @@ def bench_roofline(
     gpu: str | None,
 ) -> dict[str, Any]:
     shape = ModelShape.from_path(model_path)
+    quantization = quantization or checkpoint_quantization(model_path)
     w_bytes = weight_bytes(shape, quantization=quantization, dtype=dtype)
     kv = kv_bytes_per_token(shape)
     rows = []
@@ -780,7 +802,10 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         write_report(results, out)
     if "roofline" in plan.parts:
         measured = None
-        if "spec" in results:
+        if "overhead" in results and results["overhead"]["rows"][0]["concurrency"] == 1:
+            itl = results["overhead"]["rows"][0]["handler"]["itl_mean_ms"]
+            measured = 1000 / itl if itl else None
+        elif "spec" in results:
             measured = results["spec"]["baseline"]["decode_tok_s"]
         results["roofline"] = bench_roofline(
             model_path,
@@ -796,6 +821,53 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
 
 ALL_PARTS = ["overhead", "pod", "coldstart", "spec", "roofline"]
 
+LLAMA3_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "tie_word_embeddings": False,
+}
+
+
+def make_shape_model(path: Path, *, awq: bool = False) -> None:
+    """A Llama-3-8B-shaped checkpoint without weights (serve with LOAD_FORMAT=dummy) and a word-level
+    tokenizer covering its whole vocabulary, so that text goes in and out as with a real model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = dict(LLAMA3_8B_CONFIG)
+    if awq:
+        config["quantization_config"] = {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": 128,
+            "zero_point": True,
+            "version": "gemm",
+        }
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    words = PROMPT.lower().split()
+    vocab = {word: i for i, word in enumerate(words)}
+    vocab.update({f"w{i}": i for i in range(len(words), int(config["vocab_size"]))})
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w10"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tokenizer, unk_token="w10", bos_token="w128000", eos_token="w128001"
+    )
+    fast.save_pretrained(path)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -804,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--parts", default=",".join(ALL_PARTS), help=f"comma-separated subset of {ALL_PARTS}")
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
-    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--num-requests", type=int, default=32, help="per concurrency level; 0: two waves (auto)")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--drafts", default="tiny:target,tiny:noisy,tiny:unrelated,ngram")
@@ -812,7 +884,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-requests", type=int, default=4)
     parser.add_argument("--gpu", choices=sorted(GPUS), help="the GPU this runs on, for the roofline fraction")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the harness, not speed")
+    parser.add_argument(
+        "--make-llama8b",
+        type=Path,
+        metavar="DIR",
+        help="write a Llama-3-8B-shaped checkpoint (no weights: serve with LOAD_FORMAT=dummy) to DIR and exit",
+    )
+    parser.add_argument("--awq", action="store_true", help="with --make-llama8b: an AWQ 4-bit checkpoint config")
     args = parser.parse_args(argv)
+    if args.make_llama8b:
+        make_shape_model(args.make_llama8b, awq=args.awq)
+        return 0
     plan = Plan(
         parts=[p for p in args.parts.split(",") if p],
         concurrencies=[int(c) for c in args.concurrency.split(",")],

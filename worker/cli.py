@@ -26,7 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from worker.pod import create_app
-    from worker.runtime import EngineHolder
+    from worker.runtime import EngineHolder, boot_pod_engine
 
     flags = {"HOST": args.host, "PORT": args.port}
     try:
@@ -39,7 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("LISTENING ON %s WITHOUT AN API KEY: anyone who can reach this port can use the GPU", settings.host)
         log.warning("set API_KEY to require 'Authorization: Bearer <key>'")
         log.warning("=" * 72)
-    holder = EngineHolder(settings_loader=lambda: settings)
+    holder = EngineHolder(settings_loader=lambda: settings, engine_factory=boot_pod_engine)
     app = create_app(holder)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False)
     return 0

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = False
     seed: int = 0
+    awq_kernel: Literal["auto", "marlin", "machete"] = Field(
+        "auto", description="4-bit GEMM kernel on Hopper; auto: marlin for serverless (latency), machete for pods"
+    )
     # Compact JSON for structured outputs: with free whitespace a weak model can pad JSON
     # with spaces until max_tokens. Engine-wide in vLLM, and only the xgrammar and guidance
     # backends honour it; guidance covers the widest range of JSON schemas.

@@ -24,17 +24,21 @@ from worker.metrics import WorkerMetrics
 if TYPE_CHECKING:
     from worker.engine import Engine
 
-__all__ = ["EngineHolder", "EngineState"]
+__all__ = ["EngineHolder", "EngineState", "boot_pod_engine"]
 
 log = logging.getLogger(__name__)
 
 EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
 
 
-async def _boot_real_engine(settings: Settings) -> Engine:
+async def _boot_real_engine(settings: Settings, *, mode: str = "serverless") -> Engine:
     from worker.engine import Engine
 
-    return await Engine.boot(settings)
+    return await Engine.boot(settings, mode=mode)
+
+
+async def boot_pod_engine(settings: Settings) -> Engine:
+    return await _boot_real_engine(settings, mode="pod")
 
 
 class EngineHolder:
