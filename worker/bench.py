@@ -397,7 +397,9 @@ def _import_seconds(env: dict[str, str], repeats: int = 5) -> float:
     return statistics.median(values)
 
 
-def bench_coldstart(settings: Settings, env: dict[str, str], *, model_path: str, out: Path) -> dict[str, Any]:
+def bench_coldstart(
+    settings: Settings, env: dict[str, str], *, model_path: str, out: Path, with_server: bool = True
+) -> dict[str, Any]:
     import httpx
 
     job = json.dumps({"input": {"prompt": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}}})
@@ -422,6 +424,8 @@ def bench_coldstart(settings: Settings, env: dict[str, str], *, model_path: str,
     log = "".join(lines)
     (out / "coldstart-handler.log").write_text(log)
     handler = {"first_token_s": first_token_s, "process_exit_s": exit_s, "breakdown": parse_boot_log(log)}
+    if not with_server:
+        return {"handler": handler, "handler_import_s": _import_seconds(env)}
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -739,6 +743,7 @@ def _plots(results: dict[str, Any], out: Path) -> None:
 @dataclass
 class Plan:
     parts: list[str]
+    label: str = ""
     concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16])
     num_requests: int = 32
     max_tokens: int = 256
@@ -764,7 +769,12 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
     from worker.engine import Engine  # resolves tiny models and checks the vLLM install early
 
     model_path = Engine.build_args(settings).model
-    results: dict[str, Any] = {"command": command, "machine": _machine(), "plan": asdict(plan)}
+    results: dict[str, Any] = {"command": command, "machine": _machine(), "plan": asdict(plan), "label": plan.label}
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            results["gpu"] = torch.cuda.get_device_name(0)
     with contextlib.suppress(Exception):
         import vllm
 
@@ -795,6 +805,9 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
     if "coldstart" in plan.parts:
         results["coldstart"] = bench_coldstart(settings, env, model_path=model_path, out=out)
         write_report(results, out)
+    if "coldstart_handler" in plan.parts:
+        results["coldstart_handler"] = bench_coldstart(settings, env, model_path=model_path, out=out, with_server=False)
+        write_report(results, out)
     if "spec" in plan.parts:
         results["spec"] = bench_spec(
             env, drafts=plan.drafts, ks=plan.ks, num_requests=plan.spec_requests, max_tokens=plan.max_tokens
@@ -819,7 +832,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
     return results
 
 
-ALL_PARTS = ["overhead", "pod", "coldstart", "spec", "roofline"]
+ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "spec", "roofline"]
 
 LLAMA3_8B_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -883,6 +896,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ks", default="2,4,8")
     parser.add_argument("--spec-requests", type=int, default=4)
     parser.add_argument("--gpu", choices=sorted(GPUS), help="the GPU this runs on, for the roofline fraction")
+    parser.add_argument("--label", default="", help="a name for this configuration, kept in the results")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the harness, not speed")
     parser.add_argument(
         "--make-llama8b",
@@ -904,6 +918,7 @@ def main(argv: list[str] | None = None) -> int:
         drafts=args.drafts.split(","),
         ks=[int(k) for k in args.ks.split(",")],
         spec_requests=args.spec_requests,
+        label=args.label,
     )
     if args.smoke:
         plan = Plan(
@@ -915,6 +930,7 @@ def main(argv: list[str] | None = None) -> int:
             drafts=["tiny:noisy"],
             ks=[2],
             spec_requests=1,
+            label=plan.label,
         )
     unknown = set(plan.parts) - set(ALL_PARTS)
     if unknown:
