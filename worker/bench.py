@@ -302,7 +302,8 @@ async def _drive_http(
         "stream_options": {"include_usage": True},
     }
     rows = []
-    limits = httpx.Limits(max_connections=max(concurrencies) + 4)
+    # A new connection per request: no stale keep-alive connection (uvicorn closes idle ones after 5 s).
+    limits = httpx.Limits(max_connections=max(concurrencies) + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, headers=headers, limits=limits) as client:
 
         def make(i: int) -> Callable[[RequestTiming], Any]:
