@@ -371,7 +371,8 @@ _LOG_MARKERS = {
     "model_load_s": r"Model loading took .*? and ([\d.]+) seconds",
     "torch_compile_s": r"torch\.compile takes ([\d.]+) s",
     "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
-    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) seconds",
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+    "compilation_s": r"\(compilation: ([\d.]+) s\)",
     "worker_engine_ready_s": r"engine ready in ([\d.]+) s",
 }
 
@@ -382,7 +383,62 @@ def parse_boot_log(text: str) -> dict[str, float]:
         match = re.search(pattern, text)
         if match:
             found[name] = float(match.group(1))
+    first_chunk = re.search(r"\[\s*([\d.]+)s\] (chunk|final)", text)  # the local test run's own timestamps
+    if first_chunk:
+        found["first_item_s"] = float(first_chunk.group(1))
     return found
+
+
+def render_saved(paths: list[Path]) -> str:
+    """Markdown from saved results: bench JSON files (one section each, then a quantization
+    summary) and boot logs (a cold-start breakdown row each)."""
+    sections: list[str] = []
+    quant_rows = []
+    log_rows = []
+    for path in paths:
+        if path.suffix == ".log":
+            found = parse_boot_log(path.read_text(errors="replace"))
+            log_rows.append(
+                f"| `{path.name}` | {_f(found.get('first_item_s'))} | {_f(found.get('worker_engine_ready_s'))} | "
+                f"{_f(found.get('model_load_s'))} | {_f(found.get('engine_init_s'))} | "
+                f"{_f(found.get('compilation_s'))} | {_f(found.get('graph_capture_s'))} |"
+            )
+            continue
+        results = json.loads(path.read_text())
+        sections.append(f"#### {results.get('label') or path.stem} (`{path.name}`)\n\n" + render_markdown(results))
+        overhead, roofline = results.get("overhead"), results.get("roofline")
+        if overhead and roofline:
+            by_c = {r["concurrency"]: r for r in overhead["rows"]}
+            bound = next((r for r in roofline["rows"] if "fraction_of_bound" in r), None)
+            single, batch = by_c.get(1), by_c.get(256)
+            quant_rows.append(
+                f"| {results.get('label')} | {roofline['weight_bytes_per_step'] / 1e9:.2f} | "
+                f"{_f(bound['measured_tok_s'] if bound else None, 1)} | "
+                f"{_f(bound['bound_tok_s'] if bound else None, 0)} | "
+                f"{_f(bound['fraction_of_bound'] if bound else None, 3)} | "
+                f"{_f(batch['handler']['throughput_tok_s'] if batch else None, 0)} | "
+                f"{_f(batch['vllm_asyncllm']['throughput_tok_s'] if batch else None, 0)} | "
+                f"{_f(single['throughput_ratio'] if single else None, 3)} / "
+                f"{_f(batch['throughput_ratio'] if batch else None, 3)} |"
+            )
+    out = []
+    if quant_rows:
+        out += [
+            "| config | weight GB read per step | batch-1 decode tok/s (handler) | roofline tok/s | fraction of "
+            "roofline | batch-256 tok/s (handler) | batch-256 tok/s (AsyncLLM) | throughput ratio c=1 / c=256 |",
+            "|---|---|---|---|---|---|---|---|",
+            *quant_rows,
+            "",
+        ]
+    if log_rows:
+        out += [
+            "| boot log | first item s | engine ready s | weights load s | engine init s | of which compile s | "
+            "graph capture s |",
+            "|---|---|---|---|---|---|---|",
+            *log_rows,
+            "",
+        ]
+    return "\n".join(out + sections)
 
 
 def _import_seconds(env: dict[str, str], repeats: int = 5) -> float:
@@ -906,7 +962,17 @@ def main(argv: list[str] | None = None) -> int:
         help="write a Llama-3-8B-shaped checkpoint (no weights: serve with LOAD_FORMAT=dummy) to DIR and exit",
     )
     parser.add_argument("--awq", action="store_true", help="with --make-llama8b: an AWQ 4-bit checkpoint config")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="print Markdown for saved bench.json files and boot logs, and exit",
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        print(render_saved(args.render))
+        return 0
     if args.make_llama8b:
         make_shape_model(args.make_llama8b, awq=args.awq)
         return 0
