@@ -2,6 +2,8 @@
 
     python -m worker serve [--host H] [--port P]   # OpenAI-compatible server; HOST, PORT, API_KEY env too
     python -m worker bench [--smoke] [--parts ...]  # the benchmark against vLLM itself (worker/bench.py)
+    python -m worker fit --model llama-3-8b --gpu H100 SXM ...   # memory and speed planner
+    python -m worker plan --requests-per-hour 120 --tokens-per-s 2000 ...   # serverless vs pod cost
 
 Configuration is the same environment as the serverless handler's (``worker/config.py``).
 """
@@ -51,6 +53,18 @@ def main(argv: list[str] | None = None) -> int:
         from worker.bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["fit"]:
+        from worker.planners import main_fit
+
+        return main_fit(argv[1:])
+    if argv[:1] == ["download"]:
+        from worker.download import main as download_main
+
+        return download_main(argv[1:])
+    if argv[:1] == ["plan"]:
+        from worker.planners import main_plan
+
+        return main_plan(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI-compatible pod server")

@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1.7
+# RunPod serverless worker on the official vLLM image, at the vLLM version the project pins.
+#
+#   docker build -t worker .                                             # model downloads on first boot
+#   docker build -t worker --build-arg MODEL_NAME=org/model-AWQ \
+#       --secret id=hf_token,env=HF_TOKEN .                              # model baked into the image
+#
+# CMD runs the serverless handler; pod mode:  docker run ... worker python3 -m worker serve --host 0.0.0.0
+ARG VLLM_VERSION=0.32.0
+FROM vllm/vllm-openai:v${VLLM_VERSION}
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HOME=/runpod-volume/huggingface \
+    WORKER_CACHE_DIR=/runpod-volume/worker-cache
+WORKDIR /app
+
+# The worker's own dependencies, pinned to the versions the tests run with (a subset of
+# requirements-cpu.lock; vLLM and torch come with the base image).
+COPY requirements-worker.lock .
+RUN python3 -m pip install --no-deps -r requirements-worker.lock
+
+COPY pyproject.toml README.md handler.py test_input.json ./
+COPY worker ./worker
+RUN python3 -m pip install --no-deps --no-build-isolation .
+
+# Optional model baking. The token is a build secret: it never lands in a layer.
+ARG MODEL_NAME=""
+ARG MODEL_REVISION=""
+ARG QUANTIZATION=""
+ARG SPECULATIVE_MODEL=""
+RUN --mount=type=secret,id=hf_token,required=false \
+    if [ -n "$MODEL_NAME" ]; then \
+      HF_TOKEN="$(cat /run/secrets/hf_token 2>/dev/null || true)" \
+      python3 -m worker download --model "$MODEL_NAME" ${MODEL_REVISION:+--revision "$MODEL_REVISION"} \
+        ${SPECULATIVE_MODEL:+--draft "$SPECULATIVE_MODEL"} --dest /models; \
+    fi
+# A baked model is served from /models, offline, under its hub name; otherwise MODEL_NAME is
+# read at run time and the model downloads to RunPod's model cache or network volume (HF_HOME).
+ENV MODEL_NAME=${MODEL_NAME:+/models/target} \
+    OPENAI_SERVED_MODEL_NAME_OVERRIDE=${MODEL_NAME} \
+    SPECULATIVE_MODEL=${SPECULATIVE_MODEL:+/models/draft} \
+    QUANTIZATION=${QUANTIZATION} \
+    HF_HUB_OFFLINE=${MODEL_NAME:+1}
+
+ENTRYPOINT []
+CMD ["python3", "handler.py"]
