@@ -43,8 +43,16 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("=" * 72)
     holder = EngineHolder(settings_loader=lambda: settings, engine_factory=boot_pod_engine)
     app = create_app(holder)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False)
-    return 0
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
+    # A dead engine or a failed boot ends the server: exit non-zero so a supervisor restarts it.
+    return 1 if getattr(app.state, "fatal", False) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         from worker.download import main as download_main
 
         return download_main(argv[1:])
+    if argv[:1] == ["quantize"]:
+        from worker.quantize import main as quantize_main
+
+        return quantize_main(argv[1:])
     if argv[:1] == ["plan"]:
         from worker.planners import main_plan
 

@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     api_key: str | None = Field(None, repr=False)
+    max_request_bytes: int = Field(8 * 2**20, ge=1024, description="largest request body the pod server reads")
+    max_queue_depth: int | None = Field(
+        None, ge=0, description="requests waiting beyond max_num_seqs before 429s; unset: max_num_seqs"
+    )
+    shutdown_grace_s: float = Field(30.0, ge=0, description="how long SIGTERM waits for in-flight requests")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, *_: Any, **__: Any) -> tuple[Any, ...]:

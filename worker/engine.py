@@ -154,6 +154,7 @@ class Engine:
     def build_args(cls, settings: Settings) -> AsyncEngineArgs:
         resolve = _resolve_ref(settings)
         kwargs = build_engine_kwargs(settings, resolve=resolve)
+        _check_local_paths(kwargs)
         spec = kwargs.get("speculative_config")
         if spec and not HAS_PER_REQUEST_SPEC_METRICS:
             kwargs.pop("per_request_spec_decode_metrics", None)
@@ -389,6 +390,21 @@ class Engine:
     def model_files(self) -> Path | None:
         path = Path(self._llm.vllm_config.model_config.model)
         return path if path.exists() else None
+
+
+def _check_local_paths(kwargs: dict[str, Any]) -> None:
+    """A reference that is a filesystem path must exist and hold a config.json (else vLLM would try the hub)."""
+    spec = kwargs.get("speculative_config") or {}
+    for label, ref in (
+        ("MODEL_NAME", kwargs.get("model")),
+        ("TOKENIZER_NAME", kwargs.get("tokenizer")),
+        ("SPECULATIVE_MODEL", spec.get("model")),
+    ):
+        if not isinstance(ref, str) or not ref.startswith(("/", "./", "../", "~")):
+            continue
+        path = Path(ref).expanduser()
+        if not (path / "config.json").is_file() and not (label == "TOKENIZER_NAME" and path.is_dir()):
+            raise EngineBootError(f"{label}: {ref} is not a model directory (no config.json there)")
 
 
 def _select_quantized_kernel(settings: Settings, *, mode: str) -> None:

@@ -18,6 +18,8 @@ import contextlib
 import hmac
 import json
 import logging
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,8 +27,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import ClientDisconnect
 
-from worker.errors import InvalidRequest, WorkerError
+from worker.errors import EngineBusy, InvalidRequest, WorkerError
 from worker.metrics import render_metrics
 from worker.openai_compat import OpenAICall, error_body, models_response, parse_openai_call, sse
 from worker.runtime import EngineHolder
@@ -46,6 +49,13 @@ class ModelNotFound(WorkerError):
     status = 404
 
 
+class RequestTooLarge(InvalidRequest):
+    status = 413
+
+
+FATAL_EXIT_DELAY_S = 2.0  # long enough for a health check to see the 503
+
+
 def _error_response(error: Exception) -> JSONResponse:
     status = error.status if isinstance(error, WorkerError) else 500
     headers = {"Retry-After": "5"} if status in (429, 503) else None
@@ -56,17 +66,31 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True) -> FastAPI
     settings = holder.settings
     started = int(time.time())
 
+    in_flight = 0
+
+    async def watch_engine(app: FastAPI) -> None:
+        """A dead engine or a failed boot cannot recover in-process: exit non-zero so a supervisor
+        restarts the pod (after a moment in which /health answers 503)."""
+        while holder.state not in ("dead", "failed"):
+            await asyncio.sleep(0.5)
+        app.state.fatal = True
+        log.error("engine %s: exiting so that the pod is restarted", holder.state)
+        await asyncio.sleep(FATAL_EXIT_DELAY_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        boot: asyncio.Task[Any] | None = None
+        app.state.fatal = False
+        tasks: list[asyncio.Task[Any]] = []
         if boot_on_startup:
             boot = asyncio.create_task(holder.get())
             boot.add_done_callback(lambda task: task.cancelled() or task.exception())  # errors show in /health
+            tasks += [boot, asyncio.create_task(watch_engine(app))]
         try:
             yield
         finally:
-            if boot is not None and not boot.done():
-                boot.cancel()
+            for task in tasks:
+                task.cancel()
             holder.shutdown()
 
     app = FastAPI(title="runpod-vllm-worker", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -112,12 +136,27 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True) -> FastAPI
         authorize(request)
         return JSONResponse(models_response(settings.served_model_name, created=started))
 
+    async def read_json(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > settings.max_request_bytes:
+            raise RequestTooLarge(f"request body exceeds {settings.max_request_bytes} bytes (MAX_REQUEST_BYTES)")
+        raw = b""
+        async for part in request.stream():
+            raw += part
+            if len(raw) > settings.max_request_bytes:
+                raise RequestTooLarge(f"request body exceeds {settings.max_request_bytes} bytes (MAX_REQUEST_BYTES)")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise InvalidRequest("request body is not valid JSON") from None
+
     async def completion(request: Request, route: str) -> Response:
+        nonlocal in_flight
         authorize(request)
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise InvalidRequest("request body is not valid JSON") from None
+            body = await read_json(request)
+        except ClientDisconnect:
+            return Response(status_code=499)
         openai_request, generate_request = parse_openai_call(route, body)
         if openai_request.model != settings.served_model_name:
             raise ModelNotFound(
@@ -125,22 +164,37 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True) -> FastAPI
                 param="model",
             )
         engine = holder.ready_engine()
-        call = OpenAICall(openai_request, model=settings.served_model_name)
-        chunks = engine.generate(generate_request, request_id=call.id)
-        if not openai_request.stream:
-            return JSONResponse(await call.collect(chunks))
-        # Validate before the 200 goes out: errors in the request itself must be a 4xx, not a broken stream.
-        stream = call.stream(chunks)
-        first = await anext(stream)
+        capacity = engine.max_num_seqs + (
+            engine.max_num_seqs if settings.max_queue_depth is None else settings.max_queue_depth
+        )
+        if in_flight >= capacity:
+            raise EngineBusy(f"server at capacity ({in_flight} requests in flight); retry shortly")
+        in_flight += 1
+        is_streaming = False
+        try:
+            call = OpenAICall(openai_request, model=settings.served_model_name)
+            chunks = engine.generate(generate_request, request_id=call.id)
+            if not openai_request.stream:
+                return JSONResponse(await call.collect(chunks))
+            # Validate before the 200 goes out: errors in the request itself must be a 4xx, not a broken stream.
+            stream = call.stream(chunks)
+            first = await anext(stream)
+            is_streaming = True
+        finally:
+            if not is_streaming:
+                in_flight -= 1
 
         async def events() -> AsyncIterator[str]:
-            yield first
+            nonlocal in_flight
             try:
+                yield first
                 async for line in stream:
                     yield line
             except WorkerError as exc:
                 yield sse(error_body(exc))
                 yield "data: [DONE]\n\n"
+            finally:
+                in_flight -= 1
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

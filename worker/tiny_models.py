@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILD_VERSION", "TinyModels", "ensure_tiny_models"]
+__all__ = ["BUILD_VERSION", "TinyModels", "calibration_texts", "ensure_tiny_models"]
 
 BUILD_VERSION = "v3"
 NOISE_SCALE = 0.8
@@ -97,6 +97,11 @@ def _corpus() -> list[str]:
     for question, answer in _CHAT_PAIRS:
         texts.append(f"<|user|>\n{question}<|end|>\n<|assistant|>\n{answer}<|end|>\n")
     return texts
+
+
+def calibration_texts() -> list[str]:
+    """Texts of the training corpus, for quantization calibration."""
+    return _corpus()
 
 
 def _train_tokenizer(texts: list[str], *, vocab_size: int, seed_text: str = "") -> Any:

@@ -1,0 +1,299 @@
+"""Load, faults and shutdown against the real engine: nothing lost, nothing left running.
+
+The figures (requests, errors, latency percentiles, faults injected) are printed as one JSON line
+per test with the prefix RELIABILITY, so that a run's own output documents it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import boot_engine, engine_settings
+from worker.runtime import EngineHolder
+from worker.serverless import ServerlessWorker
+
+ROOT = Path(__file__).resolve().parent.parent
+API_KEY = "sk-reliability-test-key-1234567890"
+HF_TOKEN = "hf_reliabilityTestTokenValue0987654321"
+MODEL = "tiny:target"
+
+
+def report(name: str, **figures: Any) -> None:
+    print("RELIABILITY " + json.dumps({"test": name, **figures}))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+    pairs = list(zip(map(int, out[::2]), map(int, out[1::2]), strict=True))
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in pairs if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "zombie" not in status.read_text()
+    except OSError:
+        return False
+
+
+def _engine_core(pid: int) -> int:
+    for child in _children(pid):
+        try:
+            if "EngineCore" in Path(f"/proc/{child}/cmdline").read_text():
+                return child
+        except OSError:
+            continue
+    raise AssertionError("no engine-core process found")
+
+
+class Pod:
+    def __init__(self, proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
+        self.proc, self.base, self.log = proc, base, log
+        self.headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def in_engine(self) -> float:
+        for line in httpx.get(self.base + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("worker_requests_in_engine "):
+                return float(line.split()[1])
+        raise AssertionError("worker_requests_in_engine missing")
+
+
+@contextlib.contextmanager
+def start_pod(subprocess_env: dict[str, str], tmp_path: Path, **env: str) -> Iterator[Pod]:
+    port = _free_port()
+    log = tmp_path / f"pod-{port}.log"
+    full_env = {**subprocess_env, "API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, **env}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "serve", "--port", str(port)],
+            cwd=ROOT,
+            env=full_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    pod = Pod(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            try:
+                if httpx.get(pod.base + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.3)
+        yield pod
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def _one(client: httpx.AsyncClient, pod: Pod, i: int) -> dict[str, Any]:
+    stream = i % 2 == 0
+    body = {
+        "model": MODEL,
+        "prompt": f"Request {i}: once upon a time",
+        "max_tokens": 24,
+        "ignore_eos": True,
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    }
+    started = time.perf_counter()
+    try:
+        if not stream:
+            response = await client.post(pod.base + "/v1/completions", json=body, headers=pod.headers)
+            outcome = (
+                "ok"
+                if response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 24
+                else (f"http_{response.status_code}")
+            )
+            if response.status_code == 429:
+                assert response.headers.get("retry-after")
+        else:
+            async with client.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    outcome = f"http_{response.status_code}"
+                    if response.status_code == 429:
+                        assert response.headers.get("retry-after")
+                else:
+                    lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+                    usage = [json.loads(x[6:]) for x in lines[:-1] if '"usage"' in x]
+                    complete = lines[-1] == "data: [DONE]" and usage and usage[-1]["usage"]["completion_tokens"] == 24
+                    outcome = "ok" if complete else "incomplete"
+    except httpx.HTTPError as exc:
+        outcome = f"transport_{type(exc).__name__}"
+    return {"i": i, "outcome": outcome, "seconds": time.perf_counter() - started}
+
+
+@pytest.mark.timeout(600)
+def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    with start_pod(subprocess_env, tmp_path, MAX_NUM_SEQS="4", MAX_QUEUE_DEPTH="4", SHUTDOWN_GRACE_S="60") as pod:
+
+        async def load() -> list[dict[str, Any]]:
+            limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
+            async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+                semaphore = asyncio.Semaphore(24)
+
+                async def guarded(i: int) -> dict[str, Any]:
+                    async with semaphore:
+                        return await _one(client, pod, i)
+
+                return await asyncio.gather(*(guarded(i) for i in range(300)))
+
+        results = asyncio.run(load())
+        outcomes: dict[str, int] = {}
+        for r in results:
+            outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+        assert len({r["i"] for r in results}) == 300  # every request answered exactly once
+        assert set(outcomes) <= {"ok", "http_429"}, outcomes  # a result or a clear back-pressure error
+        assert outcomes.get("ok", 0) >= 50 and outcomes.get("http_429", 0) > 0
+        ok_seconds = sorted(r["seconds"] for r in results if r["outcome"] == "ok")
+        deadline = time.time() + 20
+        while time.time() < deadline and pod.in_engine() != 0:
+            time.sleep(0.2)
+        assert pod.in_engine() == 0
+        report(
+            "pod_load",
+            requests=300,
+            concurrency=24,
+            max_num_seqs=4,
+            queue_depth=4,
+            outcomes=outcomes,
+            p50_s=statistics.median(ok_seconds),
+            p99_s=ok_seconds[int(0.99 * (len(ok_seconds) - 1))],
+        )
+
+        # Secrets: a refused key and a good request; neither the key nor the HF token reaches the log.
+        assert httpx.get(pod.base + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+        # SIGTERM with a request in flight: it finishes, then the server and its engine exit cleanly.
+        engine_processes = _children(pod.proc.pid)
+        body = {"model": MODEL, "prompt": "The", "max_tokens": 300, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers, timeout=120) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            pod.proc.send_signal(signal.SIGTERM)
+            rest = list(lines)
+        assert rest[-1] == "data: [DONE]", rest[-3:]
+        assert pod.proc.wait(timeout=60) == 0
+        deadline = time.time() + 30
+        while time.time() < deadline and any(_alive(p) for p in engine_processes):
+            time.sleep(0.3)
+        assert not [p for p in engine_processes if _alive(p)], "orphaned engine processes"
+        log = pod.log.read_text(errors="replace")
+        assert API_KEY not in log and HF_TOKEN not in log
+        assert "Request 1: once upon a time" not in log  # prompts are not logged
+        report("pod_sigterm", in_flight_completed=True, exit_code=0, orphans=0, secrets_in_log=0)
+
+
+@pytest.mark.timeout(400)
+def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    with start_pod(subprocess_env, tmp_path) as pod:
+        body = {"model": MODEL, "prompt": "The", "max_tokens": 900, "ignore_eos": True, "stream": True}
+        started = time.perf_counter()
+        with httpx.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers, timeout=60) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            os.kill(_engine_core(pod.proc.pid), signal.SIGKILL)
+            try:
+                rest = list(lines)
+            except httpx.HTTPError:
+                rest = ["(connection closed)"]
+        ended_after = time.perf_counter() - started
+        assert any('"error"' in line for line in rest) or rest == ["(connection closed)"], rest[-3:]
+        statuses = []
+        deadline = time.time() + 30
+        while pod.proc.poll() is None and time.time() < deadline:
+            try:
+                statuses.append(httpx.get(pod.base + "/health", timeout=2).status_code)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        assert pod.proc.wait(timeout=60) != 0
+        assert 503 in statuses and 200 not in statuses[-3:]
+        report(
+            "pod_engine_death",
+            in_flight_ended_s=round(ended_after, 2),
+            health_503_seen=True,
+            exit_code=pod.proc.returncode,
+        )
+
+
+async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_models: Any) -> None:
+    engine = await boot_engine(tiny_models, MODEL_NAME="tiny:target", SPECULATIVE_METHOD="none")
+
+    async def factory(settings: Any) -> Any:
+        return engine
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    job = {"prompt": "The", "sampling_params": {"max_tokens": 900, "ignore_eos": True}}
+    try:
+
+        async def consume(i: int) -> list[dict[str, Any]]:
+            return [item async for item in worker.handle({"id": f"dying-{i}", "input": job})]
+
+        tasks = [asyncio.create_task(consume(i)) for i in range(3)]
+        await asyncio.sleep(1.0)
+        os.kill(_engine_core(os.getpid()), signal.SIGKILL)
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        for items in results:
+            assert items[-1].get("error_type") == "engine_dead", items[-1]
+        assert worker.runpod_config.get("refresh_worker") is True
+        later = [item async for item in worker.handle({"id": "after", "input": job})]
+        assert later[-1]["error_type"] == "engine_dead"
+        report("serverless_engine_death", in_flight_jobs=3, all_failed_cleanly=True, refresh_worker=True)
+    finally:
+        engine.shutdown()
+
+
+async def test_boot_failure_is_bounded_and_clear(tmp_path: Path) -> None:
+    for env, needle in [
+        ({"MODEL_NAME": str(tmp_path / "no-such-model")}, "no-such-model"),
+        (
+            {"MODEL_NAME": "tiny:target", "SPECULATIVE_MODEL": "tiny:mismatch", "NUM_SPECULATIVE_TOKENS": "2"},
+            "cannot draft",
+        ),
+    ]:
+        worker = ServerlessWorker(EngineHolder(settings_loader=lambda env=env: engine_settings(**env)))
+        started = time.perf_counter()
+        items = await asyncio.wait_for(asyncio.gather(*(_collect(worker, i) for i in range(3))), 120)
+        for job_items in items:
+            assert job_items[-1]["error_type"] == "engine_boot_error" and needle in job_items[-1]["error"]
+        assert worker.runpod_config.get("refresh_worker") is True
+        report("boot_failure", case=needle, seconds=round(time.perf_counter() - started, 2))
+
+
+async def _collect(worker: ServerlessWorker, i: int) -> list[dict[str, Any]]:
+    return [item async for item in worker.handle({"id": f"b{i}", "input": {"prompt": "hi"}})]

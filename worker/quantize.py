@@ -1,0 +1,96 @@
+"""``python -m worker quantize``: a Hugging Face checkpoint to a 4-bit AWQ checkpoint vLLM serves.
+
+The work runs in its own environment (``.venv-quant``, from ``requirements-quant.txt``), because
+llm-compressor pins ``transformers``/``compressed-tensors`` versions that conflict with vLLM's.
+AutoAWQ, the older tool, is archived upstream and pins a ``transformers`` and ``torch`` too old
+to install beside torch 2.13; llm-compressor's ``AWQModifier`` is its maintained successor and
+writes compressed-tensors, which vLLM loads with its AWQ-equivalent W4A16 kernels.
+
+    python -m worker quantize --model tiny:target --out ./tiny-awq    # the embedded tiny model
+    python -m worker quantize --model /path/to/hf-model --out ./model-awq --calibration texts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from worker.config import TINY_PREFIX, load_settings
+
+__all__ = ["checkpoint_bytes", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+QUANT_ENV = ROOT / ".venv-quant"
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """Bytes of the weight files of a checkpoint."""
+    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+
+
+def ensure_env(python: str = sys.executable) -> Path:
+    quant_python = QUANT_ENV / "bin" / "python"
+    stamp = QUANT_ENV / ".installed"
+    requirements = ROOT / "requirements-quant.txt"
+    if stamp.exists() and stamp.read_text() == requirements.read_text():
+        return quant_python
+    if not quant_python.exists():
+        subprocess.run([python, "-m", "venv", str(QUANT_ENV)], check=True)
+    subprocess.run([str(quant_python), "-m", "pip", "install", "-q", "-r", str(requirements)], check=True)
+    stamp.write_text(requirements.read_text())
+    return quant_python
+
+
+def _resolve(model: str) -> Path:
+    if model.startswith(TINY_PREFIX):
+        from worker.tiny_models import ensure_tiny_models
+
+        return ensure_tiny_models(load_settings().worker_cache_dir).path(model.removeprefix(TINY_PREFIX))
+    return Path(model)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker quantize", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="local checkpoint directory, or tiny:target")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--calibration", type=Path, help="JSON list of calibration texts (default: the tiny corpus)")
+    args = parser.parse_args(argv)
+    source = _resolve(args.model)
+    calibration = args.calibration
+    if calibration is None:
+        from worker.tiny_models import calibration_texts
+
+        calibration = args.out.with_name(args.out.name + ".calibration.json")
+        calibration.parent.mkdir(parents=True, exist_ok=True)
+        calibration.write_text(json.dumps(calibration_texts()))
+    quant_python = ensure_env()
+    subprocess.run(
+        [
+            str(quant_python),
+            str(ROOT / "worker" / "quantize_job.py"),
+            "--model",
+            str(source),
+            "--out",
+            str(args.out),
+            "--calibration",
+            str(calibration),
+        ],
+        check=True,
+    )
+    before, after = checkpoint_bytes(source), checkpoint_bytes(args.out)
+    print(
+        json.dumps(
+            {
+                "source": str(source),
+                "out": str(args.out),
+                "bytes_before": before,
+                "bytes_after": after,
+                "ratio": after / before if before else None,
+            },
+            indent=1,
+        )
+    )
+    return 0
