@@ -174,7 +174,7 @@ def test_pod_extremes_and_recovery() -> None:
 def test_report_case_counts(capsys: Any) -> None:
     total = sum(COUNTS.values())
     print(json.dumps({"fuzzed_cases": COUNTS, "total": total}))
-    assert total >= 3 * NUM_CASES or not COUNTS  # all three fuzzers ran in this session, or this ran alone
+    assert all(count >= NUM_CASES for count in COUNTS.values())
 
 
 async def test_fuzzed_inputs_through_the_real_engine(default_engine: Any) -> None:
@@ -182,7 +182,7 @@ async def test_fuzzed_inputs_through_the_real_engine(default_engine: Any) -> Non
         return default_engine
 
     worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
-    cases = [handler_inputs.example() for _ in range(40)] + [
+    cases: list[Any] = [handler_inputs.example() for _ in range(40)] + [
         {"prompt": "x" * 20_000},
         {"prompt": "hi", "sampling_params": {"max_tokens": 10**12}},
         {"prompt": "hi", "sampling_params": {"structured_outputs": {"json": {"type": "object", "properties": 5}}}},

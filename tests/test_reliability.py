@@ -167,8 +167,16 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
                 semaphore = asyncio.Semaphore(24)
 
                 async def guarded(i: int) -> dict[str, Any]:
+                    # A client that backs off when told to (429 + Retry-After), up to 40 tries.
                     async with semaphore:
-                        return await _one(client, pod, i)
+                        rejected = 0
+                        for _ in range(40):
+                            result = await _one(client, pod, i)
+                            if result["outcome"] != "http_429":
+                                break
+                            rejected += 1
+                            await asyncio.sleep(0.25)
+                        return {**result, "rejected": rejected}
 
                 return await asyncio.gather(*(guarded(i) for i in range(300)))
 
@@ -178,7 +186,8 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
             outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
         assert len({r["i"] for r in results}) == 300  # every request answered exactly once
         assert set(outcomes) <= {"ok", "http_429"}, outcomes  # a result or a clear back-pressure error
-        assert outcomes.get("ok", 0) >= 50 and outcomes.get("http_429", 0) > 0
+        num_rejected = sum(r["rejected"] for r in results)
+        assert outcomes.get("ok", 0) >= 250 and num_rejected > 0, (outcomes, num_rejected)
         ok_seconds = sorted(r["seconds"] for r in results if r["outcome"] == "ok")
         deadline = time.time() + 20
         while time.time() < deadline and pod.in_engine() != 0:
@@ -205,9 +214,11 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
             pod.proc.send_signal(signal.SIGTERM)
-            rest = list(lines)
+            rest = [line for line in lines if line]
         assert rest[-1] == "data: [DONE]", rest[-3:]
-        assert pod.proc.wait(timeout=60) == 0
+        assert not any('"error"' in line for line in rest)
+        # uvicorn re-raises the signal it was stopped by once it has drained: "terminated by SIGTERM".
+        assert pod.proc.wait(timeout=60) in (0, -signal.SIGTERM)
         deadline = time.time() + 30
         while time.time() < deadline and any(_alive(p) for p in engine_processes):
             time.sleep(0.3)
@@ -215,7 +226,7 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
         log = pod.log.read_text(errors="replace")
         assert API_KEY not in log and HF_TOKEN not in log
         assert "Request 1: once upon a time" not in log  # prompts are not logged
-        report("pod_sigterm", in_flight_completed=True, exit_code=0, orphans=0, secrets_in_log=0)
+        report("pod_sigterm", in_flight_completed=True, exit_code=pod.proc.returncode, orphans=0, secrets_in_log=0)
 
 
 @pytest.mark.timeout(400)
@@ -241,7 +252,7 @@ def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        assert pod.proc.wait(timeout=60) != 0
+        assert pod.proc.wait(timeout=60) == 1
         assert 503 in statuses and 200 not in statuses[-3:]
         report(
             "pod_engine_death",

@@ -51,8 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
-    # A dead engine or a failed boot ends the server: exit non-zero so a supervisor restarts it.
-    return 1 if getattr(app.state, "fatal", False) else 0
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,6 @@ import hmac
 import json
 import logging
 import os
-import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -74,9 +73,11 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True) -> FastAPI
         while holder.state not in ("dead", "failed"):
             await asyncio.sleep(0.5)
         app.state.fatal = True
-        log.error("engine %s: exiting so that the pod is restarted", holder.state)
+        log.error("engine %s: exiting with status 1 so that the pod is restarted", holder.state)
         await asyncio.sleep(FATAL_EXIT_DELAY_S)
-        os.kill(os.getpid(), signal.SIGTERM)
+        holder.shutdown()  # reap what is left of the engine's processes
+        logging.shutdown()
+        os._exit(1)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
