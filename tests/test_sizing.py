@@ -1,17 +1,9 @@
 import pytest
 
+from worker.planners import PRESETS
 from worker.sizing import ModelShape, bytes_per_weight, decode_roofline_tokens_per_s, kv_bytes_per_token, weight_bytes
 
-LLAMA3_8B = ModelShape.from_config(
-    {
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "vocab_size": 128256,
-    }
-)
+LLAMA3_8B = ModelShape.from_config(PRESETS["llama-3-8b"])
 LLAMA2_7B = ModelShape.from_config(
     {
         "hidden_size": 4096,

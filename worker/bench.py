@@ -40,6 +40,7 @@ from typing import Any
 
 from worker.config import Settings, load_settings
 from worker.engine_args import build_engine_kwargs, model_ref
+from worker.planners import PRESETS
 from worker.sizing import GPUS, ModelShape, decode_roofline_tokens_per_s, kv_bytes_per_token, weight_bytes
 
 __all__ = ["RequestTiming", "main", "summarize"]
@@ -892,14 +893,9 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
 ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "spec", "roofline"]
 
 LLAMA3_8B_CONFIG = {
+    **PRESETS["llama-3-8b"],
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
-    "hidden_size": 4096,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "intermediate_size": 14336,
-    "vocab_size": 128256,
     "max_position_embeddings": 8192,
     "rope_theta": 500000.0,
     "rms_norm_eps": 1e-5,
