@@ -308,3 +308,77 @@ async def test_boot_failure_is_bounded_and_clear(tmp_path: Path) -> None:
 
 async def _collect(worker: ServerlessWorker, i: int) -> list[dict[str, Any]]:
     return [item async for item in worker.handle({"id": f"b{i}", "input": {"prompt": "hi"}})]
+
+
+@pytest.mark.timeout(600)
+def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    """The handler served by the RunPod SDK's local API, at a concurrency above max_num_seqs."""
+    port = _free_port()
+    log = tmp_path / "rp-serve-api.log"
+    env = {**subprocess_env, "MAX_NUM_SEQS": "8", "SPECULATIVE_METHOD": "none"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        async def load() -> list[dict[str, Any]]:
+            async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as client:
+                deadline = time.time() + 120
+                while True:  # the API answers before the engine boots; the first job boots it
+                    try:
+                        await client.get(base + "/docs")
+                        break
+                    except httpx.TransportError:
+                        assert time.time() < deadline and proc.poll() is None, log.read_text()[-2000:]
+                        await asyncio.sleep(0.5)
+                semaphore = asyncio.Semaphore(24)
+
+                async def one(i: int) -> dict[str, Any]:
+                    job = {
+                        "input": {
+                            "prompt": f"Job {i}: once upon a time",
+                            "stream": i % 2 == 0,
+                            "sampling_params": {"max_tokens": 16, "ignore_eos": True},
+                        }
+                    }
+                    async with semaphore:
+                        started = time.perf_counter()
+                        response = await client.post(base + "/runsync", json=job)
+                        body = response.json()
+                        output = body.get("output") or [{}]
+                        final = output[-1] if isinstance(output, list) else output
+                        complete = (
+                            body.get("status") == "COMPLETED" and final.get("usage", {}).get("completion_tokens") == 16
+                        )
+                        return {"i": i, "complete": complete, "seconds": time.perf_counter() - started}
+
+                return await asyncio.gather(*(one(i) for i in range(200)))
+
+        results = asyncio.run(load())
+        assert len({r["i"] for r in results}) == 200
+        incomplete = [r for r in results if not r["complete"]]
+        assert not incomplete, incomplete[:3]
+        seconds = sorted(r["seconds"] for r in results)
+        report(
+            "sdk_local_api_load",
+            requests=200,
+            concurrency=24,
+            max_num_seqs=8,
+            complete=200 - len(incomplete),
+            p50_s=statistics.median(seconds),
+            p99_s=seconds[int(0.99 * (len(seconds) - 1))],
+        )
+        engine_processes = _children(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(p) for p in engine_processes):
+        time.sleep(0.3)
+    assert not [p for p in engine_processes if _alive(p)]

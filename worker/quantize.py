@@ -20,7 +20,7 @@ from pathlib import Path
 
 from worker.config import TINY_PREFIX, load_settings
 
-__all__ = ["checkpoint_bytes", "main"]
+__all__ = ["checkpoint_bytes", "linear_bytes", "main", "tensor_bytes"]
 
 ROOT = Path(__file__).resolve().parent.parent
 QUANT_ENV = ROOT / ".venv-quant"
@@ -29,6 +29,30 @@ QUANT_ENV = ROOT / ".venv-quant"
 def checkpoint_bytes(path: Path) -> int:
     """Bytes of the weight files of a checkpoint."""
     return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+
+
+def tensor_bytes(path: Path) -> dict[str, int]:
+    """Bytes of every tensor in a checkpoint's safetensors files, read from their headers."""
+    sizes = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with open(file, "rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(header_len))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                start, end = meta["data_offsets"]
+                sizes[name] = end - start
+    return sizes
+
+
+def linear_bytes(path: Path, *, as_bf16: bool = False) -> int:
+    """Bytes of the transformer layers' linear projections (what 4-bit quantization shrinks);
+    with ``as_bf16``, what they would take in bf16 (2 bytes per weight, for a float32 source)."""
+    total = 0
+    for name, size in tensor_bytes(path).items():
+        if "_proj." in name:
+            total += size // 2 if as_bf16 and name.endswith(".weight") else size
+    return total
 
 
 def ensure_env(python: str = sys.executable) -> Path:
@@ -80,17 +104,18 @@ def main(argv: list[str]) -> int:
         ],
         check=True,
     )
-    before, after = checkpoint_bytes(source), checkpoint_bytes(args.out)
-    print(
-        json.dumps(
-            {
-                "source": str(source),
-                "out": str(args.out),
-                "bytes_before": before,
-                "bytes_after": after,
-                "ratio": after / before if before else None,
-            },
-            indent=1,
-        )
-    )
+    config = json.loads((source / "config.json").read_text())
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    linear_before = linear_bytes(source, as_bf16=dtype in ("float32", "fp32"))
+    linear_after = linear_bytes(args.out)
+    report = {
+        "source": str(source),
+        "out": str(args.out),
+        "checkpoint_bytes_before": checkpoint_bytes(source),
+        "checkpoint_bytes_after": checkpoint_bytes(args.out),
+        "linear_weight_bytes_before_bf16": linear_before,
+        "linear_weight_bytes_after": linear_after,
+        "linear_ratio": linear_after / linear_before if linear_before else None,
+    }
+    print(json.dumps(report, indent=1))
     return 0

@@ -21,6 +21,12 @@ def main() -> None:
     parser.add_argument("--max-seq-length", type=int, default=256)
     args = parser.parse_args()
 
+    import torch
+
+    if not torch.cuda.is_available():
+        # llm-compressor pins its cached activations for fast host-to-GPU copies; without an
+        # accelerator pinning is impossible and pointless, so it becomes a no-op.
+        torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.awq import AWQModifier

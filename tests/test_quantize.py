@@ -1,0 +1,68 @@
+"""AWQ end to end on the tiny model: quantize in .venv-quant, then serve with the worker's engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import boot_engine
+from worker.quantize import linear_bytes
+from worker.schema import parse_request
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def awq_model(tiny_models: Any, tmp_path_factory: pytest.TempPathFactory, subprocess_env: dict[str, str]) -> Path:
+    out = tmp_path_factory.mktemp("quant") / "tiny-awq"
+    result = subprocess.run(
+        [sys.executable, "-m", "worker", "quantize", "--model", "tiny:target", "--out", str(out)],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout[result.stdout.rindex("{\n") :])
+    print("QUANTIZE " + json.dumps(report))
+    return out
+
+
+@pytest.mark.timeout(1500)
+def test_awq_shrinks_the_linear_weights_to_about_a_quarter(awq_model: Path, tiny_models: Any) -> None:
+    before = linear_bytes(tiny_models.target, as_bf16=True)  # the tiny model is stored in float32
+    after = linear_bytes(awq_model)
+    # 4-bit weights plus a scale and a zero point per group of 128: a quarter of bf16, plus a little.
+    assert 0.25 < after / before < 0.30
+    config = json.loads((awq_model / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+
+
+async def test_the_worker_serves_the_awq_checkpoint(awq_model: Path, tiny_models: Any) -> None:
+    engine = await boot_engine(
+        tiny_models,
+        MODEL_NAME=str(awq_model),
+        SPECULATIVE_METHOD="none",
+        KV_CACHE_MEMORY_BYTES=2**28,
+        ENFORCE_EAGER="true",
+        MAX_MODEL_LEN=1024,
+    )
+    try:
+        assert engine.served.quantization == "compressed-tensors"
+        request = parse_request(
+            {
+                "messages": [{"role": "user", "content": "Tell me a story."}],
+                "sampling_params": {"temperature": 0, "max_tokens": 40},
+            }
+        )
+        chunks = [chunk async for chunk in engine.generate(request)]
+        text = "".join(c.text for c in chunks)
+        assert text.startswith("Once upon a time"), text  # the 4-bit model still tells its story
+    finally:
+        engine.shutdown()
