@@ -63,8 +63,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _engine_core(pid: int) -> int:
+def _engine_core(pid: int, *, among: set[int] | None = None) -> int:
     for child in _children(pid):
+        if among is not None and child not in among:
+            continue
         try:
             if "EngineCore" in Path(f"/proc/{child}/cmdline").read_text():
                 return child
@@ -263,7 +265,10 @@ def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict
 
 
 async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_models: Any) -> None:
+    # Other engines of this test session (shared fixtures) may be alive: kill only this one's core.
+    before = set(_children(os.getpid()))
     engine = await boot_engine(tiny_models, MODEL_NAME="tiny:target", SPECULATIVE_METHOD="none")
+    own = set(_children(os.getpid())) - before
 
     async def factory(settings: Any) -> Any:
         return engine
@@ -277,7 +282,7 @@ async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_
 
         tasks = [asyncio.create_task(consume(i)) for i in range(3)]
         await asyncio.sleep(1.0)
-        os.kill(_engine_core(os.getpid()), signal.SIGKILL)
+        os.kill(_engine_core(os.getpid(), among=own), signal.SIGKILL)
         results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         for items in results:
             assert items[-1].get("error_type") == "engine_dead", items[-1]
