@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +11,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import descendants, free_port, is_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,33 +65,15 @@ def test_local_test_input_argument_reports_bad_input(subprocess_env: dict[str, s
     assert "Traceback" not in out.stdout + out.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _post(url: str, body: dict, timeout: float) -> dict:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
 
 
-def _descendants(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
-    pairs = list(zip(map(int, out[::2]), map(int, out[1::2]), strict=True))
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [p for p, pp in pairs if pp == parent]
-        found += children
-        frontier += children
-    return found
-
-
 @pytest.mark.timeout(300)
 def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env: dict[str, str]) -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_port", str(port)],
         cwd=ROOT,
@@ -121,21 +103,12 @@ def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env:
         assert items[-1]["spec_decode"]["num_spec_steps"] > 0
         bad = _post(url, {"input": {"prompt": "x", "sampling_params": {"top_k": "many"}}}, 60)
         assert "sampling_params.top_k" in bad["output"][0]["error"]
-        engine_processes = _descendants(proc.pid)
+        engine_processes = descendants(proc.pid)
         assert engine_processes, "the engine runs in child processes"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     deadline = time.time() + 30
-    while time.time() < deadline and any(_alive(pid) for pid in engine_processes):
+    while time.time() < deadline and any(is_alive(pid) for pid in engine_processes):
         time.sleep(0.5)
-    assert not [pid for pid in engine_processes if _alive(pid)], "orphaned engine processes after SIGTERM"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "zombie" not in status.read_text()
+    assert not [pid for pid in engine_processes if is_alive(pid)], "orphaned engine processes after SIGTERM"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,18 +17,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import engine_settings
+from tests.helpers import free_port
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "test-key-0123456789"
 MODEL = "tiny:target"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PodServer:
@@ -54,7 +48,7 @@ class PodServer:
 
 @pytest.fixture(scope="module")
 def pod(subprocess_env: dict[str, str]) -> Iterator[PodServer]:
-    port = _free_port()
+    port = free_port()
     env = {**subprocess_env, "API_KEY": API_KEY, "MAX_NUM_SEQS": "16"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", "serve", "--port", str(port)],

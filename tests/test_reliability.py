@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import boot_engine, engine_settings
+from tests.helpers import descendants, free_port, is_alive
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
 
@@ -37,34 +37,8 @@ def report(name: str, **figures: Any) -> None:
     print("RELIABILITY " + json.dumps({"test": name, **figures}))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
-    pairs = list(zip(map(int, out[::2]), map(int, out[1::2]), strict=True))
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in pairs if pp == parent]
-        found += kids
-        frontier += kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    status = Path(f"/proc/{pid}/status")
-    try:
-        return "zombie" not in status.read_text()
-    except OSError:
-        return False
-
-
 def _engine_core(pid: int, *, among: set[int] | None = None) -> int:
-    for child in _children(pid):
+    for child in descendants(pid):
         if among is not None and child not in among:
             continue
         try:
@@ -89,7 +63,7 @@ class Pod:
 
 @contextlib.contextmanager
 def start_pod(subprocess_env: dict[str, str], tmp_path: Path, **env: str) -> Iterator[Pod]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path / f"pod-{port}.log"
     full_env = {**subprocess_env, "API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, **env}
     with open(log, "wb") as out:
@@ -210,7 +184,7 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
         assert httpx.get(pod.base + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
         # SIGTERM with a request in flight: it finishes, then the server and its engine exit cleanly.
-        engine_processes = _children(pod.proc.pid)
+        engine_processes = descendants(pod.proc.pid)
         body = {"model": MODEL, "prompt": "The", "max_tokens": 300, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers, timeout=120) as r:
             lines = r.iter_lines()
@@ -222,9 +196,9 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
         # uvicorn re-raises the signal it was stopped by once it has drained: "terminated by SIGTERM".
         assert pod.proc.wait(timeout=60) in (0, -signal.SIGTERM)
         deadline = time.time() + 30
-        while time.time() < deadline and any(_alive(p) for p in engine_processes):
+        while time.time() < deadline and any(is_alive(p) for p in engine_processes):
             time.sleep(0.3)
-        assert not [p for p in engine_processes if _alive(p)], "orphaned engine processes"
+        assert not [p for p in engine_processes if is_alive(p)], "orphaned engine processes"
         log = pod.log.read_text(errors="replace")
         assert API_KEY not in log and HF_TOKEN not in log
         assert "Request 1: once upon a time" not in log  # prompts are not logged
@@ -266,9 +240,9 @@ def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict
 
 async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_models: Any) -> None:
     # Other engines of this test session (shared fixtures) may be alive: kill only this one's core.
-    before = set(_children(os.getpid()))
+    before = set(descendants(os.getpid()))
     engine = await boot_engine(tiny_models, MODEL_NAME="tiny:target", SPECULATIVE_METHOD="none")
-    own = set(_children(os.getpid())) - before
+    own = set(descendants(os.getpid())) - before
 
     async def factory(settings: Any) -> Any:
         return engine
@@ -318,7 +292,7 @@ async def _collect(worker: ServerlessWorker, i: int) -> list[dict[str, Any]]:
 @pytest.mark.timeout(600)
 def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path: Path) -> None:
     """The handler served by the RunPod SDK's local API, at a concurrency above max_num_seqs."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "rp-serve-api.log"
     env = {**subprocess_env, "MAX_NUM_SEQS": "8", "SPECULATIVE_METHOD": "none"}
     with open(log, "wb") as out:
@@ -379,11 +353,11 @@ def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path
             p50_s=statistics.median(seconds),
             p99_s=seconds[int(0.99 * (len(seconds) - 1))],
         )
-        engine_processes = _children(proc.pid)
+        engine_processes = descendants(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     deadline = time.time() + 30
-    while time.time() < deadline and any(_alive(p) for p in engine_processes):
+    while time.time() < deadline and any(is_alive(p) for p in engine_processes):
         time.sleep(0.3)
-    assert not [p for p in engine_processes if _alive(p)]
+    assert not [p for p in engine_processes if is_alive(p)]
