@@ -27,6 +27,7 @@ from worker.schema import (
     StructuredOutputs,
     validation_message,
 )
+from worker.streaming import collect_final
 
 __all__ = [
     "ROUTES",
@@ -309,11 +310,5 @@ class OpenAICall:
         yield DONE
 
     async def collect(self, chunks: AsyncIterator[StreamChunk]) -> dict[str, Any]:
-        texts: list[str] = []
-        final: StreamChunk | None = None
-        async for chunk in chunks:
-            texts.append(chunk.text)
-            final = chunk
-        if final is None or not final.is_final:
-            raise WorkerError("the engine ended the request without a result")
-        return self.response("".join(texts), final)
+        final = await collect_final(chunks)
+        return self.response(final.text, final)

@@ -23,7 +23,7 @@ from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_pay
 from worker.openai_compat import OpenAICall, error_body, models_response, parse_openai_call
 from worker.runtime import EngineHolder
 from worker.schema import GenerateRequest, StreamChunk, parse_request
-from worker.streaming import ChunkBatcher
+from worker.streaming import ChunkBatcher, collect_final
 
 __all__ = ["ServerlessWorker"]
 
@@ -124,14 +124,7 @@ class ServerlessWorker:
             yield line
 
     async def _collect(self, engine: Any, request: GenerateRequest, request_id: str) -> dict[str, Any]:
-        texts: list[str] = []
-        final: StreamChunk | None = None
-        async for chunk in engine.generate(request, request_id=request_id):
-            texts.append(chunk.text)
-            final = chunk
-        if final is None or not final.is_final:
-            raise WorkerError("the engine ended the request without a result")
-        return final.model_copy(update={"text": "".join(texts)}).to_wire()
+        return (await collect_final(engine.generate(request, request_id=request_id))).to_wire()
 
     # ------------------------------------------------------------------ local runs
     async def run_local(self, job_input: Any, *, out: Callable[[str], None] = print) -> list[dict[str, Any]]:

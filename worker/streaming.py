@@ -9,9 +9,12 @@ The final chunk always flushes what is pending, merged into it.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+from worker.errors import WorkerError
 from worker.schema import StreamChunk
 
-__all__ = ["ChunkBatcher"]
+__all__ = ["ChunkBatcher", "collect_final"]
 
 
 class ChunkBatcher:
@@ -45,3 +48,15 @@ class ChunkBatcher:
         out = StreamChunk(text=text, num_tokens=self._num_tokens)
         self._texts, self._num_tokens = [], 0
         return out
+
+
+async def collect_final(chunks: AsyncIterator[StreamChunk]) -> StreamChunk:
+    """Consume a whole request: its final chunk, carrying the whole text."""
+    texts: list[str] = []
+    final: StreamChunk | None = None
+    async for chunk in chunks:
+        texts.append(chunk.text)
+        final = chunk
+    if final is None or not final.is_final:
+        raise WorkerError("the engine ended the request without a result")
+    return final.model_copy(update={"text": "".join(texts)})
