@@ -133,6 +133,29 @@ async def test_cancelled_job_aborts_its_engine_request(worker: ServerlessWorker,
     assert stats.num_accepted_draft_tokens <= stats.num_draft_tokens
 
 
+async def test_closing_the_stream_early_aborts_its_engine_request_at_once(
+    worker: ServerlessWorker, default_engine: Any
+) -> None:
+    ended: list[RequestEnd] = []
+    default_engine.observers.append(ended.append)
+    job = {"id": "close-me", "input": {"prompt": "The", "sampling_params": {"max_tokens": 1000, "ignore_eos": True}}}
+    try:
+        stream = worker.handle(job)
+        first = await asyncio.wait_for(anext(stream), 60)
+        assert "text" in first and "finish_reason" not in first
+        await stream.aclose()  # what a consumer that stops reading does; no garbage collection needed
+        # The engine request is aborted during aclose(), not whenever the generator is collected.
+        closed = [end for end in ended if end.request_id.startswith("close-me")]
+        assert len(closed) == 1 and closed[0].outcome == "cancelled"
+        for _ in range(50):
+            if default_engine.num_unfinished_requests == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert default_engine.num_unfinished_requests == 0
+    finally:
+        default_engine.observers.remove(ended.append)
+
+
 @pytest.mark.parametrize(
     ("job_input", "named"),
     [

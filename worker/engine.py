@@ -290,11 +290,14 @@ class Engine:
         num_tokens = 0
         outcome = "error"
         end: RequestEnd | None = None
-        state: Any = None  # vLLM's frontend state of this request: the latest spec-decode snapshot
+        # vLLM's frontend state of this request holds the latest spec-decode snapshot, which a
+        # cancelled request reports; looked up once, and only when there is something to report.
+        state: Any = None
+        wants_state = self.served.spec_decode_available
         outputs = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id)
         try:
             async for output in outputs:
-                if state is None:
+                if wants_state and state is None:
                     state = self._request_state(request_id)
                 completion = output.outputs[0]
                 num_new = len(completion.token_ids)
@@ -360,7 +363,12 @@ class Engine:
                 )
 
     def _request_state(self, request_id: str) -> Any:
-        states = getattr(getattr(self._llm, "output_processor", None), "request_states", None) or {}
+        processor = getattr(self._llm, "output_processor", None)
+        states = getattr(processor, "request_states", None) or {}
+        internal_ids = getattr(processor, "external_req_ids", None)
+        if internal_ids is not None:  # vLLM keeps external -> internal ids: no scan
+            ids = internal_ids.get(request_id)
+            return states.get(ids[0]) if ids else None
         for state in list(states.values()):
             if getattr(state, "external_req_id", None) == request_id:
                 return state

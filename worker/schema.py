@@ -16,6 +16,7 @@ last one also carries ``finish_reason``, ``usage``, ``timings``, ``spec_decode``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -173,26 +174,44 @@ class Served(BaseModel):
     spec_decode_available: bool
 
 
-class StreamChunk(BaseModel):
-    """One streamed item. Only the last one of a request has ``finish_reason`` and the blocks."""
+@dataclass(slots=True)
+class StreamChunk:
+    """One streamed item. Only the last one of a request has ``finish_reason`` and the blocks.
+
+    A plain slotted dataclass, not a pydantic model: one is made per engine step and request,
+    the worker's hottest path, and its fields come from the engine, not from users.
+    ``num_tokens`` (tokens in this item) is internal and never sent.
+    """
 
     text: str
+    num_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     usage: Usage | None = None
     timings: Timings | None = None
     spec_decode: SpecDecodeStats | None = None
     served: Served | None = None
-    num_tokens: int = Field(0, exclude=True)
 
     @property
     def is_final(self) -> bool:
         return self.finish_reason is not None
 
     def to_wire(self) -> dict[str, Any]:
-        if not self.is_final:
+        if self.finish_reason is None:
             return {"text": self.text}
-        return self.model_dump(mode="json", exclude_none=False)
+        return {
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "stop_reason": self.stop_reason,
+            "usage": _dump(self.usage),
+            "timings": _dump(self.timings),
+            "spec_decode": _dump(self.spec_decode),
+            "served": _dump(self.served),
+        }
+
+
+def _dump(block: BaseModel | None) -> dict[str, Any] | None:
+    return None if block is None else block.model_dump(mode="json")
 
 
 def validation_message(exc: ValidationError, *, prefix: str = "") -> str:

@@ -17,12 +17,13 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_payload
 from worker.openai_compat import OpenAICall, error_body, models_response, parse_openai_call
 from worker.runtime import EngineHolder
-from worker.schema import GenerateRequest, StreamChunk, parse_request
+from worker.schema import StreamChunk, parse_request
 from worker.streaming import ChunkBatcher, collect_final
 
 __all__ = ["ServerlessWorker"]
@@ -68,11 +69,18 @@ class ServerlessWorker:
                 return
             request = parse_request(job_input)
             engine = await self.holder.get()
-            if request.stream:
-                async for item in self._stream(engine, request, request_id):
-                    yield item
-            else:
-                yield await self._collect(engine, request, request_id)
+            # The batching loop is written out here rather than in a helper generator: every
+            # engine step of every request wakes each generator frame between the SDK and vLLM,
+            # and at hundreds of concurrent streams those frames are the worker's overhead.
+            async with aclosing(engine.generate(request, request_id=request_id)) as chunks:
+                if not request.stream:
+                    yield (await collect_final(chunks)).to_wire()
+                    return
+                batcher = self._batcher()
+                async for chunk in chunks:
+                    out = batcher.add(chunk)
+                    if out is not None:
+                        yield out.to_wire()
         except asyncio.CancelledError:
             log.info("job %s cancelled", job_id)
             raise
@@ -85,21 +93,20 @@ class ServerlessWorker:
             log.exception("job %s failed unexpectedly", job_id)
             yield error_body(exc) if is_openai else to_error_payload(exc)
 
-    async def _coalesced(self, chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[StreamChunk]:
+    def _batcher(self) -> ChunkBatcher:
         settings = self.holder.settings
-        batcher = ChunkBatcher(
+        return ChunkBatcher(
             max_batch_size=settings.default_batch_size,
             min_batch_size=settings.default_min_batch_size,
             growth_factor=settings.default_batch_size_growth_factor,
         )
+
+    async def _coalesced(self, chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[StreamChunk]:
+        batcher = self._batcher()
         async for chunk in chunks:
             out = batcher.add(chunk)
             if out is not None:
                 yield out
-
-    async def _stream(self, engine: Any, request: GenerateRequest, request_id: str) -> AsyncIterator[dict[str, Any]]:
-        async for chunk in self._coalesced(engine.generate(request, request_id=request_id)):
-            yield chunk.to_wire()
 
     async def _openai(self, job_input: dict[str, Any], request_id: str) -> AsyncIterator[Any]:
         """``{"openai_route": ..., "openai_input": {...}}``: exactly what the pod server would send."""
@@ -116,15 +123,12 @@ class ServerlessWorker:
         openai_request, request = parse_openai_call(str(route), job_input.get("openai_input"))
         engine = await self.holder.get()
         call = OpenAICall(openai_request, model=settings.served_model_name, request_id=request_id)
-        chunks = engine.generate(request, request_id=call.id)
-        if not openai_request.stream:
-            yield await call.collect(chunks)
-            return
-        async for line in call.stream(self._coalesced(chunks)):
-            yield line
-
-    async def _collect(self, engine: Any, request: GenerateRequest, request_id: str) -> dict[str, Any]:
-        return (await collect_final(engine.generate(request, request_id=request_id))).to_wire()
+        async with aclosing(engine.generate(request, request_id=call.id)) as chunks:
+            if not openai_request.stream:
+                yield await call.collect(chunks)
+                return
+            async for line in call.stream(self._coalesced(chunks)):
+                yield line
 
     # ------------------------------------------------------------------ local runs
     async def run_local(self, job_input: Any, *, out: Callable[[str], None] = print) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ The final chunk always flushes what is pending, merged into it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from worker.errors import WorkerError
 from worker.schema import StreamChunk
@@ -30,9 +31,7 @@ class ChunkBatcher:
         """Take a chunk; return the coalesced chunk to send now, if any."""
         if chunk.is_final:
             self._texts.append(chunk.text)
-            merged = chunk.model_copy(
-                update={"text": "".join(self._texts), "num_tokens": self._num_tokens + chunk.num_tokens}
-            )
+            merged = replace(chunk, text="".join(self._texts), num_tokens=self._num_tokens + chunk.num_tokens)
             self._texts, self._num_tokens = [], 0
             return merged
         self._texts.append(chunk.text)
@@ -59,4 +58,4 @@ async def collect_final(chunks: AsyncIterator[StreamChunk]) -> StreamChunk:
         final = chunk
     if final is None or not final.is_final:
         raise WorkerError("the engine ended the request without a result")
-    return final.model_copy(update={"text": "".join(texts)})
+    return replace(final, text="".join(texts))
