@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The GPU benchmark: a Llama-3-8B-shaped model with dummy weights (no download), run in stages
 # so that each fits a 10-minute call. Needs vLLM importable (e.g. `. /tmp/vc/env.sh` on the H200,
-# see docs/benchmarks.md) and writes bench JSON and logs under $OUT (default ./bench-gpu).
+# see docs/benchmarks.md) and writes bench JSON and logs under $OUT (default ./bench-gpu); with
+# ARCHIVE set, everything under $OUT is also packed into that .tgz after every stage, so a call
+# cut short still returns what it measured. STAGE_TIMEOUT (seconds) bounds each run.
 #
-#   scripts/gpu_bench.sh overhead quant     # then: scripts/gpu_bench.sh pod coldstart ngram
+#   scripts/gpu_bench.sh overhead fp8       # then: POD_CONCURRENCY=8,256 scripts/gpu_bench.sh pod coldstart-server ngram
 #
 # Stages:
-#   overhead   handler path vs raw AsyncLLM, bf16, concurrency 1, 8, 64, 256
-#   quant      the same at concurrency 1 and 256 for fp8, AWQ (Marlin), AWQ (Machete)
-#   pod        pod server vs vLLM's OpenAI server, concurrency 1, 8, 64, 256
-#   coldstart  handler cold start: fresh compile cache, warm compile cache, eager; vLLM server
-#   ngram      n-gram speculation (k=4) vs none, single stream
+#   overhead          handler path vs raw AsyncLLM, bf16, concurrency 1, 8, 64, 256 (3 alternating runs)
+#   fp8               the same for fp8 at concurrency 1 and 256 (3 alternating runs)
+#   quant             fp8, AWQ (Marlin), AWQ (Machete) at concurrency 1 and 256 (1 run each)
+#   pod               pod server vs vLLM's OpenAI server, concurrency $POD_CONCURRENCY (default 1,8,64,256)
+#   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
+#   coldstart-server  handler and vLLM's server, warm compile cache
+#   ngram             n-gram speculation (k=4) vs none, single stream
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-gpu}
@@ -27,26 +31,27 @@ B="python3 -m worker bench --gpu H200 --max-tokens 256 --num-requests 0"
 run() {  # label, then bench arguments
   local label=$1; shift
   echo "=== $label: $(date +%T)"
-  $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
+  timeout "${STAGE_TIMEOUT:-0}" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
   echo "=== $label: exit $? at $(date +%T)"; tail -3 "$OUT/$label.log"
   cp "$OUT/$label/bench.json" "$OUT/$label.json" 2>/dev/null
+  if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi
 }
 for stage in "$@"; do
   case $stage in
     overhead) run bf16 --parts overhead,roofline --concurrency 1,8,64,256 --repeats 3 ;;
+    fp8) QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,256 --repeats 3 ;;
     quant)
       QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,256 --repeats 1
       MODEL_NAME=$M-awq AWQ_KERNEL=marlin run awq-marlin --parts overhead,roofline --concurrency 1,256 --repeats 1
       MODEL_NAME=$M-awq AWQ_KERNEL=machete run awq-machete --parts overhead,roofline --concurrency 1,256 --repeats 1 ;;
-    pod) run pod --parts pod --concurrency 1,8,64,256 --repeats 2 ;;
+    pod) run pod --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" --repeats 4 ;;
     coldstart)
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-$$
       run cold-fresh-cache --parts coldstart_handler
       run cold-warm-cache --parts coldstart
       ENFORCE_EAGER=true run cold-eager --parts coldstart_handler ;;
-    ngram)
-      run ngram-off --parts overhead --concurrency 1 --repeats 1
-      SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run ngram-k4 --parts overhead --concurrency 1 --repeats 1 ;;
+    coldstart-server) run cold-server --parts coldstart ;;
+    ngram) run ngram --parts spec --drafts ngram --ks 4 --spec-requests 2 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

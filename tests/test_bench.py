@@ -65,6 +65,14 @@ def test_smoke_run_produces_complete_results(tmp_path: Path, subprocess_env: dic
     assert row["draft"] == "tiny:noisy" and row["k"] == 2
     assert row["num_accepted_draft_tokens"] <= row["num_draft_tokens"] and row["num_spec_steps"] > 0
     assert row["mean_acceptance_length"] == pytest.approx(1 + row["num_accepted_draft_tokens"] / row["num_spec_steps"])
+    # vLLM's engine-wide counters (the fallback where per-request counts are missing) agree with
+    # the per-request sums over the measured requests.
+    assert row["stats_source"] == "per-request"
+    assert row["engine_counters"] == {
+        "num_drafts": row["num_spec_steps"],
+        "num_draft_tokens": row["num_draft_tokens"],
+        "num_accepted_tokens": row["num_accepted_draft_tokens"],
+    }
     assert positive(results["roofline"]["weight_bytes_per_step"])
     markdown = (out / "bench.md").read_text()
     assert "Handler overhead" in markdown and "python -m worker bench --smoke" in markdown

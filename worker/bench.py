@@ -130,7 +130,6 @@ async def bench_overhead(
 
     from worker.engine import Engine
     from worker.runtime import EngineHolder
-    from worker.schema import parse_request
     from worker.serverless import ServerlessWorker
 
     engine = await Engine.boot(settings)
@@ -141,7 +140,6 @@ async def bench_overhead(
 
     worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
     job = {"prompt": PROMPT, "sampling_params": {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}}
-    prompt_ids = engine.render_prompt(parse_request(job))
 
     def handler_request(i: int) -> Callable[[RequestTiming], Any]:
         async def run(timing: RequestTiming) -> None:
@@ -162,7 +160,7 @@ async def bench_overhead(
         )
 
         async def run(timing: RequestTiming) -> None:
-            async for out in engine.llm.generate({"prompt_token_ids": prompt_ids}, params, f"raw{i}-{time.time_ns()}"):
+            async for out in engine.llm.generate(PROMPT, params, f"raw{i}-{time.time_ns()}"):
                 new = len(out.outputs[0].token_ids)
                 if new and timing.first_token is None:
                     timing.first_token = time.perf_counter()
@@ -200,6 +198,7 @@ async def bench_overhead(
         "num_requests": num_requests or "auto",
         "max_tokens": max_tokens,
         "repeats": repeats,
+        "baseline_input": "text prompt, tokenized inside AsyncLLM.generate",
         "served": served,
         "rows": results,
     }
@@ -528,6 +527,7 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
             for i in range(num_requests)
         ]
         [c async for c in engine.generate(requests[0])]  # warm-up
+        counters_before = _engine_spec_counters()
         drafted = accepted = steps = tokens = 0
         decode_s = 0.0
         for request in requests:
@@ -544,8 +544,19 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
                         drafted += chunk.spec_decode.num_draft_tokens
                         accepted += chunk.spec_decode.num_accepted_draft_tokens
                         steps += chunk.spec_decode.num_spec_steps
+        await asyncio.sleep(0.1)  # the frontend records a step's stats just after handing out its outputs
+        after = _engine_spec_counters()
+        counted = {key.removeprefix("vllm:spec_decode_"): int(after[key] - counters_before[key]) for key in after}
+        source = "per-request"
+        if engine.served.speculative_method and not engine.served.spec_decode_available:
+            # An engine without per-request counts (vLLM 0.26): its engine-wide counters instead.
+            steps, drafted = counted["num_drafts"], counted["num_draft_tokens"]
+            accepted = counted["num_accepted_tokens"]
+            source = "engine counters"
         return {
             "decode_tok_s": tokens / decode_s if decode_s else None,
+            "stats_source": source,
+            "engine_counters": counted,
             "num_draft_tokens": drafted,
             "num_accepted_draft_tokens": accepted,
             "num_spec_steps": steps,
@@ -555,6 +566,24 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
         }
     finally:
         engine.shutdown()
+
+
+_SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+
+
+def _engine_spec_counters() -> dict[str, float]:
+    """vLLM's engine-wide spec-decode counters (Prometheus, this process), 0 where absent."""
+    from prometheus_client import REGISTRY
+
+    totals = dict.fromkeys(_SPEC_COUNTERS, 0.0)
+    for family in REGISTRY.collect():
+        if family.name in totals:
+            totals[family.name] = sum(x.value for x in family.samples if x.name.endswith("_total"))
+    return totals
 
 
 def bench_spec(
@@ -650,7 +679,12 @@ def render_markdown(results: dict[str, Any]) -> str:
             "### Handler overhead (serverless code path vs vLLM AsyncLLM, one engine, one process)",
             "",
             f"{o['num_requests']} requests x {o['max_tokens']} tokens per concurrency level, median of "
-            f"{o['repeats']} alternating runs.",
+            f"{o['repeats']} alternating runs. "
+            + (
+                "Both paths start from the same text prompt (AsyncLLM tokenizes it in `generate`)."
+                if o.get("baseline_input")
+                else "AsyncLLM was given the prompt's token ids, tokenized once; the handler tokenized every request."
+            ),
             "",
             "| concurrency | handler tok/s | AsyncLLM tok/s | throughput ratio | TTFT p50 ms (handler / raw) | "
             "ITL ms (handler / raw) | ITL ratio |",
