@@ -31,8 +31,9 @@ B="python3 -m worker bench --gpu H200 --max-tokens 256 --num-requests 0"
 run() {  # label, then bench arguments
   local label=$1; shift
   echo "=== $label: $(date +%T)"
-  timeout "${STAGE_TIMEOUT:-0}" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
+  timeout -k 30 "${STAGE_TIMEOUT:-0}" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
   echo "=== $label: exit $? at $(date +%T)"; tail -3 "$OUT/$label.log"
+  pkill -f "vllm.entrypoints.openai.api_server|-m worker serve" && sleep 5  # nothing left holding the GPU
   cp "$OUT/$label/bench.json" "$OUT/$label.json" 2>/dev/null
   if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi
 }

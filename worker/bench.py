@@ -352,6 +352,7 @@ def bench_pod(
                 )
                 runs[name].append(rows)
             print(f"pod bench: {name} rep {rep} done (ready in {ready_s:.1f} s)", flush=True)
+            (out / "pod-runs.json").write_text(json.dumps(runs, indent=1))  # kept if a later run is cut short
     table = []
     for i, concurrency in enumerate(concurrencies):
         row: dict[str, Any] = {"concurrency": concurrency}
@@ -969,6 +970,10 @@ def make_shape_model(path: Path, *, awq: bool = False) -> None:
     fast.save_pretrained(path)
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m worker bench", description="benchmark the worker against its peers"
@@ -1037,6 +1042,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "SPECULATIVE_METHOD": os.environ.get("SPECULATIVE_METHOD", "none")}
     env.setdefault("MAX_NUM_SEQS", str(max(plan.concurrencies)))
     command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    # A benchmark stopped with SIGTERM (e.g. by `timeout`) must still stop the servers it started
+    # (each in its own session): turn the signal into an exit that runs their clean-up.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     results = run(plan, out=args.out, env=env, gpu=args.gpu, command=command.strip())
     print(render_markdown(results))
     return 0
