@@ -9,6 +9,7 @@
 #
 # Stages:
 #   overhead          handler path vs raw AsyncLLM, bf16, concurrency 1, 8, 64, 256 (3 alternating runs)
+#   overhead-ids      the same at 64 and 256, AsyncLLM given token ids made once (tokenization charged to the handler)
 #   fp8               the same for fp8 at concurrency 1 and 256 (3 alternating runs)
 #   quant             fp8, AWQ (Marlin), AWQ (Machete) at concurrency 1 and 256 (1 run each)
 #   pod               pod server vs vLLM's OpenAI server, concurrency $POD_CONCURRENCY (default 1,8,64,256)
@@ -40,6 +41,7 @@ run() {  # label, then bench arguments
 for stage in "$@"; do
   case $stage in
     overhead) run bf16 --parts overhead,roofline --concurrency 1,8,64,256 --repeats 3 ;;
+    overhead-ids) run bf16-ids --parts overhead --concurrency 64,256 --repeats 3 --raw-input ids ;;
     fp8) QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,256 --repeats 3 ;;
     quant)
       QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,256 --repeats 1

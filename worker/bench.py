@@ -123,13 +123,20 @@ def requests_for(concurrency: int, num_requests: int) -> int:
 
 
 async def bench_overhead(
-    settings: Settings, *, concurrencies: list[int], num_requests: int, max_tokens: int, repeats: int
+    settings: Settings,
+    *,
+    concurrencies: list[int],
+    num_requests: int,
+    max_tokens: int,
+    repeats: int,
+    raw_input: str = "text",
 ) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     from worker.engine import Engine
     from worker.runtime import EngineHolder
+    from worker.schema import parse_request
     from worker.serverless import ServerlessWorker
 
     engine = await Engine.boot(settings)
@@ -154,13 +161,19 @@ async def bench_overhead(
 
         return run
 
+    # The text prompt, as the handler gets it (AsyncLLM tokenizes it), or its token ids made once
+    # (the handler's tokenization then counts as overhead).
+    raw_prompt: Any = PROMPT
+    if raw_input == "ids":
+        raw_prompt = {"prompt_token_ids": engine.render_prompt(parse_request(job))}
+
     def raw_request(i: int) -> Callable[[RequestTiming], Any]:
         params = SamplingParams(
             max_tokens=max_tokens, ignore_eos=True, temperature=0, output_kind=RequestOutputKind.DELTA
         )
 
         async def run(timing: RequestTiming) -> None:
-            async for out in engine.llm.generate(PROMPT, params, f"raw{i}-{time.time_ns()}"):
+            async for out in engine.llm.generate(raw_prompt, params, f"raw{i}-{time.time_ns()}"):
                 new = len(out.outputs[0].token_ids)
                 if new and timing.first_token is None:
                     timing.first_token = time.perf_counter()
@@ -198,7 +211,7 @@ async def bench_overhead(
         "num_requests": num_requests or "auto",
         "max_tokens": max_tokens,
         "repeats": repeats,
-        "baseline_input": "text prompt, tokenized inside AsyncLLM.generate",
+        "baseline_input": raw_input,
         "served": served,
         "rows": results,
     }
@@ -683,7 +696,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"{o['repeats']} alternating runs. "
             + (
                 "Both paths start from the same text prompt (AsyncLLM tokenizes it in `generate`)."
-                if o.get("baseline_input")
+                if str(o.get("baseline_input", "")).startswith("text")
                 else "AsyncLLM was given the prompt's token ids, tokenized once; the handler tokenized every request."
             ),
             "",
@@ -844,6 +857,7 @@ class Plan:
     drafts: list[str] = field(default_factory=lambda: ["tiny:target", "tiny:noisy", "tiny:unrelated", "ngram"])
     ks: list[int] = field(default_factory=lambda: [2, 4, 8])
     spec_requests: int = 4
+    raw_input: str = "text"
 
 
 def _machine() -> str:
@@ -880,6 +894,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
                 num_requests=plan.num_requests,
                 max_tokens=plan.max_tokens,
                 repeats=plan.repeats,
+                raw_input=plan.raw_input,
             )
         )
         write_report(results, out)
@@ -983,6 +998,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
     parser.add_argument("--num-requests", type=int, default=32, help="per concurrency level; 0: two waves (auto)")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--raw-input",
+        choices=["text", "ids"],
+        default="text",
+        help="what the overhead part gives AsyncLLM: the text prompt (like the handler) or token ids made once",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--drafts", default="tiny:target,tiny:noisy,tiny:unrelated,ngram")
     parser.add_argument("--ks", default="2,4,8")
@@ -1021,6 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
         ks=[int(k) for k in args.ks.split(",")],
         spec_requests=args.spec_requests,
         label=args.label,
+        raw_input=args.raw_input,
     )
     if args.smoke:
         plan = Plan(
