@@ -403,6 +403,13 @@ def parse_boot_log(text: str) -> dict[str, float]:
     return found
 
 
+def _boot_columns(found: dict[str, float]) -> str:
+    """Weights load, engine init, compile, graph capture: whichever of vLLM's log lines a release prints."""
+    load = found.get("weights_load_s", found.get("model_load_s"))
+    compile_s = found.get("torch_compile_s", found.get("compilation_s"))
+    return " | ".join(_f(v) for v in (load, found.get("engine_init_s"), compile_s, found.get("graph_capture_s")))
+
+
 def render_saved(paths: list[Path]) -> str:
     """Markdown from saved results: bench JSON files (one section each, then a quantization
     summary) and boot logs (a cold-start breakdown row each)."""
@@ -414,8 +421,7 @@ def render_saved(paths: list[Path]) -> str:
             found = parse_boot_log(path.read_text(errors="replace"))
             log_rows.append(
                 f"| `{path.name}` | {_f(found.get('first_item_s'))} | {_f(found.get('worker_engine_ready_s'))} | "
-                f"{_f(found.get('model_load_s'))} | {_f(found.get('engine_init_s'))} | "
-                f"{_f(found.get('compilation_s'))} | {_f(found.get('graph_capture_s'))} |"
+                f"{_boot_columns(found)} |"
             )
             continue
         results = json.loads(path.read_text())
@@ -743,12 +749,9 @@ def render_markdown(results: dict[str, Any]) -> str:
             "compile s | graph capture s |",
             "|---|---|---|---|---|---|---|",
             f"| `python handler.py --test_input` | {_f(h['first_token_s'])} | "
-            f"{_f(h['breakdown'].get('worker_engine_ready_s'))} | {_f(h['breakdown'].get('weights_load_s'))} | "
-            f"{_f(h['breakdown'].get('engine_init_s'))} | {_f(h['breakdown'].get('torch_compile_s'))} | "
-            f"{_f(h['breakdown'].get('graph_capture_s'))} |",
+            f"{_f(h['breakdown'].get('worker_engine_ready_s'))} | {_boot_columns(h['breakdown'])} |",
             f"| vLLM server + first request | {_f(s['first_token_s'])} | {_f(s['ready_s'])} | "
-            f"{_f(s['breakdown'].get('weights_load_s'))} | {_f(s['breakdown'].get('engine_init_s'))} | "
-            f"{_f(s['breakdown'].get('torch_compile_s'))} | {_f(s['breakdown'].get('graph_capture_s'))} |",
+            f"{_boot_columns(s['breakdown'])} |",
             "",
             f"`import handler`: {_f(c['handler_import_s'] * 1000, 0)} ms (median of 5).",
             "",
