@@ -11,7 +11,7 @@
 #   overhead          handler path vs raw AsyncLLM, bf16, concurrency 1, 8, 64, 256 (3 alternating runs)
 #   overhead-ids      the same at 64 and 256, AsyncLLM given token ids made once (tokenization charged to the handler)
 #   fp8               the same for fp8 at concurrency 1 and 256 (3 alternating runs)
-#   quant             fp8, AWQ (Marlin), AWQ (Machete) at concurrency 1 and 256 (1 run each)
+#   quant             AWQ with the Marlin kernel, then Machete, at concurrency 1 and 256 (1 run each)
 #   pod               pod server vs vLLM's OpenAI server, concurrency $POD_CONCURRENCY (default 1,8,64,256)
 #   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
 #   coldstart-server  handler and vLLM's server, warm compile cache
@@ -44,7 +44,6 @@ for stage in "$@"; do
     overhead-ids) run bf16-ids --parts overhead --concurrency 64,256 --repeats 3 --raw-input ids ;;
     fp8) QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,256 --repeats 3 ;;
     quant)
-      QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,256 --repeats 1
       MODEL_NAME=$M-awq AWQ_KERNEL=marlin run awq-marlin --parts overhead,roofline --concurrency 1,256 --repeats 1
       MODEL_NAME=$M-awq AWQ_KERNEL=machete run awq-machete --parts overhead,roofline --concurrency 1,256 --repeats 1 ;;
     pod) run pod --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" --repeats 4 ;;

@@ -363,16 +363,11 @@ class Engine:
                 )
 
     def _request_state(self, request_id: str) -> Any:
-        processor = getattr(self._llm, "output_processor", None)
-        states = getattr(processor, "request_states", None) or {}
-        internal_ids = getattr(processor, "external_req_ids", None)
-        if internal_ids is not None:  # vLLM keeps external -> internal ids: no scan
-            ids = internal_ids.get(request_id)
-            return states.get(ids[0]) if ids else None
-        for state in list(states.values()):
-            if getattr(state, "external_req_id", None) == request_id:
-                return state
-        return None
+        """vLLM's frontend state of a request, through its external -> internal id map (a
+        vLLM with per-request spec-decode metrics, the only caller's case, has both)."""
+        processor = self._llm.output_processor
+        ids = processor.external_req_ids.get(request_id)
+        return processor.request_states.get(ids[0]) if ids else None
 
     def _notify(self, end: RequestEnd) -> None:
         for observer in self.observers:
