@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from pathlib import Path
 
-__all__ = ["descendants", "free_port", "is_alive"]
+__all__ = ["alive_after", "descendants", "free_port", "is_alive"]
 
 
 def free_port() -> int:
@@ -34,3 +35,11 @@ def is_alive(pid: int) -> bool:
         return "zombie" not in Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
+
+
+def alive_after(pids: list[int], timeout_s: float) -> list[int]:
+    """Those of ``pids`` still running once they all exited or ``timeout_s`` passed."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and any(is_alive(pid) for pid in pids):
+        time.sleep(0.3)
+    return [pid for pid in pids if is_alive(pid)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import descendants, free_port, is_alive
+from tests.helpers import alive_after, descendants, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,7 +108,4 @@ def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    deadline = time.time() + 30
-    while time.time() < deadline and any(is_alive(pid) for pid in engine_processes):
-        time.sleep(0.5)
-    assert not [pid for pid in engine_processes if is_alive(pid)], "orphaned engine processes after SIGTERM"
+    assert not alive_after(engine_processes, 30), "orphaned engine processes after SIGTERM"

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import boot_engine, engine_settings
-from tests.helpers import descendants, free_port, is_alive
+from tests.helpers import alive_after, descendants, free_port
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
 
@@ -195,10 +195,7 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
         assert not any('"error"' in line for line in rest)
         # uvicorn re-raises the signal it was stopped by once it has drained: "terminated by SIGTERM".
         assert pod.proc.wait(timeout=60) in (0, -signal.SIGTERM)
-        deadline = time.time() + 30
-        while time.time() < deadline and any(is_alive(p) for p in engine_processes):
-            time.sleep(0.3)
-        assert not [p for p in engine_processes if is_alive(p)], "orphaned engine processes"
+        assert not alive_after(engine_processes, 30), "orphaned engine processes"
         log = pod.log.read_text(errors="replace")
         assert API_KEY not in log and HF_TOKEN not in log
         assert "Request 1: once upon a time" not in log  # prompts are not logged
@@ -357,7 +354,4 @@ def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    deadline = time.time() + 30
-    while time.time() < deadline and any(is_alive(p) for p in engine_processes):
-        time.sleep(0.3)
-    assert not [p for p in engine_processes if is_alive(p)]
+    assert not alive_after(engine_processes, 30)

@@ -22,6 +22,15 @@ def worker(default_engine: Any) -> ServerlessWorker:
     return ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
 
 
+async def assert_engine_empties(engine: Any, timeout_s: float = 5.0) -> None:
+    """Wait up to ``timeout_s`` for the engine to hold no request, then assert it holds none."""
+    for _ in range(int(timeout_s / 0.1)):
+        if engine.num_unfinished_requests == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert engine.num_unfinished_requests == 0
+
+
 async def run_job(worker: ServerlessWorker, job_input: Any, job_id: str = "job") -> list[dict[str, Any]]:
     return [item async for item in worker.handle({"id": job_id, "input": job_input})]
 
@@ -119,11 +128,7 @@ async def test_cancelled_job_aborts_its_engine_request(worker: ServerlessWorker,
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(50):
-            if default_engine.num_unfinished_requests == 0:
-                break
-            await asyncio.sleep(0.1)
-        assert default_engine.num_unfinished_requests == 0
+        await assert_engine_empties(default_engine)
     finally:
         default_engine.observers.remove(ended.append)
     cancelled = [end for end in ended if end.request_id.startswith("cancel-me")]
@@ -147,11 +152,7 @@ async def test_closing_the_stream_early_aborts_its_engine_request_at_once(
         # The engine request is aborted during aclose(), not whenever the generator is collected.
         closed = [end for end in ended if end.request_id.startswith("close-me")]
         assert len(closed) == 1 and closed[0].outcome == "cancelled"
-        for _ in range(50):
-            if default_engine.num_unfinished_requests == 0:
-                break
-            await asyncio.sleep(0.1)
-        assert default_engine.num_unfinished_requests == 0
+        await assert_engine_empties(default_engine)
     finally:
         default_engine.observers.remove(ended.append)
 
