@@ -192,10 +192,8 @@ async def test_fuzzed_inputs_through_the_real_engine(default_engine: Any) -> Non
     for case in cases:
         items = [item async for item in worker.handle({"id": "fuzz", "input": case})]
         assert items and ("error" in items[-1] or "finish_reason" in items[-1]), items[-1]
-    ok = [
-        item
-        async for item in worker.handle({"id": "ok", "input": {"prompt": "The", "sampling_params": {"max_tokens": 5}}})
-    ]
+    ok_job = {"id": "ok", "input": {"prompt": "The", "sampling_params": {"max_tokens": 5, "ignore_eos": True}}}
+    ok = [item async for item in worker.handle(ok_job)]
     assert ok[-1]["usage"]["completion_tokens"] == 5
     assert default_engine.num_unfinished_requests == 0
     assert "refresh_worker" not in worker.runpod_config

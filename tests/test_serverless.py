@@ -179,7 +179,7 @@ async def test_bad_input_gets_a_named_error_and_the_next_job_succeeds(
     assert "Traceback" not in items[0]["error"]
     assert items[0]["error_type"] == "invalid_request_error"
     assert "refresh_worker" not in worker.runpod_config
-    ok = await run_job(worker, {"prompt": "The sun", "sampling_params": {"max_tokens": 4}})
+    ok = await run_job(worker, {"prompt": "The sun", "sampling_params": {"max_tokens": 4, "ignore_eos": True}})
     assert ok[-1]["usage"]["completion_tokens"] == 4
 
 
