@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import engine_settings
 from worker.engine import RequestEnd
 from worker.runtime import EngineHolder
+from worker.schema import parse_request
 from worker.serverless import ServerlessWorker
 
 
@@ -203,3 +204,13 @@ async def test_without_speculation_spec_decode_is_null(plain_engine: Any) -> Non
     items = await run_job(worker, {"prompt": "Once", "sampling_params": {"max_tokens": 8}})
     assert items[-1]["spec_decode"] is None
     assert items[-1]["served"]["speculative_method"] is None
+
+
+async def test_the_serverless_engine_sends_an_output_every_8_tokens_after_the_first(plain_engine: Any) -> None:
+    request = parse_request(
+        {"prompt": "The", "sampling_params": {"temperature": 0, "max_tokens": 20, "ignore_eos": True}}
+    )
+    chunks = [chunk async for chunk in plain_engine.generate(request)]
+    # The first token at once (time to first token), then one engine output per 8 tokens, then the rest.
+    assert [chunk.num_tokens for chunk in chunks] == [1, 8, 8, 3]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20

@@ -141,6 +141,8 @@ async def bench_overhead(
 
     engine = await Engine.boot(settings)
     served = engine.served.model_dump()
+    # Both paths share the engine, hence its stream interval (tokens per engine output).
+    stream_interval = engine.llm.vllm_config.scheduler_config.stream_interval
 
     async def factory(_: Settings) -> Engine:
         return engine
@@ -212,6 +214,7 @@ async def bench_overhead(
         "max_tokens": max_tokens,
         "repeats": repeats,
         "baseline_input": raw_input,
+        "stream_interval": stream_interval,
         "served": served,
         "rows": results,
     }
@@ -231,7 +234,9 @@ def _free_port() -> int:
 
 def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[str]:
     """vLLM's own server with the engine arguments our worker builds (speculation excluded)."""
-    kwargs = build_engine_kwargs(settings, resolve=lambda ref: model_path if ref == model_ref(settings) else ref)
+    kwargs = build_engine_kwargs(
+        settings, resolve=lambda ref: model_path if ref == model_ref(settings) else ref, mode="pod"
+    )
     args = [
         sys.executable,
         "-m",
@@ -704,6 +709,11 @@ def render_markdown(results: dict[str, Any]) -> str:
                 "Both paths start from the same text prompt (AsyncLLM tokenizes it in `generate`)."
                 if str(o.get("baseline_input", "")).startswith("text")
                 else "AsyncLLM was given the prompt's token ids, tokenized once; the handler tokenized every request."
+            )
+            + (
+                f" Engine stream interval: {o['stream_interval']} token(s) per output, for both paths."
+                if o.get("stream_interval")
+                else ""
             ),
             "",
             "| concurrency | handler tok/s | AsyncLLM tok/s | throughput ratio | TTFT p50 ms (handler / raw) | "

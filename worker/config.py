@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     default_batch_size: int = Field(50, ge=1)
     default_min_batch_size: int = Field(1, ge=1)
     default_batch_size_growth_factor: float = Field(3.0, ge=1)
+    stream_interval: int | None = Field(
+        None,
+        ge=1,
+        description="tokens per engine output; unset: min(8, DEFAULT_BATCH_SIZE) serverless, 1 for pods",
+    )
     worker_cache_dir: Path = DEFAULT_CACHE_DIR
     log_level: str = "INFO"
     openai_served_model_name_override: str | None = Field(None, description="model name the OpenAI routes answer to")
