@@ -11,7 +11,7 @@
 #   overhead          handler path vs raw AsyncLLM, bf16, concurrency 1, 8, 64, 256 (3 alternating runs)
 #   overhead-ids      the same at 64 and 256, AsyncLLM given token ids made once (tokenization charged to the handler)
 #   fp8               the same for fp8 at concurrency 1, 64 and 256 (3 alternating runs)
-#   fp8-si1           fp8 again with STREAM_INTERVAL=1 (an engine output per token, vLLM's default) for both paths
+#   fp8-si8           fp8 again with STREAM_INTERVAL=8 (an engine output per 8 tokens) for both paths
 #   quant             AWQ with the Marlin kernel, then Machete, at concurrency 1 and 256 (1 run each)
 #   pod               pod server vs vLLM's OpenAI server, concurrency $POD_CONCURRENCY (default 1,8,64,256)
 #   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
@@ -44,7 +44,7 @@ for stage in "$@"; do
     overhead) run bf16 --parts overhead,roofline --concurrency 1,8,64,256 --repeats 3 ;;
     overhead-ids) run bf16-ids --parts overhead --concurrency 64,256 --repeats 3 --raw-input ids ;;
     fp8) QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,64,256 --repeats 3 ;;
-    fp8-si1) QUANTIZATION=fp8 STREAM_INTERVAL=1 run fp8-si1 --parts overhead --concurrency 1,64,256 --repeats 3 ;;
+    fp8-si8) QUANTIZATION=fp8 STREAM_INTERVAL=8 run fp8-si8 --parts overhead --concurrency 1,64,256 --repeats 3 ;;
     quant)
       MODEL_NAME=$M-awq AWQ_KERNEL=marlin run awq-marlin --parts overhead,roofline --concurrency 1,256 --repeats 1
       MODEL_NAME=$M-awq AWQ_KERNEL=machete run awq-machete --parts overhead,roofline --concurrency 1,256 --repeats 1 ;;

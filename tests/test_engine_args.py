@@ -1,10 +1,5 @@
 from worker.config import load_settings
-from worker.engine_args import (
-    SERVERLESS_STREAM_INTERVAL,
-    TINY_KV_CACHE_BYTES,
-    TINY_MAX_MODEL_LEN,
-    build_engine_kwargs,
-)
+from worker.engine_args import TINY_KV_CACHE_BYTES, TINY_MAX_MODEL_LEN, build_engine_kwargs
 
 
 def resolve(ref: str) -> str:
@@ -57,13 +52,6 @@ def test_settings_are_mapped() -> None:
     assert kwargs["speculative_config"]["num_speculative_tokens"] == 5
 
 
-def test_stream_interval_follows_the_mode_unless_set() -> None:
-    settings = load_settings({})
-    assert build_engine_kwargs(settings, resolve=resolve)["stream_interval"] == SERVERLESS_STREAM_INTERVAL == 8
-    assert build_engine_kwargs(settings, resolve=resolve, mode="pod")["stream_interval"] == 1
-    # Items of fewer tokens than the interval were asked for: the engine must not be coarser.
-    small_items = load_settings({"DEFAULT_BATCH_SIZE": "3"})
-    assert build_engine_kwargs(small_items, resolve=resolve)["stream_interval"] == 3
-    explicit = load_settings({"STREAM_INTERVAL": "4"})
-    assert build_engine_kwargs(explicit, resolve=resolve)["stream_interval"] == 4
-    assert build_engine_kwargs(explicit, resolve=resolve, mode="pod")["stream_interval"] == 4
+def test_stream_interval_is_vllms_default_unless_set() -> None:
+    assert build_engine_kwargs(load_settings({}), resolve=resolve)["stream_interval"] == 1
+    assert build_engine_kwargs(load_settings({"STREAM_INTERVAL": "8"}), resolve=resolve)["stream_interval"] == 8

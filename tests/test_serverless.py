@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import engine_settings
+from tests.conftest import boot_engine, engine_settings
 from worker.engine import RequestEnd
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
@@ -206,11 +206,27 @@ async def test_without_speculation_spec_decode_is_null(plain_engine: Any) -> Non
     assert items[-1]["served"]["speculative_method"] is None
 
 
-async def test_the_serverless_engine_sends_an_output_every_8_tokens_after_the_first(plain_engine: Any) -> None:
-    request = parse_request(
-        {"prompt": "The", "sampling_params": {"temperature": 0, "max_tokens": 20, "ignore_eos": True}}
-    )
-    chunks = [chunk async for chunk in plain_engine.generate(request)]
-    # The first token at once (time to first token), then one engine output per 8 tokens, then the rest.
-    assert [chunk.num_tokens for chunk in chunks] == [1, 8, 8, 3]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
+async def test_with_a_stream_interval_token_counts_and_stats_survive_merged_outputs(tiny_models: Any) -> None:
+    engine = await boot_engine(tiny_models, STREAM_INTERVAL=8)  # the embedded default: noisy-copy draft, k=3
+    try:
+
+        async def factory(settings: Any) -> Any:
+            return engine
+
+        worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+        sampling = {"temperature": 0, "max_tokens": 40, "ignore_eos": True}
+        request = parse_request({"prompt": "The", "sampling_params": sampling})
+        chunks = [chunk async for chunk in engine.generate(request)]
+        sizes = [chunk.num_tokens for chunk in chunks]
+        # The first token at once, then an engine output per 8 or more tokens (a speculative step
+        # can add several), then the rest with the final output.
+        assert sizes[0] == 1 and all(size >= 8 for size in sizes[1:-1]) and sum(sizes) == 40
+        final = chunks[-1]
+        assert final.usage is not None and final.usage.completion_tokens == 40
+        spec = final.spec_decode
+        assert spec is not None and spec.num_draft_tokens > 0
+        items = await run_job(worker, {"prompt": "The", "sampling_params": sampling})
+        assert "".join(item["text"] for item in items) == "".join(chunk.text for chunk in chunks)
+        assert items[-1]["spec_decode"]["num_draft_tokens"] == spec.num_draft_tokens
+    finally:
+        engine.shutdown()

@@ -234,9 +234,7 @@ def _free_port() -> int:
 
 def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[str]:
     """vLLM's own server with the engine arguments our worker builds (speculation excluded)."""
-    kwargs = build_engine_kwargs(
-        settings, resolve=lambda ref: model_path if ref == model_ref(settings) else ref, mode="pod"
-    )
+    kwargs = build_engine_kwargs(settings, resolve=lambda ref: model_path if ref == model_ref(settings) else ref)
     args = [
         sys.executable,
         "-m",

@@ -83,10 +83,10 @@ class Settings(BaseSettings):
     default_batch_size: int = Field(50, ge=1)
     default_min_batch_size: int = Field(1, ge=1)
     default_batch_size_growth_factor: float = Field(3.0, ge=1)
-    stream_interval: int | None = Field(
-        None,
+    stream_interval: int = Field(
+        1,
         ge=1,
-        description="tokens per engine output; unset: min(8, DEFAULT_BATCH_SIZE) serverless, 1 for pods",
+        description="tokens per engine output (vLLM's stream_interval); the first token always goes out at once",
     )
     worker_cache_dir: Path = DEFAULT_CACHE_DIR
     log_level: str = "INFO"

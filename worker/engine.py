@@ -151,9 +151,9 @@ class Engine:
 
     # ----------------------------------------------------------------- boot / shutdown
     @classmethod
-    def build_args(cls, settings: Settings, *, mode: str = "serverless") -> AsyncEngineArgs:
+    def build_args(cls, settings: Settings) -> AsyncEngineArgs:
         resolve = _resolve_ref(settings)
-        kwargs = build_engine_kwargs(settings, resolve=resolve, mode=mode)
+        kwargs = build_engine_kwargs(settings, resolve=resolve)
         _check_local_paths(kwargs)
         spec = kwargs.get("speculative_config")
         if spec and not HAS_PER_REQUEST_SPEC_METRICS:
@@ -180,7 +180,7 @@ class Engine:
     def create(cls, settings: Settings, *, mode: str = "serverless") -> Engine:
         """Build and start the engine (blocking; call it off the event loop)."""
         _select_quantized_kernel(settings, mode=mode)
-        engine_args = cls.build_args(settings, mode=mode)
+        engine_args = cls.build_args(settings)
         try:
             vllm_config = engine_args.create_engine_config()
             if vllm_config.speculative_config is not None and HAS_PER_REQUEST_SPEC_METRICS:

@@ -11,44 +11,17 @@ from typing import Any
 
 from worker.config import TINY_PREFIX, Settings
 
-__all__ = [
-    "SERVERLESS_STREAM_INTERVAL",
-    "TINY_KV_CACHE_BYTES",
-    "TINY_MAX_MODEL_LEN",
-    "build_engine_kwargs",
-    "model_ref",
-    "stream_interval",
-]
+__all__ = ["TINY_KV_CACHE_BYTES", "TINY_MAX_MODEL_LEN", "build_engine_kwargs", "model_ref"]
 
 TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
-SERVERLESS_STREAM_INTERVAL = 8
 
 
 def model_ref(settings: Settings) -> str:
     return settings.model_name or f"{TINY_PREFIX}target"
 
 
-def stream_interval(settings: Settings, *, mode: str) -> int:
-    """Tokens per engine output (vLLM's ``stream_interval``): ``STREAM_INTERVAL``, else by mode.
-
-    Every engine output costs the frontend's event loop a Python object, a queue hand-off and a
-    task wake-up per request; at hundreds of streams that loop is what limits throughput. The
-    serverless handler coalesces tokens into items of up to ``DEFAULT_BATCH_SIZE`` anyway, so it
-    asks for an output every 8 tokens (never coarser than the items asked for); the first token
-    still comes out at once, and the last with the final output. Pods stream per token, as
-    OpenAI clients expect.
-    """
-    if settings.stream_interval is not None:
-        return settings.stream_interval
-    if mode == "serverless":
-        return min(SERVERLESS_STREAM_INTERVAL, settings.default_batch_size)
-    return 1
-
-
-def build_engine_kwargs(
-    settings: Settings, *, resolve: Callable[[str], str], mode: str = "serverless"
-) -> dict[str, Any]:
+def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) -> dict[str, Any]:
     """vLLM ``AsyncEngineArgs`` keyword arguments. Unset settings keep vLLM's defaults."""
     is_tiny = settings.is_tiny_default
     kwargs: dict[str, Any] = {
@@ -71,7 +44,7 @@ def build_engine_kwargs(
         "kv_cache_memory_bytes": settings.kv_cache_memory_bytes or (TINY_KV_CACHE_BYTES if is_tiny else None),
         "max_num_seqs": settings.max_num_seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "stream_interval": stream_interval(settings, mode=mode),
+        "stream_interval": settings.stream_interval,
         "disable_log_stats": False,
         "structured_outputs_config": {
             "backend": settings.structured_outputs_backend,
