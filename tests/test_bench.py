@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.bench import RequestTiming, parse_boot_log, summarize
+from worker.bench import RequestTiming, parse_boot_log, render_saved, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +31,17 @@ def test_parse_boot_log() -> None:
         "x Loading weights took 1.25 seconds\ny init engine (profile, create kv cache, warmup model) took 7.50 seconds"
     )
     assert parse_boot_log(log) == {"weights_load_s": 1.25, "engine_init_s": 7.5}
+
+
+def test_render_saved_gpu_results() -> None:
+    results = ROOT / "docs" / "gpu-results"
+    text = render_saved([results / "bf16.json", results / "fp8-si8-a.json", results / "pod-1-64.json"])
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    # The summary names each file, and says when its engine sent an output per several tokens.
+    assert "0.648" in rows["bf16"] and "1.000 / 0.995" in rows["bf16"]
+    assert "1.000 / 0.984" in rows["fp8-si8-a (stream interval 8)"]
+    assert "Engine stream interval: 8 token(s) per output" in text
+    assert "#### pod (`pod-1-64.json`)" in text and "| 64 | 10,157.1 | 9,963.5 | 1.019 |" in text
 
 
 @pytest.mark.timeout(900)

@@ -176,10 +176,12 @@ async def bench_overhead(
 
         async def run(timing: RequestTiming) -> None:
             async for out in engine.llm.generate(raw_prompt, params, f"raw{i}-{time.time_ns()}"):
-                new = len(out.outputs[0].token_ids)
-                if new and timing.first_token is None:
+                completion = out.outputs[0]
+                # First visible text, as on the handler path (a token that decodes to nothing,
+                # e.g. part of a multi-byte character, is not shown to anyone).
+                if completion.text and timing.first_token is None:
                     timing.first_token = time.perf_counter()
-                timing.num_tokens += new
+                timing.num_tokens += len(completion.token_ids)
             timing.end = time.perf_counter()
 
         return run
@@ -434,8 +436,10 @@ def render_saved(paths: list[Path]) -> str:
             by_c = {r["concurrency"]: r for r in overhead["rows"]}
             bound = next((r for r in roofline["rows"] if "fraction_of_bound" in r), None)
             single, batch = by_c.get(1), by_c.get(256)
+            interval = overhead.get("stream_interval") or 1
+            label = path.stem + (f" (stream interval {interval})" if interval > 1 else "")
             quant_rows.append(
-                f"| {results.get('label')} | {roofline['weight_bytes_per_step'] / 1e9:.2f} | "
+                f"| {label} | {roofline['weight_bytes_per_step'] / 1e9:.2f} | "
                 f"{_f(bound['measured_tok_s'] if bound else None, 1)} | "
                 f"{_f(bound['bound_tok_s'] if bound else None, 0)} | "
                 f"{_f(bound['fraction_of_bound'] if bound else None, 3)} | "
