@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from worker.config import Settings, load_settings
+from worker.runtime import EngineHolder
+from worker.serverless import ServerlessWorker
 from worker.tiny_models import TinyModels, ensure_tiny_models
 
 CACHE_DIR = Path(os.environ.get("WORKER_CACHE_DIR", str(Path.home() / ".cache" / "runpod-vllm-worker")))
@@ -32,6 +34,15 @@ def engine_settings(**env: Any) -> Settings:
     values = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MAX_NUM_SEQS": "16"}
     values.update({key: str(value) for key, value in env.items()})
     return load_settings(values)
+
+
+def worker_for(engine: Any) -> ServerlessWorker:
+    """A serverless worker serving ``engine``, already booted (a real engine or a FakeEngine)."""
+
+    async def factory(_: Settings) -> Any:
+        return engine
+
+    return ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
 
 
 async def boot_engine(tiny_models: TinyModels, **env: Any) -> Any:

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import engine_settings
+from tests.conftest import engine_settings, worker_for
 from worker.errors import InvalidRequest
 from worker.pod import create_app
 from worker.runtime import EngineHolder
@@ -81,12 +81,7 @@ def test_handler_input_validation_never_crashes(data: Any) -> None:
 
 
 def _fake_worker() -> ServerlessWorker:
-    fake = FakeEngine(words=3)
-
-    async def factory(settings: Any) -> FakeEngine:
-        return fake
-
-    return ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    return worker_for(FakeEngine(words=3))
 
 
 @settings(max_examples=NUM_CASES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -178,10 +173,7 @@ def test_report_case_counts(capsys: Any) -> None:
 
 
 async def test_fuzzed_inputs_through_the_real_engine(default_engine: Any) -> None:
-    async def factory(settings: Any) -> Any:
-        return default_engine
-
-    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    worker = worker_for(default_engine)
     cases: list[Any] = [handler_inputs.example() for _ in range(40)] + [
         {"prompt": "x" * 20_000},
         {"prompt": "hi", "sampling_params": {"max_tokens": 10**12}},

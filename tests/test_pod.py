@@ -16,10 +16,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import engine_settings
+from tests.conftest import worker_for
 from tests.helpers import free_port
-from worker.runtime import EngineHolder
-from worker.serverless import ServerlessWorker
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "test-key-0123456789"
@@ -238,10 +236,7 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(pod: PodServer) 
 
 
 async def test_parity_native_handler_openai_route_and_pod(pod: PodServer, default_engine: Any) -> None:
-    async def factory(settings: Any) -> Any:
-        return default_engine
-
-    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    worker = worker_for(default_engine)
     messages = [{"role": "user", "content": "Why is decode slow?"}]
 
     async def run(job_input: dict[str, Any]) -> list[Any]:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import boot_engine, engine_settings
+from tests.conftest import boot_engine, engine_settings, worker_for
 from tests.helpers import alive_after, descendants, free_port
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
@@ -241,10 +241,7 @@ async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_
     engine = await boot_engine(tiny_models, MODEL_NAME="tiny:target", SPECULATIVE_METHOD="none")
     own = set(descendants(os.getpid())) - before
 
-    async def factory(settings: Any) -> Any:
-        return engine
-
-    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    worker = worker_for(engine)
     job = {"prompt": "The", "sampling_params": {"max_tokens": 900, "ignore_eos": True}}
     try:
 

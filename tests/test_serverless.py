@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import boot_engine, engine_settings
+from tests.conftest import boot_engine, engine_settings, worker_for
 from worker.engine import RequestEnd
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
@@ -17,10 +17,7 @@ from worker.serverless import ServerlessWorker
 
 @pytest.fixture
 def worker(default_engine: Any) -> ServerlessWorker:
-    async def factory(settings: Any) -> Any:
-        return default_engine
-
-    return ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    return worker_for(default_engine)
 
 
 async def assert_engine_empties(engine: Any, timeout_s: float = 5.0) -> None:
@@ -197,10 +194,7 @@ async def test_concurrency_follows_max_num_seqs(worker: ServerlessWorker, monkey
 
 
 async def test_without_speculation_spec_decode_is_null(plain_engine: Any) -> None:
-    async def factory(settings: Any) -> Any:
-        return plain_engine
-
-    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    worker = worker_for(plain_engine)
     items = await run_job(worker, {"prompt": "Once", "sampling_params": {"max_tokens": 8}})
     assert items[-1]["spec_decode"] is None
     assert items[-1]["served"]["speculative_method"] is None
@@ -209,11 +203,7 @@ async def test_without_speculation_spec_decode_is_null(plain_engine: Any) -> Non
 async def test_with_a_stream_interval_token_counts_and_stats_survive_merged_outputs(tiny_models: Any) -> None:
     engine = await boot_engine(tiny_models, STREAM_INTERVAL=8)  # the embedded default: noisy-copy draft, k=3
     try:
-
-        async def factory(settings: Any) -> Any:
-            return engine
-
-        worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+        worker = worker_for(engine)
         sampling = {"temperature": 0, "max_tokens": 40, "ignore_eos": True}
         request = parse_request({"prompt": "The", "sampling_params": sampling})
         chunks = [chunk async for chunk in engine.generate(request)]

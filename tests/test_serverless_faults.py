@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.conftest import engine_settings
+from tests.conftest import engine_settings, worker_for
 from worker.errors import EngineBootError
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
@@ -76,10 +76,7 @@ async def test_bad_configuration_fails_the_job_naming_the_variable() -> None:
 async def test_engine_death_mid_stream_ends_the_job_with_an_error() -> None:
     fake = FakeEngine(words=10, die_after=3)
 
-    async def factory(settings: Any) -> FakeEngine:
-        return fake
-
-    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    worker = worker_for(fake)
     items = await collect(worker)
     assert items[0] == {"text": "w0 "}
     assert items[-1]["error_type"] == "engine_dead"
@@ -95,10 +92,7 @@ async def test_unexpected_engine_exception_is_a_generic_error() -> None:
             raise KeyError("internal detail")
             yield  # pragma: no cover
 
-    async def factory(settings: Any) -> FakeEngine:
-        return Exploding()
-
-    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    worker = worker_for(Exploding())
     items = await collect(worker)
     assert items == [{"error": "internal error (KeyError)", "error_type": "server_error"}]
     assert "refresh_worker" not in worker.runpod_config
