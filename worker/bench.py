@@ -709,7 +709,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"{o['repeats']} alternating runs. "
             + (
                 "Both paths start from the same text prompt (AsyncLLM tokenizes it in `generate`)."
-                if str(o.get("baseline_input", "")).startswith("text")
+                if o.get("baseline_input") == "text"
                 else "AsyncLLM was given the prompt's token ids, tokenized once; the handler tokenized every request."
             )
             + (
