@@ -17,17 +17,18 @@
 #   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
 #   coldstart-server  handler and vLLM's server, warm compile cache
 #   ngram             n-gram speculation (k=4) vs none, single stream
+#   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
+#                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
+#   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-gpu}
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then  # the few pure-Python packages the GPU image lacks
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
 export PYTHONPATH=/tmp/site:$PWD
 M=/tmp/llama8b
 [ -f $M/config.json ] || python3 -m worker bench --make-llama8b $M
 [ -f $M-awq/config.json ] || python3 -m worker bench --make-llama8b $M-awq --awq
+[ -f $M-1b/config.json ] || python3 -m worker bench --make-llama8b $M-1b --shape llama-3.2-1b
 export MODEL_NAME=$M LOAD_FORMAT=dummy MAX_MODEL_LEN=4096 MAX_NUM_SEQS=256 SPECULATIVE_METHOD=none
 B="python3 -m worker bench --gpu H200 --max-tokens 256 --num-requests 0"
 run() {  # label, then bench arguments
@@ -56,6 +57,12 @@ for stage in "$@"; do
       ENFORCE_EAGER=true run cold-eager --parts coldstart_handler ;;
     coldstart-server) run cold-server --parts coldstart ;;
     ngram) run ngram --parts spec --drafts ngram --ks 4 --spec-requests 2 ;;
+    stats-ngram)
+      SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-ngram4 --parts overhead \
+        --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline ;;
+    stats-draft)
+      SPECULATIVE_METHOD=draft_model SPECULATIVE_MODEL=$M-1b NUM_SPECULATIVE_TOKENS=4 run stats-draft1b4 \
+        --parts overhead --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

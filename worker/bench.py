@@ -130,7 +130,12 @@ async def bench_overhead(
     max_tokens: int,
     repeats: int,
     raw_input: str = "text",
+    stats_off_baseline: bool = False,
 ) -> dict[str, Any]:
+    """Handler vs raw AsyncLLM on one engine; with ``stats_off_baseline`` (a speculating config)
+    also the handler over a second engine, identical but for the worker's exact-stats path
+    (``PER_REQUEST_SPEC_DECODE_METRICS=none``: vLLM's plain scheduler), both engines booted side
+    by side (half the GPU memory each) so that the paths can alternate within each repeat."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -139,18 +144,28 @@ async def bench_overhead(
     from worker.schema import parse_request
     from worker.serverless import ServerlessWorker
 
+    stats_off_baseline = stats_off_baseline and settings.resolved_speculative_config() is not None
+    if stats_off_baseline:
+        settings = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
     engine = await Engine.boot(settings)
+    engines = {"handler": engine}
+    if stats_off_baseline:
+        engines["handler_stats_off"] = await Engine.boot(
+            settings.model_copy(update={"per_request_spec_decode_metrics": "none"})
+        )
     served = engine.served.model_dump()
     # Both paths share the engine, hence its stream interval (tokens per engine output).
     stream_interval = engine.llm.vllm_config.scheduler_config.stream_interval
-
-    async def factory(_: Settings) -> Engine:
-        return engine
-
-    worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
     job = {"prompt": PROMPT, "sampling_params": {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}}
 
-    def handler_request(i: int) -> Callable[[RequestTiming], Any]:
+    def handler_path(over: Engine) -> Callable[[int], Callable[[RequestTiming], Any]]:
+        async def factory(_: Settings) -> Engine:
+            return over
+
+        worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
+        return lambda i: handler_request(worker, i)
+
+    def handler_request(worker: ServerlessWorker, i: int) -> Callable[[RequestTiming], Any]:
         async def run(timing: RequestTiming) -> None:
             async for item in worker.handle({"id": f"h{i}", "input": job}):
                 if item.get("text") and timing.first_token is None:
@@ -186,7 +201,9 @@ async def bench_overhead(
 
         return run
 
-    paths = {"handler": handler_request, "vllm_asyncllm": raw_request}
+    paths = {"handler": handler_path(engine), "vllm_asyncllm": raw_request}
+    if stats_off_baseline:
+        paths["handler_stats_off"] = handler_path(engines["handler_stats_off"])
     results: list[dict[str, Any]] = []
     try:
         for path in paths.values():  # warm-up: compile, prefix cache
@@ -207,16 +224,22 @@ async def bench_overhead(
             row["throughput_ratio"] = _ratio(ours["throughput_tok_s"], theirs["throughput_tok_s"])
             row["ttft_p50_ratio"] = _ratio(ours["ttft_p50_ms"], theirs["ttft_p50_ms"])
             row["itl_mean_ratio"] = _ratio(ours["itl_mean_ms"], theirs["itl_mean_ms"])
+            if stats_off_baseline:
+                off = row["handler_stats_off"]
+                row["stats_throughput_ratio"] = _ratio(ours["throughput_tok_s"], off["throughput_tok_s"])
+                row["stats_itl_ratio"] = _ratio(ours["itl_mean_ms"], off["itl_mean_ms"])
             results.append(row)
             print(f"overhead c={concurrency}: throughput ratio {row['throughput_ratio']:.3f}", flush=True)
     finally:
-        engine.shutdown()
+        for booted in engines.values():
+            booted.shutdown()
     return {
         "num_requests": num_requests or "auto",
         "max_tokens": max_tokens,
         "repeats": repeats,
         "baseline_input": raw_input,
         "stream_interval": stream_interval,
+        "stats_off_baseline": stats_off_baseline,
         "served": served,
         "rows": results,
     }
@@ -574,15 +597,8 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
         await asyncio.sleep(0.1)  # the frontend records a step's stats just after handing out its outputs
         after = _engine_spec_counters()
         counted = {key.removeprefix("vllm:spec_decode_"): int(after[key] - counters_before[key]) for key in after}
-        source = "per-request"
-        if engine.served.speculative_method and not engine.served.spec_decode_available:
-            # An engine without per-request counts (vLLM 0.26): its engine-wide counters instead.
-            steps, drafted = counted["num_drafts"], counted["num_draft_tokens"]
-            accepted = counted["num_accepted_tokens"]
-            source = "engine counters"
         return {
             "decode_tok_s": tokens / decode_s if decode_s else None,
-            "stats_source": source,
             "engine_counters": counted,
             "num_draft_tokens": drafted,
             "num_accepted_draft_tokens": accepted,
@@ -730,6 +746,24 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f"{_f(h['itl_mean_ms'], 2)} / {_f(v['itl_mean_ms'], 2)} | {_f(r['itl_mean_ratio'], 3)} |"
             )
         lines.append("")
+        if o.get("stats_off_baseline"):
+            lines += [
+                "Cost of exact per-request stats: the handler over this engine vs over an identical one "
+                "without the stats path (`PER_REQUEST_SPEC_DECODE_METRICS=none`, vLLM's plain scheduler), "
+                "booted side by side, alternating in the same repeats. Target: throughput ratio >= 0.99, "
+                "ITL ratio <= 1.01.",
+                "",
+                "| concurrency | stats on tok/s | stats off tok/s | throughput ratio | ITL ms (on / off) | ITL ratio |",
+                "|---|---|---|---|---|---|",
+            ]
+            for r in o["rows"]:
+                h, off = r["handler"], r["handler_stats_off"]
+                lines.append(
+                    f"| {r['concurrency']} | {_f(h['throughput_tok_s'], 1)} | {_f(off['throughput_tok_s'], 1)} | "
+                    f"{_f(r['stats_throughput_ratio'], 3)} | {_f(h['itl_mean_ms'], 2)} / "
+                    f"{_f(off['itl_mean_ms'], 2)} | {_f(r['stats_itl_ratio'], 3)} |"
+                )
+            lines.append("")
     if "pod" in results:
         p = results["pod"]
         lines += [
@@ -873,6 +907,7 @@ class Plan:
     ks: list[int] = field(default_factory=lambda: [2, 4, 8])
     spec_requests: int = 4
     raw_input: str = "text"
+    stats_off_baseline: bool = False
 
 
 def _machine() -> str:
@@ -910,6 +945,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
                 max_tokens=plan.max_tokens,
                 repeats=plan.repeats,
                 raw_input=plan.raw_input,
+                stats_off_baseline=plan.stats_off_baseline,
             )
         )
         write_report(results, out)
@@ -957,29 +993,34 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
 
 ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "spec", "roofline"]
 
-LLAMA3_8B_CONFIG = {
-    **PRESETS["llama-3-8b"],
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "max_position_embeddings": 8192,
-    "rope_theta": 500000.0,
-    "rms_norm_eps": 1e-5,
-    "hidden_act": "silu",
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-    "tie_word_embeddings": False,
-}
+LLAMA3_SHAPES = ("llama-3-8b", "llama-3.2-1b", "llama-3-70b")
 
 
-def make_shape_model(path: Path, *, awq: bool = False) -> None:
-    """A Llama-3-8B-shaped checkpoint without weights (serve with LOAD_FORMAT=dummy) and a word-level
+def llama3_config(shape: str = "llama-3-8b") -> dict[str, Any]:
+    """A Llama-3 ``config.json`` for one of the planner's presets (all share one vocabulary)."""
+    return {
+        **PRESETS[shape],
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "tie_word_embeddings": shape == "llama-3.2-1b",
+    }
+
+
+def make_shape_model(path: Path, *, awq: bool = False, shape: str = "llama-3-8b") -> None:
+    """A Llama-3-shaped checkpoint without weights (serve with LOAD_FORMAT=dummy) and a word-level
     tokenizer covering its whole vocabulary, so that text goes in and out as with a real model."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     path.mkdir(parents=True, exist_ok=True)
-    config: dict[str, Any] = dict(LLAMA3_8B_CONFIG)
+    config = llama3_config(shape)
     if awq:
         config["quantization_config"] = {
             "quant_method": "awq",
@@ -1034,6 +1075,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--awq", action="store_true", help="with --make-llama8b: an AWQ 4-bit checkpoint config")
     parser.add_argument(
+        "--shape", choices=LLAMA3_SHAPES, default="llama-3-8b", help="with --make-llama8b: the model shape written"
+    )
+    parser.add_argument(
+        "--stats-off-baseline",
+        action="store_true",
+        help="overhead part, speculating configs: also the handler over an engine without the exact-stats path",
+    )
+    parser.add_argument(
         "--render",
         type=Path,
         nargs="+",
@@ -1045,7 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render_saved(args.render))
         return 0
     if args.make_llama8b:
-        make_shape_model(args.make_llama8b, awq=args.awq)
+        make_shape_model(args.make_llama8b, awq=args.awq, shape=args.shape)
         return 0
     plan = Plan(
         parts=[p for p in args.parts.split(",") if p],
@@ -1058,6 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
         spec_requests=args.spec_requests,
         label=args.label,
         raw_input=args.raw_input,
+        stats_off_baseline=args.stats_off_baseline,
     )
     if args.smoke:
         plan = Plan(
@@ -1070,6 +1120,7 @@ def main(argv: list[str] | None = None) -> int:
             ks=[2],
             spec_requests=1,
             label=plan.label,
+            stats_off_baseline=plan.stats_off_baseline,
         )
     unknown = set(plan.parts) - set(ALL_PARTS)
     if unknown:

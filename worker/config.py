@@ -74,7 +74,9 @@ class Settings(BaseSettings):
     speculative_method: str | None = None
     speculative_model: str | None = None
     num_speculative_tokens: int | None = Field(None, ge=1, le=32)
-    per_request_spec_decode_metrics: Literal["summary", "detailed"] = "summary"
+    # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
+    # the baseline the benchmark measures that path against.
+    per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "summary"
 
     # Serving
     max_concurrency: int | None = Field(None, ge=1)

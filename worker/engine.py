@@ -30,10 +30,13 @@ from typing import Any
 
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.sampling_params import RequestOutputKind
+from vllm.exceptions import VLLMClientError
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
 from worker.config import TINY_PREFIX, Settings
 from worker.draft_check import check_draft_compatible
@@ -42,46 +45,41 @@ from worker.errors import ContextLengthExceeded, EngineBootError, EngineDead, In
 from worker.schema import GenerateRequest, Served, SpecDecodeStats, StreamChunk, Timings, Usage
 from worker.stats import spec_stats_from_histogram
 
-try:  # vLLM's typed client errors; older releases raise ValueError
-    from vllm.exceptions import VLLMClientError
-
-    _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
-except ImportError:  # pragma: no cover
-    _CLIENT_ERRORS = (ValueError,)
-try:  # absent from older vLLM releases
-    from vllm.sampling_params import StructuredOutputsParams
-except ImportError:  # pragma: no cover - depends on the vLLM release
-    StructuredOutputsParams = None  # type: ignore[assignment,misc]
-try:
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-except ImportError:  # pragma: no cover
-    AsyncScheduler = None  # type: ignore[assignment,misc]
+# vLLM's typed client errors, and the ValueError its request validation still raises in places.
+_CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
 
 __all__ = ["Engine", "RequestEnd", "SpecMetricsAsyncScheduler", "SpecMetricsScheduler"]
 
 log = logging.getLogger(__name__)
 
-HAS_PER_REQUEST_SPEC_METRICS = "per_request_spec_decode_metrics" in {
-    f.name for f in dataclasses.fields(AsyncEngineArgs)
-}
-
-
 class _SpecMetricsEveryStep:
-    """Scheduler mixin: attach a snapshot of each request's spec-decode metrics to every output."""
+    """Scheduler mixin: attach a snapshot of each request's spec-decode metrics to every output.
+
+    Runs once per request per step inside the engine core's loop, so it is kept to a dict lookup
+    and one small copy: the core goes on mutating the live object (the next step may run while
+    the output thread still serialises this one), hence a copy rather than the object itself.
+    The constructor call with positional fields costs a quarter of ``dataclasses.replace``.
+    """
 
     requests: dict[str, Any]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        requests = self.requests
         for engine_outputs in outputs.values():
             for output in engine_outputs.outputs:
-                if output.spec_decode_metrics is not None:
+                if output.spec_decode_metrics is not None:  # vLLM's own, on the final output
                     continue
-                request = self.requests.get(output.request_id)
-                metrics = getattr(request, "spec_decode_metrics", None)
-                if metrics is not None:
-                    # A copy: the core goes on mutating the live object while this one is sent.
-                    output.spec_decode_metrics = dataclasses.replace(metrics, histogram=list(metrics.histogram))
+                request = requests.get(output.request_id)
+                m = None if request is None else request.spec_decode_metrics
+                if m is not None:
+                    output.spec_decode_metrics = RequestSpecDecodeMetrics(
+                        m.num_spec_tokens,
+                        m.histogram.copy(),
+                        m.num_draft_tokens,
+                        m.per_step_accepted.copy(),
+                        m.per_step_drafted.copy(),
+                    )
         return outputs
 
 
@@ -89,10 +87,8 @@ class SpecMetricsScheduler(_SpecMetricsEveryStep, Scheduler):
     pass
 
 
-if AsyncScheduler is not None:
-
-    class SpecMetricsAsyncScheduler(_SpecMetricsEveryStep, AsyncScheduler):
-        pass
+class SpecMetricsAsyncScheduler(_SpecMetricsEveryStep, AsyncScheduler):
+    pass
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,7 +140,7 @@ class Engine:
             quantization=config.model_config.quantization,
             speculative_method=getattr(spec, "method", None) if spec else None,
             num_speculative_tokens=getattr(spec, "num_speculative_tokens", None) if spec else None,
-            spec_decode_available=bool(spec) and HAS_PER_REQUEST_SPEC_METRICS,
+            spec_decode_available=bool(spec) and settings.per_request_spec_decode_metrics != "none",
         )
         self._tokenizer = llm.get_tokenizer()
         self.observers: list[Callable[[RequestEnd], None]] = []
@@ -156,9 +152,6 @@ class Engine:
         kwargs = build_engine_kwargs(settings, resolve=resolve)
         _check_local_paths(kwargs)
         spec = kwargs.get("speculative_config")
-        if spec and not HAS_PER_REQUEST_SPEC_METRICS:
-            kwargs.pop("per_request_spec_decode_metrics", None)
-            log.warning("this vLLM release has no per-request spec-decode metrics; spec_decode is unavailable")
         if spec and spec.get("method", "draft_model") == "draft_model" and spec.get("model"):
             check_draft_compatible(
                 target=kwargs["model"],
@@ -170,11 +163,7 @@ class Engine:
                 target_revision=settings.model_revision,
                 trust_remote_code=settings.trust_remote_code,
             )
-        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-        unsupported = sorted(set(kwargs) - known)
-        if unsupported:  # an older vLLM: run without what it lacks, and say so
-            log.warning("this vLLM release does not support %s; ignoring", ", ".join(unsupported))
-        return AsyncEngineArgs(**{key: value for key, value in kwargs.items() if key in known})
+        return AsyncEngineArgs(**kwargs)
 
     @classmethod
     def create(cls, settings: Settings, *, mode: str = "serverless") -> Engine:
@@ -183,11 +172,11 @@ class Engine:
         engine_args = cls.build_args(settings)
         try:
             vllm_config = engine_args.create_engine_config()
-            if vllm_config.speculative_config is not None and HAS_PER_REQUEST_SPEC_METRICS:
+            if vllm_config.speculative_config is not None and settings.per_request_spec_decode_metrics != "none":
                 sched = vllm_config.scheduler_config
                 if sched.scheduler_cls is None:
-                    is_async = bool(getattr(sched, "async_scheduling", False)) and AsyncScheduler is not None
-                    sched.scheduler_cls = SpecMetricsAsyncScheduler if is_async else SpecMetricsScheduler
+                    # vLLM turns async scheduling off for n-gram drafts and keeps it for draft models.
+                    sched.scheduler_cls = SpecMetricsAsyncScheduler if sched.async_scheduling else SpecMetricsScheduler
             llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False)
         except WorkerError:
             raise
@@ -215,10 +204,7 @@ class Engine:
 
     @property
     def num_unfinished_requests(self) -> int:
-        count = getattr(self._llm, "get_num_unfinished_requests", None)
-        if count is None:  # older vLLM
-            count = self._llm.output_processor.get_num_unfinished_requests
-        return int(count())
+        return int(self._llm.get_num_unfinished_requests())
 
     async def check_health(self) -> None:
         try:
@@ -258,8 +244,6 @@ class Engine:
         values = options.model_dump(exclude={"structured_outputs", "n", "max_tokens"})
         structured = None
         if options.structured_outputs is not None:
-            if StructuredOutputsParams is None:
-                raise InvalidRequest("structured outputs are not supported by this engine")
             so = options.structured_outputs
             structured = StructuredOutputsParams(
                 json=so.json_schema,
@@ -363,8 +347,7 @@ class Engine:
                 )
 
     def _request_state(self, request_id: str) -> Any:
-        """vLLM's frontend state of a request, through its external -> internal id map (a
-        vLLM with per-request spec-decode metrics, the only caller's case, has both)."""
+        """vLLM's frontend state of a request, through its external -> internal id map."""
         processor = self._llm.output_processor
         ids = processor.external_req_ids.get(request_id)
         return processor.request_states.get(ids[0]) if ids else None

@@ -31,6 +31,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 8,
         "vocab_size": 128256,
     },
+    "llama-3.2-1b": {  # same vocabulary as the Llama-3 targets: a draft model for them
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+    },
     "llama-3-70b": {
         "hidden_size": 8192,
         "intermediate_size": 28672,
