@@ -18,15 +18,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.errors import ConfigError
 
-__all__ = ["TINY_PREFIX", "Settings", "is_on_runpod", "load_settings"]
+__all__ = ["TINY_PREFIX", "LoraModule", "Settings", "is_on_runpod", "load_settings"]
 
 TINY_PREFIX = "tiny:"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
+
+
+class LoraModule(BaseModel):
+    """One LoRA adapter: the name requests use, and a local path or hub id (``tiny:`` names too)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
 
 
 class Settings(BaseSettings):
@@ -66,8 +75,29 @@ class Settings(BaseSettings):
     # Compact JSON for structured outputs: with free whitespace a weak model can pad JSON
     # with spaces until max_tokens. Engine-wide in vLLM, and only the xgrammar and guidance
     # backends honour it; guidance covers the widest range of JSON schemas.
+    # xgrammar: guidance fails every tool call of vLLM 0.32's hermes parser ("Invalid grammar
+    # specification: 'triggers'"), and vLLM's "auto" cannot be combined with compact JSON.
     structured_outputs_disable_any_whitespace: bool = True
-    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "guidance"
+    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "xgrammar"
+    engine_args: dict[str, Any] | None = Field(
+        None, description="JSON object of further vLLM AsyncEngineArgs fields, checked against vLLM's own at boot"
+    )
+
+    # OpenAI layer (vLLM's own), RunPod worker-vllm's names. A tool-call parser must be set for
+    # vLLM to return tool_calls at all, even for a named or "required" tool_choice (which it
+    # forces with structured output, whatever the model); hermes also parses "auto" tool calls
+    # of Hermes/Qwen-style models.
+    enable_auto_tool_choice: bool = True
+    tool_call_parser: str | None = "hermes"
+    reasoning_parser: str | None = None
+    chat_template: str | None = Field(None, description="a Jinja template, or a path to one")
+    response_role: str = "assistant"
+
+    # LoRA adapters, selected by name: the OpenAI "model" field or the native "lora" field.
+    enable_lora: bool = False
+    lora_modules: list[LoraModule] = Field(default_factory=list)
+    max_loras: int | None = Field(None, ge=1)
+    max_lora_rank: int | None = Field(None, ge=1)
 
     # Speculative decoding
     speculative_config: dict[str, Any] | None = None
@@ -127,7 +157,36 @@ class Settings(BaseSettings):
             raise ValueError("must be a JSON object")
         return value
 
-    @field_validator("speculative_method", "speculative_model", "quantization", "model_name", mode="before")
+    @field_validator("engine_args", mode="before")
+    @classmethod
+    def _parse_engine_args(cls, value: Any) -> Any:
+        return cls._parse_spec_json(value)
+
+    @field_validator("lora_modules", mode="before")
+    @classmethod
+    def _parse_lora_modules(cls, value: Any) -> Any:
+        """vLLM's JSON form (a list of {"name", "path"} objects), or ``name=path`` pairs separated by spaces."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if not text:
+            return []
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+        modules = []
+        for pair in text.split():
+            name, sep, path = pair.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"{pair!r} is not name=path (or give a JSON list of {{\"name\", \"path\"}})")
+            modules.append({"name": name, "path": path})
+        return modules
+
+    @field_validator(
+        "speculative_method", "speculative_model", "quantization", "model_name", "tool_call_parser", mode="before"
+    )
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -147,6 +206,13 @@ class Settings(BaseSettings):
             raise ValueError(
                 "STRUCTURED_OUTPUTS_DISABLE_ANY_WHITESPACE needs STRUCTURED_OUTPUTS_BACKEND=xgrammar or guidance"
             )
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("ENABLE_AUTO_TOOL_CHOICE needs TOOL_CALL_PARSER (e.g. hermes)")
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("LORA_MODULES needs ENABLE_LORA=true")
+        names = [module.name for module in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError("LORA_MODULES: adapter names must be unique")
         if self.speculative_method == "none":
             return self
         if (self.speculative_method or self.speculative_model) and self.num_speculative_tokens is None:

@@ -32,6 +32,7 @@ from typing import Any
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -157,6 +158,13 @@ class Engine:
         )
         self._tokenizer = llm.get_tokenizer()
         self.observers: list[Callable[[RequestEnd], None]] = []
+        # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
+        # same list, so that both entrypoints share one adapter slot per name.
+        resolve = _resolve_ref(settings)
+        self.lora_requests: dict[str, LoRARequest] = {
+            module.name: LoRARequest(module.name, index, resolve(module.path))
+            for index, module in enumerate(settings.lora_modules, start=1)
+        }
 
     # ----------------------------------------------------------------- boot / shutdown
     @classmethod
@@ -176,6 +184,10 @@ class Engine:
                 target_revision=settings.model_revision,
                 trust_remote_code=settings.trust_remote_code,
             )
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        unknown = sorted(set(settings.engine_args or {}) - known)
+        if unknown:
+            raise EngineBootError(f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument")
         return AsyncEngineArgs(**kwargs)
 
     @classmethod
@@ -218,12 +230,6 @@ class Engine:
     @property
     def num_unfinished_requests(self) -> int:
         return int(self._llm.get_num_unfinished_requests())
-
-    async def check_health(self) -> None:
-        try:
-            await self._llm.check_health()
-        except EngineDeadError as exc:
-            raise EngineDead("the inference engine has died") from exc
 
     # ----------------------------------------------------------------- requests
     def render_prompt(self, request: GenerateRequest) -> list[int]:
@@ -283,6 +289,7 @@ class Engine:
             raise EngineDead("the inference engine has died")
         prompt_ids = self.render_prompt(request)
         params = self.sampling_params(request, num_prompt_tokens=len(prompt_ids))
+        lora = self.lora_request(request.lora)
         first_token_at: float | None = None
         num_tokens = 0
         outcome = "error"
@@ -291,7 +298,7 @@ class Engine:
         # cancelled request reports; looked up once, and only when there is something to report.
         state: Any = None
         wants_state = self.served.spec_decode_available
-        outputs = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id)
+        outputs = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id, lora_request=lora)
         try:
             async for output in outputs:
                 if wants_state and state is None:
@@ -359,6 +366,61 @@ class Engine:
                     end or RequestEnd(request_id, outcome, None, None, _elapsed(start, first_token_at), num_tokens)
                 )
 
+    def lora_request(self, name: str | None) -> LoRARequest | None:
+        if name is None:
+            return None
+        lora = self.lora_requests.get(name)
+        if lora is None:
+            configured = ", ".join(self.lora_requests) or "none (set ENABLE_LORA and LORA_MODULES)"
+            raise InvalidRequest(f"lora: no adapter named {name!r}; configured: {configured}", param="lora")
+        return lora
+
+    async def observe(self, outputs: AsyncIterator[Any], request_id: str) -> AsyncIterator[Any]:
+        """Pass vLLM's outputs of one request through unchanged, telling the observers how it ended.
+
+        For callers that use vLLM directly (its OpenAI layer): :meth:`generate` does the same
+        inline, on the native hot path.
+        """
+        start = time.perf_counter()
+        first_token_at: float | None = None
+        num_tokens = 0
+        state: Any = None
+        end: RequestEnd | None = None
+        try:
+            async for output in outputs:
+                if state is None and self.served.spec_decode_available:
+                    state = self._request_state(request_id)
+                new_tokens = sum(len(c.token_ids) for c in output.outputs)
+                if new_tokens and first_token_at is None:
+                    first_token_at = time.perf_counter()
+                num_tokens += new_tokens
+                if output.finished and end is None:
+                    completion = output.outputs[0] if len(output.outputs) == 1 else None
+                    metrics = getattr(completion, "spec_decode_metrics", None)
+                    spec = None if metrics is None else _stats_from_vllm(metrics, is_partial=False)
+                    finish_reason = completion.finish_reason if completion is not None else "stop"
+                    end = RequestEnd(
+                        request_id, "finished", finish_reason, spec, _elapsed(start, first_token_at), num_tokens
+                    )
+                    self._notify(end)
+                yield output
+        except (asyncio.CancelledError, GeneratorExit):
+            if end is None:
+                metrics = getattr(state, "spec_decode_metrics", None)
+                observed = None if metrics is None else _stats_from_vllm(metrics, is_partial=True)
+                end = RequestEnd(
+                    request_id, "cancelled", None, observed, _elapsed(start, first_token_at), num_tokens
+                )
+                self._notify(end)
+            raise
+        except Exception:
+            if end is None:
+                end = RequestEnd(request_id, "error", None, None, _elapsed(start, first_token_at), num_tokens)
+                self._notify(end)
+            raise
+        finally:
+            await outputs.aclose()  # type: ignore[attr-defined]
+
     def _request_state(self, request_id: str) -> Any:
         """vLLM's frontend state of a request, through its external -> internal id map."""
         processor = self._llm.output_processor
@@ -382,13 +444,6 @@ class Engine:
                 s.num_accepted_draft_tokens,
                 s.draft_acceptance_rate,
             )
-
-    async def abort(self, request_id: str) -> None:
-        await self._llm.abort(request_id)
-
-    def model_files(self) -> Path | None:
-        path = Path(self._llm.vllm_config.model_config.model)
-        return path if path.exists() else None
 
 
 def _check_local_paths(kwargs: dict[str, Any]) -> None:
@@ -450,5 +505,7 @@ def _timings(output: Any, *, start: float, first_token_at: float | None, now: fl
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:500] if text else type(exc).__name__
+    """The exception's message on one line (pydantic's validation errors name the field on the
+    lines after the first), without pydantic's links."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if "errors.pydantic.dev" not in line]
+    return " ".join(line for line in lines if line)[:500] or type(exc).__name__

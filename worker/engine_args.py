@@ -49,7 +49,11 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) ->
         "structured_outputs_config": {
             "backend": settings.structured_outputs_backend,
             "disable_any_whitespace": settings.structured_outputs_disable_any_whitespace,
+            **({"reasoning_parser": settings.reasoning_parser} if settings.reasoning_parser else {}),
         },
+        "enable_lora": settings.enable_lora or None,
+        "max_loras": settings.max_loras,
+        "max_lora_rank": settings.max_lora_rank,
     }
     spec = settings.resolved_speculative_config()
     if spec is not None:
@@ -57,4 +61,6 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) ->
             spec["model"] = resolve(spec["model"])
         kwargs["speculative_config"] = spec
         kwargs["per_request_spec_decode_metrics"] = settings.per_request_spec_decode_metrics
-    return {key: value for key, value in kwargs.items() if value is not None}
+    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot).
+    return {**kwargs, **(settings.engine_args or {})}

@@ -2,7 +2,9 @@
 
 WorkerError                  base: a message safe to show a client
 ├── InvalidRequest           bad input (HTTP 400)
-│   └── ContextLengthExceeded
+│   ├── ContextLengthExceeded
+│   └── RequestTooLarge      a body over MAX_REQUEST_BYTES (HTTP 413)
+├── AuthError                missing or wrong API key (HTTP 401)
 ├── ConfigError              bad environment configuration (fails the boot)
 ├── EngineBootError          the engine could not start (the worker must be replaced)
 │   └── IncompatibleDraft    the draft model cannot draft for the target
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AuthError",
     "ConfigError",
     "ContextLengthExceeded",
     "EngineBootError",
@@ -24,8 +27,10 @@ __all__ = [
     "EngineNotReady",
     "IncompatibleDraft",
     "InvalidRequest",
+    "RequestTooLarge",
     "WorkerError",
     "to_error_payload",
+    "to_openai_error",
 ]
 
 
@@ -49,6 +54,15 @@ class InvalidRequest(WorkerError):
 
 class ContextLengthExceeded(InvalidRequest):
     pass
+
+
+class RequestTooLarge(InvalidRequest):
+    status = 413
+
+
+class AuthError(WorkerError):
+    error_type = "authentication_error"
+    status = 401
 
 
 class ConfigError(WorkerError):
@@ -82,14 +96,23 @@ class EngineNotReady(WorkerError):
     status = 503
 
 
-def to_error_payload(error: BaseException) -> dict[str, Any]:
-    """The ``{"error": ..., "error_type": ...}`` payload for any exception.
-
-    Unexpected exceptions get a generic message: a traceback or a repr never reaches a client.
-    """
+def _safe(error: BaseException) -> WorkerError:
+    # Unexpected exceptions get a generic message: a traceback or a repr never reaches a client.
     if isinstance(error, WorkerError):
-        payload: dict[str, Any] = {"error": error.message, "error_type": error.error_type}
-        if error.param:
-            payload["param"] = error.param
-        return payload
-    return {"error": f"internal error ({type(error).__name__})", "error_type": "server_error"}
+        return error
+    return WorkerError(f"internal error ({type(error).__name__})")
+
+
+def to_error_payload(error: BaseException) -> dict[str, Any]:
+    """The native ``{"error": "<message>", "error_type": ...}`` item for any exception."""
+    safe = _safe(error)
+    payload: dict[str, Any] = {"error": safe.message, "error_type": safe.error_type}
+    if safe.param:
+        payload["param"] = safe.param
+    return payload
+
+
+def to_openai_error(error: BaseException) -> dict[str, Any]:
+    """OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, for any exception."""
+    safe = _safe(error)
+    return {"error": {"message": safe.message, "type": safe.error_type, "param": safe.param, "code": safe.status}}

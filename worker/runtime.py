@@ -23,6 +23,7 @@ from worker.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
     from worker.engine import Engine
+    from worker.openai import OpenAIServer
 
 __all__ = ["EngineHolder", "EngineState", "boot_pod_engine"]
 
@@ -55,6 +56,7 @@ class EngineHolder:
         self._boot_error: WorkerError | None = None
         self._lock: asyncio.Lock | None = None
         self._is_booting = False
+        self._openai: OpenAIServer | None = None
         self.boot_seconds: float | None = None
         self.metrics: WorkerMetrics | None = None
 
@@ -123,6 +125,18 @@ class EngineHolder:
             self._engine.observers.append(self.metrics.observe)
             return self._engine
 
+    async def openai(self) -> OpenAIServer:
+        """vLLM's OpenAI app over the engine, built once after the engine boots."""
+        engine = await self.get()
+        if self._openai is None:
+            assert self._lock is not None  # get() made it
+            async with self._lock:
+                if self._openai is None:
+                    from worker.openai import OpenAIServer
+
+                    self._openai = await OpenAIServer.create(engine, self.settings)
+        return self._openai
+
     def ready_engine(self) -> Any:
         """The engine if it can serve now; otherwise the error saying why not (never waits)."""
         if self._boot_error is not None:
@@ -134,6 +148,7 @@ class EngineHolder:
         return self._engine
 
     def shutdown(self) -> None:
+        self._openai = None
         engine, self._engine = self._engine, None
         if engine is not None:
             try:

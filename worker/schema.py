@@ -121,6 +121,7 @@ class GenerateRequest(_Strict):
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     sampling_params: SamplingOptions = Field(default_factory=SamplingOptions)
     stream: bool = True
+    lora: str | None = Field(None, min_length=1, description="the name of a configured LoRA adapter (LORA_MODULES)")
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:

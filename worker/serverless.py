@@ -21,12 +21,11 @@ from contextlib import aclosing
 from typing import Any
 
 from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_payload
-from worker.openai_compat import OpenAICall, error_body, models_response, parse_openai_call
 from worker.runtime import EngineHolder
-from worker.schema import StreamChunk, parse_request
+from worker.schema import parse_request
 from worker.streaming import ChunkBatcher, collect_final
 
-__all__ = ["ServerlessWorker"]
+__all__ = ["ServerlessWorker", "openai_error_item"]
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +87,10 @@ class ServerlessWorker:
             if exc.is_fatal:
                 self.request_replacement(exc.message)
             log.warning("job %s failed: %s", job_id, exc.message)
-            yield error_body(exc) if is_openai else to_error_payload(exc)
+            yield to_error_payload(exc)
         except Exception as exc:
             log.exception("job %s failed unexpectedly", job_id)
-            yield error_body(exc) if is_openai else to_error_payload(exc)
+            yield to_error_payload(exc)
 
     def _batcher(self) -> ChunkBatcher:
         settings = self.holder.settings
@@ -101,34 +100,31 @@ class ServerlessWorker:
             growth_factor=settings.default_batch_size_growth_factor,
         )
 
-    async def _coalesced(self, chunks: AsyncIterator[StreamChunk]) -> AsyncIterator[StreamChunk]:
-        batcher = self._batcher()
-        async for chunk in chunks:
-            out = batcher.add(chunk)
-            if out is not None:
-                yield out
-
     async def _openai(self, job_input: dict[str, Any], request_id: str) -> AsyncIterator[Any]:
-        """``{"openai_route": ..., "openai_input": {...}}``: exactly what the pod server would send."""
+        """``{"openai_route": ..., "openai_input": {...}}``: what the pod server would answer, from
+        vLLM's own OpenAI layer: a response object, or its server-sent events one per item."""
         unknown = sorted(set(job_input) - {"openai_route", "openai_input"})
         if unknown:
             raise InvalidRequest(
                 f"{', '.join(unknown)}: unknown field (an OpenAI job has openai_route and openai_input)"
             )
-        route = job_input["openai_route"]
-        settings = self.holder.settings
-        if route == "/v1/models":
-            yield models_response(settings.served_model_name, created=int(time.time()))
+        route, body = job_input["openai_route"], job_input.get("openai_input")
+        if not isinstance(route, str) or not route.startswith("/"):
+            raise InvalidRequest("openai_route: give a path such as /v1/chat/completions", param="openai_route")
+        if body is not None and not isinstance(body, dict):
+            raise InvalidRequest(f"openai_input must be a JSON object, got {type(body).__name__}", param="openai_input")
+        server = await self.holder.openai()
+        response = await server.call("GET" if body is None else "POST", route, body)
+        if response.status >= 400:
+            yield openai_error_item(response.status, await response.json(), route=route, has_body=body is not None)
+            if response.status >= 500 and self.holder.state == "dead":
+                self.request_replacement("the inference engine has died")
             return
-        openai_request, request = parse_openai_call(str(route), job_input.get("openai_input"))
-        engine = await self.holder.get()
-        call = OpenAICall(openai_request, model=settings.served_model_name, request_id=request_id)
-        async with aclosing(engine.generate(request, request_id=call.id)) as chunks:
-            if not openai_request.stream:
-                yield await call.collect(chunks)
-                return
-            async for line in call.stream(self._coalesced(chunks)):
-                yield line
+        if not response.is_stream:
+            yield await response.json()
+            return
+        async for event in response.events():
+            yield event
 
     # ------------------------------------------------------------------ local runs
     async def run_local(self, job_input: Any, *, out: Callable[[str], None] = print) -> list[dict[str, Any]]:
@@ -148,6 +144,28 @@ class ServerlessWorker:
         finally:
             self.holder.shutdown()
         return items
+
+
+_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def openai_error_item(status: int, body: Any, *, route: str, has_body: bool) -> dict[str, Any]:
+    """A job's error item for an OpenAI error response: ``error`` a readable string (the RunPod SDK
+    shows a non-string ``error`` as Python's repr of it), vLLM's error object beside it."""
+    detail = body.get("error") if isinstance(body, dict) else None
+    if isinstance(detail, dict) and isinstance(detail.get("message"), str):
+        message = detail["message"]
+    elif status == 404:
+        message = f"openai_route: no route {route!r}"
+    elif status == 405:
+        message = f"openai_route: {route} {'takes no openai_input' if has_body else 'needs openai_input'}"
+    else:
+        message = f"the OpenAI route answered HTTP {status}"
+    error_type = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    item: dict[str, Any] = {"error": message, "error_type": error_type, "status": status}
+    if isinstance(detail, dict):
+        item["openai_error"] = detail
+    return item
 
 
 def load_test_input(argv: list[str], *, default_path: str = "test_input.json") -> Any:

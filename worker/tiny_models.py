@@ -10,6 +10,8 @@ CPU cores), then writes the draft variants beside it:
                  at 0.8 about 60% of greedy tokens agree: partial acceptance)
 - ``unrelated``  a randomly initialised model with the same tokenizer (~0% acceptance)
 - ``mismatch``   a model with a *different* tokenizer (a draft the worker must refuse)
+- ``lora``       a LoRA adapter for the target (rank 8 on the attention projections, random
+                 weights large enough to change its greedy output): what vLLM loads as an adapter
 
 Everything is seeded, cached under ``cache_dir`` keyed by :data:`BUILD_VERSION`, and
 built once per machine (a file lock keeps concurrent builders from racing).
@@ -27,9 +29,9 @@ from typing import Any
 
 __all__ = ["BUILD_VERSION", "TinyModels", "calibration_texts", "ensure_tiny_models"]
 
-BUILD_VERSION = "v3"
+BUILD_VERSION = "v4"
 NOISE_SCALE = 0.8
-VARIANTS = ("target", "noisy", "unrelated", "mismatch")
+VARIANTS = ("target", "noisy", "unrelated", "mismatch", "lora")
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = (
@@ -221,11 +223,49 @@ def _build(root: Path, *, num_steps: int) -> None:
     mismatch_model = LlamaForCausalLM(mismatch_config)  # type: ignore[no-untyped-call]
     mismatch_model.save_pretrained(tmp / "mismatch", safe_serialization=True)
 
+    _save_lora(tmp / "lora", config, base=str(target_dir), seed=4)
+
     (tmp / "BUILD.json").write_text(
         json.dumps({"version": BUILD_VERSION, "train_steps": num_steps, "final_loss": loss}, indent=1)
     )
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
+
+
+LORA_RANK = 8
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _save_lora(directory: Path, config: Any, *, base: str, seed: int) -> None:
+    """A PEFT-format LoRA adapter (``adapter_config.json`` + ``adapter_model.safetensors``)."""
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config.hidden_size
+    kv_width = config.num_key_value_heads * (hidden // config.num_attention_heads)
+    widths = {"q_proj": (hidden, hidden), "k_proj": (hidden, kv_width), "v_proj": (hidden, kv_width)}
+    widths["o_proj"] = (hidden, hidden)
+    tensors = {}
+    for layer in range(config.num_hidden_layers):
+        for name, (width_in, width_out) in widths.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{name}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(LORA_RANK, width_in, generator=generator) / width_in**0.5
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(width_out, LORA_RANK, generator=generator) * 0.5
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": LORA_RANK,
+        "lora_alpha": 2 * LORA_RANK,
+        "lora_dropout": 0.0,
+        "target_modules": list(LORA_TARGETS),
+        "bias": "none",
+        "fan_in_fan_out": False,
+    }
+    (directory / "adapter_config.json").write_text(json.dumps(adapter_config, indent=1))
 
 
 def ensure_tiny_models(cache_dir: Path, *, num_steps: int = 400) -> TinyModels:

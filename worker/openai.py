@@ -1,0 +1,194 @@
+"""vLLM's own OpenAI serving layer over the worker's engine: for the pod and RunPod's ``openai_route``.
+
+vLLM builds the whole OpenAI surface (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/responses``, ``/v1/models``, tokenize, embeddings for an embedding model; tool-call and
+reasoning parsers; LoRA adapters by model name; per-request ``metrics.speculative_decoding``)
+over any engine client. :meth:`OpenAIServer.create` hands it the worker's booted ``AsyncLLM``,
+wrapped so that every request also reaches the worker's observers (Prometheus, the acceptance
+watchdog), with vLLM's server arguments made from the worker's settings by vLLM's own parser.
+
+What the worker adds, because vLLM's layer has no such thing: :meth:`OpenAIServer.call`
+drives the app in-process for a RunPod job (no port, no HTTP client), streaming its
+server-sent events as they come; the pod's gate (API key, body limit, back-pressure) is in
+``worker/pod.py``. Imports vLLM: loaded only once an OpenAI request arrives or a pod boots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from argparse import Namespace
+from collections.abc import AsyncIterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from fastapi import FastAPI
+from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+from vllm.entrypoints.launchers.app import build_app
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from worker.config import Settings
+from worker.engine import Engine
+
+__all__ = ["OpenAIResponse", "OpenAIServer", "server_args"]
+
+
+def server_args(settings: Settings, *, model_path: str, lora_paths: dict[str, str] | None = None) -> Namespace:
+    """vLLM's server arguments (its own parser and defaults) for the worker's settings;
+    ``lora_paths``: each configured adapter's resolved path, by name."""
+    argv = [
+        "--model",
+        model_path,
+        "--served-model-name",
+        settings.served_model_name,
+        "--response-role",
+        settings.response_role,
+        "--disable-fastapi-docs",
+        # usage.prompt_tokens_details.cached_tokens: the prefix cache's hits, per request
+        "--enable-prompt-tokens-details",
+    ]
+    if settings.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    if settings.tool_call_parser:
+        argv += ["--tool-call-parser", settings.tool_call_parser]
+    if settings.reasoning_parser:
+        argv += ["--reasoning-parser", settings.reasoning_parser]
+    if settings.chat_template:
+        argv += ["--chat-template", settings.chat_template]
+    if lora_paths:
+        argv += ["--lora-modules", *(json.dumps({"name": n, "path": p}) for n, p in lora_paths.items())]
+    parser = make_arg_parser(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
+    return cast(Namespace, parser.parse_args(argv))
+
+
+class _ObservedClient:
+    """vLLM's ``AsyncLLM`` with ``generate`` passed through :meth:`Engine.observe`: vLLM's layer
+    calls the engine directly, and the worker's metrics must see those requests too."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._llm = engine.llm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
+        return self._engine.observe(self._llm.generate(prompt, sampling_params, request_id, **kwargs), request_id)
+
+
+@dataclass(slots=True)
+class OpenAIResponse:
+    """One in-process response: status, whether it streams, and its body as it comes."""
+
+    status: int
+    is_stream: bool
+    body: AsyncIterator[bytes]
+
+    async def json(self) -> Any:
+        return json.loads(b"".join([part async for part in self.body]) or b"null")
+
+    async def events(self) -> AsyncIterator[str]:
+        """Server-sent events, one ``data: ...\\n\\n`` string each, ``data: [DONE]`` included."""
+        buffer = ""
+        async for part in self.body:
+            buffer += part.decode()
+            while "\n\n" in buffer:
+                event, buffer = buffer.split("\n\n", 1)
+                if event.strip():
+                    yield event + "\n\n"
+        if buffer.strip():
+            yield buffer
+
+
+class OpenAIServer:
+    """vLLM's OpenAI app over one booted engine."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    @classmethod
+    async def create(cls, engine: Engine, settings: Settings) -> OpenAIServer:
+        llm = engine.llm
+        lora_paths = {name: request.lora_path for name, request in engine.lora_requests.items()}
+        args = server_args(settings, model_path=llm.vllm_config.model_config.model, lora_paths=lora_paths)
+        tasks = await llm.get_supported_tasks()
+        app = build_app(args, tasks, llm.model_config)
+        await init_app_state(cast(EngineClient, _ObservedClient(engine)), app.state, args, tasks)
+        return cls(app)
+
+    def routes(self) -> list[str]:
+        return sorted({getattr(route, "path", "") for route in self.app.routes if hasattr(route, "methods")})
+
+    async def call(self, method: str, path: str, body: Any = None) -> OpenAIResponse:
+        """One request through the app, in-process. The body streams as the app sends it;
+        closing it (or cancelling the consumer) tells the app the client went away, which
+        aborts the engine request as a dropped HTTP connection would."""
+        raw = b"" if body is None else json.dumps(body).encode()
+        messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        gone = asyncio.Event()
+        is_body_read = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal is_body_read
+            if not is_body_read:
+                is_body_read = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            await messages.put(dict(message))
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 0),
+        }
+
+        async def run() -> None:
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                await messages.put({"type": "worker.done"})
+
+        task = asyncio.create_task(run())
+        start = await messages.get()
+        if start["type"] != "http.response.start":  # the app ended without answering
+            await task  # raises what it raised
+            raise RuntimeError("the OpenAI app sent no response")
+        headers = {key.decode().lower(): value.decode() for key, value in start.get("headers", [])}
+
+        async def body_parts() -> AsyncIterator[bytes]:
+            is_complete = False
+            try:
+                while not is_complete:
+                    message = await messages.get()
+                    if message["type"] == "worker.done":
+                        break
+                    if message.get("body"):
+                        yield message["body"]
+                    is_complete = not message.get("more_body", False)
+            finally:
+                gone.set()
+                if not is_complete and not task.done():
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        return OpenAIResponse(
+            status=int(start["status"]),
+            is_stream=headers.get("content-type", "").startswith("text/event-stream"),
+            body=body_parts(),
+        )
