@@ -36,13 +36,13 @@ def engine_settings(**env: Any) -> Settings:
     return load_settings(values)
 
 
-def worker_for(engine: Any) -> ServerlessWorker:
+def worker_for(engine: Any, **env: Any) -> ServerlessWorker:
     """A serverless worker serving ``engine``, already booted (a real engine or a FakeEngine)."""
 
     async def factory(_: Settings) -> Any:
         return engine
 
-    return ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    return ServerlessWorker(EngineHolder(settings_loader=lambda: engine_settings(**env), engine_factory=factory))
 
 
 async def boot_engine(tiny_models: TinyModels, **env: Any) -> Any:

@@ -15,7 +15,7 @@ PROMPTS = [
     "The worker streams",
     "A GPU reads every weight",
     # Repeats itself: the n-gram proposer finds its continuation in the prompt.
-    "He counted one, two, three, four, five, six, seven, eight, nine, ten. He counted one, two,",
+    "He counted one, two, three, four, five, six, seven, eight, nine, ten. He counted one, two, three,",
 ]
 DRAFTS: dict[str, dict[str, str]] = {
     "self": {"SPECULATIVE_MODEL": "tiny:target"},

@@ -1,24 +1,26 @@
-"""Property-based fuzzing of the handler input and the pod server's request bodies.
+"""Property-based fuzzing of the handler input and of OpenAI request bodies (pod and openai_route).
 
 Every generated case must get a typed error (a 4xx in pod mode) or a result; none may crash
-the worker, and a valid request right after still succeeds. Engine-free parts use FakeEngine
-(named as such); a sample of fuzzed inputs also goes through the real engine.
+the worker, and a valid request right after still succeeds. The native input's engine-free
+parts use FakeEngine (named as such); the OpenAI bodies go to vLLM's own layer over the real
+CPU engine, which no fake can stand in for, as does a sample of fuzzed native inputs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.testclient import TestClient
+import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import engine_settings, worker_for
+from tests.conftest import worker_for
 from worker.errors import InvalidRequest
 from worker.pod import create_app
-from worker.runtime import EngineHolder
 from worker.schema import parse_request
 from worker.serverless import ServerlessWorker
 from worker.testing import FakeEngine
@@ -85,15 +87,7 @@ def _fake_worker() -> ServerlessWorker:
 
 
 @settings(max_examples=NUM_CASES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    data=handler_inputs
-    | st.fixed_dictionaries(
-        {
-            "openai_route": st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/models", "/v2/x", 5]),
-            "openai_input": json_values,
-        }
-    )
-)
+@given(data=handler_inputs)
 def test_handler_jobs_end_with_a_result_or_a_typed_error(data: Any) -> None:
     COUNTS["handler_jobs"] = COUNTS.get("handler_jobs", 0) + 1
     worker = _fake_worker()
@@ -110,16 +104,6 @@ def test_handler_jobs_end_with_a_result_or_a_typed_error(data: Any) -> None:
         assert isinstance(message, str) and "Traceback" not in message
     json.dumps(items)
     assert "refresh_worker" not in worker.runpod_config
-
-
-def _pod_client() -> TestClient:
-    fake = FakeEngine(words=3)
-
-    async def factory(settings: Any) -> FakeEngine:
-        return fake
-
-    holder = EngineHolder(settings_loader=lambda: engine_settings(MAX_REQUEST_BYTES="65536"), engine_factory=factory)
-    return TestClient(create_app(holder))
 
 
 chat_bodies = st.fixed_dictionaries(
@@ -140,36 +124,65 @@ chat_bodies = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=NUM_CASES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    route=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
-    body=chat_bodies.map(lambda b: json.dumps(b, allow_nan=True).encode()) | st.binary(max_size=300),
+NUM_OPENAI_CASES = 400  # each valid one runs the real engine on 2 CPU cores
+openai_cases = st.tuples(
+    st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"]),
+    chat_bodies.map(lambda b: json.dumps(b, allow_nan=True).encode()) | st.binary(max_size=300),
 )
-def test_pod_bodies_get_4xx_never_5xx(route: str, body: bytes) -> None:
-    COUNTS["pod_bodies"] = COUNTS.get("pod_bodies", 0) + 1
-    with _pod_client() as client:
-        response = client.post(route, content=body, headers={"Content-Type": "application/json"})
-        assert response.status_code in (200, 400, 404, 413), response.text
+
+
+@pytest.fixture(scope="module")
+async def pod_and_worker(default_engine: Any) -> AsyncIterator[tuple[httpx.AsyncClient, ServerlessWorker]]:
+    worker = worker_for(default_engine, MAX_REQUEST_BYTES="65536", DEFAULT_MAX_TOKENS="8")
+    await worker.holder.openai()
+    app = create_app(worker.holder, boot_on_startup=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pod", timeout=120) as http:
+        yield http, worker
+
+
+async def test_openai_bodies_get_4xx_never_5xx_through_pod_and_route(
+    pod_and_worker: tuple[httpx.AsyncClient, ServerlessWorker], default_engine: Any
+) -> None:
+    http, worker = pod_and_worker
+    for _ in range(NUM_OPENAI_CASES):
+        route, body = openai_cases.example()
+        COUNTS["openai_bodies"] = COUNTS.get("openai_bodies", 0) + 1
+        response = await http.post(route, content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code in (200, 400, 404, 413, 422), (route, body[:200], response.text[:300])
         if response.status_code != 200:
+            assert "error" in response.json(), (route, body[:200], response.text[:300])
             error = response.json()["error"]
             assert error["message"] and "Traceback" not in error["message"]
+        try:
+            openai_input = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        job = {"id": "fuzz", "input": {"openai_route": route, "openai_input": openai_input}}
+        items = [item async for item in worker.handle(job)]
+        assert items
+        if isinstance(items[-1], dict) and "error" in items[-1]:
+            assert isinstance(items[-1]["error"], str) and "Traceback" not in items[-1]["error"]
+        json.dumps(items)
+    assert default_engine.num_unfinished_requests == 0
+    assert "refresh_worker" not in worker.runpod_config
 
 
-def test_pod_extremes_and_recovery() -> None:
-    with _pod_client() as client:
-        deep = b"[" * 100_000 + b"]" * 100_000
-        huge = json.dumps({"model": "tiny:target", "prompt": "x" * 100_000}).encode()
-        for body, status in [(deep, 413), (huge, 413), (b"\xff\xfe\x00bad", 400), (b"[" * 5000 + b"]" * 5000, 400)]:
-            response = client.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
-            assert response.status_code == status, (status, response.text[:200])
-        ok = client.post("/v1/completions", json={"model": "tiny:target", "prompt": "hi", "max_tokens": 3})
-        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "w0 w1 w2 "
+async def test_pod_extremes_and_recovery(pod_and_worker: tuple[httpx.AsyncClient, ServerlessWorker]) -> None:
+    http, _ = pod_and_worker
+    deep = b"[" * 100_000 + b"]" * 100_000
+    huge = json.dumps({"model": "tiny:target", "prompt": "x" * 100_000}).encode()
+    for body, status in [(deep, 413), (huge, 413), (b"\xff\xfe\x00bad", 400), (b"[" * 5000 + b"]" * 5000, 400)]:
+        response = await http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == status, (status, response.text[:200])
+    ok = await http.post("/v1/completions", json={"model": "tiny:target", "prompt": "hi", "max_tokens": 3})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
 def test_report_case_counts(capsys: Any) -> None:
     total = sum(COUNTS.values())
     print(json.dumps({"fuzzed_cases": COUNTS, "total": total}))
-    assert all(count >= NUM_CASES for count in COUNTS.values())
+    assert COUNTS.get("handler_validation", 0) >= NUM_CASES and COUNTS.get("handler_jobs", 0) >= NUM_CASES
+    assert COUNTS.get("openai_bodies", 0) >= NUM_OPENAI_CASES
 
 
 async def test_fuzzed_inputs_through_the_real_engine(default_engine: Any) -> None:

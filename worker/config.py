@@ -180,7 +180,7 @@ class Settings(BaseSettings):
         for pair in text.split():
             name, sep, path = pair.partition("=")
             if not sep or not name or not path:
-                raise ValueError(f"{pair!r} is not name=path (or give a JSON list of {{\"name\", \"path\"}})")
+                raise ValueError(f'{pair!r} is not name=path (or give a JSON list of {{"name", "path"}})')
             modules.append({"name": name, "path": path})
         return modules
 

@@ -408,9 +408,7 @@ class Engine:
             if end is None:
                 metrics = getattr(state, "spec_decode_metrics", None)
                 observed = None if metrics is None else _stats_from_vllm(metrics, is_partial=True)
-                end = RequestEnd(
-                    request_id, "cancelled", None, observed, _elapsed(start, first_token_at), num_tokens
-                )
+                end = RequestEnd(request_id, "cancelled", None, observed, _elapsed(start, first_token_at), num_tokens)
                 self._notify(end)
             raise
         except Exception:

@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from worker.errors import AuthError, EngineBusy, RequestTooLarge, WorkerError, to_openai_error
+from worker.errors import AuthError, EngineBusy, InvalidRequest, RequestTooLarge, WorkerError, to_openai_error
 from worker.metrics import render_metrics
 from worker.runtime import EngineHolder
 
@@ -109,7 +109,13 @@ class _Gate:
                 raise too_large
             parts.append(part)
             if not message.get("more_body", False):
-                return b"".join(parts)
+                body = b"".join(parts)
+                # FastAPI answers a body that is not UTF-8 with its own {"detail"} shape, not OpenAI's.
+                try:
+                    body.decode()
+                except UnicodeDecodeError:
+                    raise InvalidRequest("request body is not valid JSON (not UTF-8)") from None
+                return body
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = ["BUILD_VERSION", "TinyModels", "calibration_texts", "ensure_tiny_models"]
 
-BUILD_VERSION = "v4"
+BUILD_VERSION = "v7"
 NOISE_SCALE = 0.8
 VARIANTS = ("target", "noisy", "unrelated", "mismatch", "lora")
 
@@ -68,10 +68,25 @@ _CHAT_PAIRS = [
     ("Why is decode slow?", _CORPUS_LINES[1]),
     ("Tell me a story.", _CORPUS_LINES[15] + " " + _CORPUS_LINES[16]),
     ("Count to ten.", _CORPUS_LINES[19]),
-    # A little JSON, so that structured output from the tiny model is short and closes.
-    ("Reply in JSON.", '{"answer":"yes","ok":true}'),
-    ("Answer in JSON: is the draft good?", '{"answer":"no","ok":false}'),
-    ("Give me JSON.", '{"answer":"done","ok":true}'),
+    # A little JSON, so that structured output from the tiny model is short and closes. Written
+    # as vLLM 0.32's xgrammar backend writes compact JSON: no whitespace but one space after each
+    # comma (xgrammar 0.2.8 forces it), so that the model's likeliest separator is an allowed one.
+    ("Reply in JSON.", '{"answer":"yes", "ok":true}'),
+    ("Answer in JSON: is the draft good?", '{"answer":"no", "ok":false}'),
+    ("Give me JSON.", '{"answer":"done", "ok":true}'),
+    # Tool calls in the hermes format (the worker's default parser), so that a forced tool call
+    # of the tiny model closes; the arguments in the same style as the JSON above.
+    *(
+        (
+            question,
+            f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city":"{city}", "days":{days}}}}}\n</tool_call>',
+        )
+        for question, city, days in (
+            ("What is the weather in Paris?", "Paris", 1),
+            ("Weather in Oslo for 3 days?", "Oslo", 3),
+            ("Will it rain in Rome this week?", "Rome", 7),
+        )
+    ),
 ]
 
 

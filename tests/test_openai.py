@@ -1,0 +1,251 @@
+"""vLLM's OpenAI layer over the worker's engine, through the pod (official openai client) and the
+handler's openai_route: tool calls, n, logprobs, the Responses API, LoRA, exact stats on stop strings.
+
+One real CPU engine (tiny target, noisy-copy draft, a tiny LoRA adapter) serves both entrypoints:
+the pod app is driven in-process through httpx's ASGI transport, the route through the handler.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.conftest import engine_settings
+from worker.pod import create_app
+from worker.runtime import EngineHolder
+from worker.serverless import ServerlessWorker
+from worker.tiny_models import TinyModels
+
+MODEL = "tiny:target"
+ADAPTER = "tiny-lora"
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA, "strict": True},
+    }
+]
+ENTRYPOINTS = ["pod", "route"]
+
+
+class Both:
+    """The same OpenAI request through the pod app or the handler's openai_route."""
+
+    def __init__(self, holder: EngineHolder) -> None:
+        self.worker = ServerlessWorker(holder)
+        app = create_app(holder, boot_on_startup=False)
+        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pod", timeout=120)
+        self.client = openai.AsyncOpenAI(base_url="http://pod/v1", api_key="none", http_client=self.http)
+
+    async def route(self, path: str, body: dict[str, Any] | None = None) -> list[Any]:
+        job_input: dict[str, Any] = {"openai_route": path}
+        if body is not None:
+            job_input["openai_input"] = body
+        return [item async for item in self.worker.handle({"id": "openai-test", "input": job_input})]
+
+    async def ask(self, entry: str, path: str, body: dict[str, Any]) -> Any:
+        """The response object, or with ``stream`` the list of event objects (``[DONE]`` dropped)."""
+        if entry == "pod":
+            if body.get("stream"):
+                async with self.http.stream("POST", path, json=body) as response:
+                    assert response.status_code == 200, await response.aread()
+                    text = "".join([part async for part in response.aiter_text()])
+            else:
+                response = await self.http.post(path, json=body)
+                assert response.status_code == 200, response.text
+                return response.json()
+        else:
+            items = await self.route(path, body)
+            assert not any(isinstance(item, dict) and "error" in item for item in items), items
+            if not body.get("stream"):
+                (only,) = items
+                return only
+            assert all(isinstance(item, str) and item.endswith("\n\n") for item in items), items
+            text = "".join(items)
+        # Chat and completions end with [DONE]; the Responses API names each event instead.
+        data = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+        if data[-1] == "[DONE]":
+            data.pop()
+        return [json.loads(line) for line in data]
+
+
+@pytest.fixture(scope="module")
+async def both(tiny_models: TinyModels) -> AsyncIterator[Both]:
+    settings = engine_settings(ENABLE_LORA="true", LORA_MODULES=f"{ADAPTER}=tiny:lora")
+    holder = EngineHolder(settings_loader=lambda: settings)
+    await holder.openai()
+    yield Both(holder)
+    holder.shutdown()
+
+
+def tool_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, WEATHER_SCHEMA)
+    return dict(arguments)
+
+
+@pytest.mark.parametrize("entry", ENTRYPOINTS)
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+async def test_forced_tool_calls_are_parsed_and_follow_the_schema(both: Both, entry: str, tool_choice: Any) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": TOOLS,
+        "tool_choice": tool_choice,
+        "max_tokens": 100,
+        "temperature": 0,
+    }
+    response = await both.ask(entry, "/v1/chat/completions", body)
+    tool_arguments(response["choices"][0]["message"])
+
+    events = await both.ask(entry, "/v1/chat/completions", {**body, "stream": True})
+    # Streamed tool calls come as deltas: the name once, the arguments in pieces.
+    pieces = [
+        call["function"].get("arguments") or ""
+        for event in events
+        for choice in event["choices"]
+        for call in choice["delta"].get("tool_calls") or []
+    ]
+    arguments = json.loads("".join(pieces))
+    jsonschema.validate(arguments, WEATHER_SCHEMA)
+
+
+async def test_tool_call_with_the_official_client(both: Both) -> None:
+    response = await both.client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Oslo for 3 days?"}],
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice="required",
+        max_tokens=100,
+        temperature=0,
+    )
+    (call,) = response.choices[0].message.tool_calls or []
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("entry", ENTRYPOINTS)
+async def test_n_choices_and_logprobs(both: Both, entry: str) -> None:
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "n": 3, "temperature": 1.0, "seed": 7}
+    response = await both.ask(entry, "/v1/completions", body)
+    assert sorted(choice["index"] for choice in response["choices"]) == [0, 1, 2]
+
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    response = await both.ask(entry, "/v1/chat/completions", chat)
+    content = response["choices"][0]["logprobs"]["content"]
+    assert len(content) == response["usage"]["completion_tokens"]
+    assert all(len(token["top_logprobs"]) == 2 for token in content)
+
+
+@pytest.mark.parametrize("entry", ENTRYPOINTS)
+async def test_responses_api(both: Both, entry: str) -> None:
+    body = {"model": MODEL, "input": "Once upon a time", "max_output_tokens": 8, "temperature": 0}
+    response = await both.ask(entry, "/v1/responses", body)
+    assert response["object"] == "response" and response["status"] == "incomplete"
+    text = response["output"][0]["content"][0]["text"]
+    assert text and response["usage"]["output_tokens"] == 8
+
+    events = await both.ask(entry, "/v1/responses", {**body, "stream": True})
+    deltas = "".join(e.get("delta", "") for e in events if e.get("type") == "response.output_text.delta")
+    assert deltas == text
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+
+
+async def test_responses_with_the_official_client(both: Both) -> None:
+    response = await both.client.responses.create(model=MODEL, input="The sun rose", max_output_tokens=8)
+    assert response.output_text
+
+
+async def test_lora_adapter_is_listed_selected_by_name_and_changes_the_output(both: Both) -> None:
+    models = {model.id async for model in both.client.models.list()}
+    assert models == {MODEL, ADAPTER}
+    prompt = "Once upon a time"
+    base = await both.client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    adapted = await both.client.completions.create(model=ADAPTER, prompt=prompt, max_tokens=12, temperature=0)
+    assert adapted.choices[0].text != base.choices[0].text
+
+    native = [
+        item
+        async for item in both.worker.handle(
+            {
+                "id": "lora",
+                "input": {
+                    "prompt": prompt,
+                    "lora": ADAPTER,
+                    "stream": False,
+                    "sampling_params": {"max_tokens": 12, "temperature": 0},
+                },
+            }
+        )
+    ]
+    assert native[-1]["text"] == adapted.choices[0].text
+
+    with pytest.raises(openai.NotFoundError):
+        await both.client.completions.create(model="no-such-adapter", prompt=prompt, max_tokens=2)
+    unknown = [item async for item in both.worker.handle({"id": "lora", "input": {"prompt": prompt, "lora": "nope"}})]
+    assert unknown[-1]["error_type"] == "invalid_request_error"
+    assert "'nope'" in unknown[-1]["error"] and ADAPTER in unknown[-1]["error"]
+
+
+@pytest.mark.parametrize("entry", ENTRYPOINTS)
+async def test_stop_string_endings_carry_exact_stats(both: Both, entry: str) -> None:
+    prompt = "He counted one, two,"
+    native = [
+        item
+        async for item in both.worker.handle(
+            {
+                "id": "stop",
+                "input": {
+                    "prompt": prompt,
+                    "stream": False,
+                    "sampling_params": {"temperature": 0, "max_tokens": 60, "stop": ["seven"]},
+                },
+            }
+        )
+    ][-1]
+    assert native["finish_reason"] == "stop" and native["stop_reason"] == "seven"
+    body = {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 60, "stop": ["seven"]}
+    response = await both.ask(entry, "/v1/completions", body)
+    assert response["choices"][0]["stop_reason"] == "seven"
+    stats = response["metrics"]["speculative_decoding"]
+    # vLLM's own server returns none here; the worker's scheduler makes the final output carry them.
+    ours = native["spec_decode"]
+    assert stats["acceptance_histogram"] == ours["acceptance_histogram"] and stats["num_spec_steps"] > 0
+    assert stats["num_draft_tokens"] == ours["num_draft_tokens"]
+    assert stats["num_accepted_draft_tokens"] == ours["num_accepted_draft_tokens"]
+
+
+async def test_route_errors_are_readable_strings_and_the_worker_keeps_serving(both: Both) -> None:
+    cases = [
+        ("/v1/chat/completions", {"model": MODEL}, "messages"),
+        ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, "gpt-4"),
+        ("/v1/no-such-route", {}, "no route"),
+        ("/v1/chat/completions", None, "needs openai_input"),
+    ]
+    for path, body, named in cases:
+        (item,) = await both.route(path, body)
+        assert isinstance(item["error"], str) and named in item["error"], item
+        assert item["error_type"] in ("invalid_request_error", "not_found_error")
+    (bad_input,) = [item async for item in both.worker.handle({"id": "x", "input": {"openai_route": 7}})]
+    assert bad_input["error_type"] == "invalid_request_error" and "openai_route" in bad_input["error"]
+    (models,) = await both.route("/v1/models")
+    assert {m["id"] for m in models["data"]} == {MODEL, ADAPTER}
