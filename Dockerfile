@@ -37,7 +37,9 @@ RUN --mount=type=secret,id=hf_token,required=false \
         ${SPECULATIVE_MODEL:+--draft "$SPECULATIVE_MODEL"} --dest /models; \
     fi
 # A baked model is served from /models, offline, under its hub name; otherwise MODEL_NAME is
-# read at run time and the model downloads to RunPod's model cache or network volume (HF_HOME).
+# read at run time: served from RunPod's cached models when the endpoint has them
+# (/runpod-volume/huggingface-cache/hub, RUNPOD_MODEL_CACHE_DIR), else downloaded to the
+# network volume (HF_HOME).
 ENV MODEL_NAME=${MODEL_NAME:+/models/target} \
     OPENAI_SERVED_MODEL_NAME_OVERRIDE=${MODEL_NAME} \
     SPECULATIVE_MODEL=${SPECULATIVE_MODEL:+/models/draft} \

@@ -1,5 +1,7 @@
+from pathlib import Path
+
 from worker.config import load_settings
-from worker.engine_args import TINY_KV_CACHE_BYTES, TINY_MAX_MODEL_LEN, build_engine_kwargs
+from worker.engine_args import TINY_KV_CACHE_BYTES, TINY_MAX_MODEL_LEN, build_engine_kwargs, cached_snapshot
 
 
 def resolve(ref: str) -> str:
@@ -55,3 +57,27 @@ def test_settings_are_mapped() -> None:
 def test_stream_interval_is_vllms_default_unless_set() -> None:
     assert build_engine_kwargs(load_settings({}), resolve=resolve)["stream_interval"] == 1
     assert build_engine_kwargs(load_settings({"STREAM_INTERVAL": "8"}), resolve=resolve)["stream_interval"] == 8
+
+
+def fake_cache(root: Path, ref: str, *, commits: list[str], main: str | None) -> Path:
+    repo = root / ("models--" + ref.replace("/", "--"))
+    for commit in commits:
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+    if main is not None:
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(main + "\n")
+    return repo / "snapshots"
+
+
+def test_runpod_model_cache_lookup(tmp_path: Path) -> None:
+    snapshots = fake_cache(tmp_path, "org/model", commits=["aaa", "bbb"], main="bbb")
+    assert cached_snapshot("org/model", revision=None, cache_dir=tmp_path) == snapshots / "bbb"
+    assert cached_snapshot("org/model", revision="aaa", cache_dir=tmp_path) == snapshots / "aaa"
+    assert cached_snapshot("org/model", revision="ccc", cache_dir=tmp_path) is None  # not cached: download
+    assert cached_snapshot("org/other", revision=None, cache_dir=tmp_path) is None
+    assert cached_snapshot("/abs/path", revision=None, cache_dir=tmp_path) is None
+    only = fake_cache(tmp_path, "org/single", commits=["ccc"], main=None)
+    assert cached_snapshot("org/single", revision=None, cache_dir=tmp_path) == only / "ccc"
+    (only / "ccc" / "config.json").unlink()  # an incomplete snapshot does not count
+    assert cached_snapshot("org/single", revision=None, cache_dir=tmp_path) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import alive_after, descendants, free_port
+from worker.tiny_models import TinyModels
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,3 +111,36 @@ def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     assert not alive_after(engine_processes, 30), "orphaned engine processes after SIGTERM"
+
+
+def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
+    subprocess_env: dict[str, str], tiny_models: TinyModels, tmp_path: Path
+) -> None:
+    """RunPod's cached-models layout holding the tiny model under a hub id: served with the hub unreachable."""
+    repo = tmp_path / "hub" / "models--org--tiny-target"
+    shutil.copytree(tiny_models.target, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    env = {
+        **subprocess_env,
+        "MODEL_NAME": "org/tiny-target",
+        "RUNPOD_MODEL_CACHE_DIR": str(tmp_path / "hub"),
+        "HF_HUB_OFFLINE": "1",
+        "MAX_MODEL_LEN": "512",
+        "KV_CACHE_MEMORY_BYTES": str(64 * 2**20),
+        "ENFORCE_EAGER": "true",
+    }
+    job = {"input": {"prompt": "Once upon a time", "stream": False, "sampling_params": {"max_tokens": 4}}}
+    out = subprocess.run(
+        [sys.executable, "handler.py", "--test_input", json.dumps(job)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "serving RunPod's cached copy" in out.stderr
+    final_text = out.stdout[out.stdout.index("] final ") :]
+    final = json.loads(final_text[final_text.index("{") : final_text.rindex("}") + 1])
+    assert final["usage"]["completion_tokens"] == 4 and final["served"]["model"] == "org/tiny-target"

@@ -112,7 +112,8 @@ chat_bodies = st.fixed_dictionaries(
         "model": st.sampled_from(["tiny:target", "other"]) | json_values,
         "messages": messages | json_values,
         "prompt": st.text(max_size=100) | json_values,
-        "max_tokens": json_values,
+        # Small or invalid: a valid body without a bound would generate to the end of the context.
+        "max_tokens": st.integers(min_value=-2, max_value=8) | json_values.filter(lambda v: not isinstance(v, int)),
         "temperature": json_values,
         "stream": st.booleans() | json_values,
         "response_format": st.fixed_dictionaries(
@@ -127,7 +128,8 @@ chat_bodies = st.fixed_dictionaries(
 NUM_OPENAI_CASES = 400  # each valid one runs the real engine on 2 CPU cores
 openai_cases = st.tuples(
     st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"]),
-    chat_bodies.map(lambda b: json.dumps(b, allow_nan=True).encode()) | st.binary(max_size=300),
+    chat_bodies.map(lambda b: json.dumps({"max_tokens": 4, "max_output_tokens": 4, **b}, allow_nan=True).encode())
+    | st.binary(max_size=300),
 )
 
 

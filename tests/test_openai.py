@@ -17,6 +17,8 @@ import openai
 import pytest
 
 from tests.conftest import engine_settings
+from tests.test_serverless import assert_engine_empties
+from worker.engine import RequestEnd
 from worker.pod import create_app
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
@@ -249,3 +251,24 @@ async def test_route_errors_are_readable_strings_and_the_worker_keeps_serving(bo
     assert bad_input["error_type"] == "invalid_request_error" and "openai_route" in bad_input["error"]
     (models,) = await both.route("/v1/models")
     assert {m["id"] for m in models["data"]} == {MODEL, ADAPTER}
+
+
+async def test_route_stream_closed_early_aborts_the_engine_request(both: Both) -> None:
+    engine = both.worker.holder.engine
+    assert engine is not None
+    ended: list[RequestEnd] = []
+    engine.observers.append(ended.append)
+    body = {"model": MODEL, "prompt": "The", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    job = {"id": "close-me", "input": {"openai_route": "/v1/completions", "openai_input": body}}
+    try:
+        items = both.worker.handle(job)
+        first = await anext(items)
+        assert first.startswith("data: ") and engine.num_unfinished_requests == 1
+        for _ in range(20):  # a few engine steps, so that a snapshot of the counts has come
+            await anext(items)
+        await items.aclose()  # what RunPod's SDK does with a cancelled job's generator
+        await assert_engine_empties(engine)
+    finally:
+        engine.observers.remove(ended.append)
+    assert [end.outcome for end in ended] == ["cancelled"]
+    assert ended[0].spec_decode is not None and ended[0].spec_decode.partial

@@ -260,6 +260,8 @@ def _free_port() -> int:
 def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[str]:
     """vLLM's own server with the engine arguments our worker builds (speculation excluded)."""
     kwargs = build_engine_kwargs(settings, resolve=lambda ref: model_path if ref == model_ref(settings) else ref)
+    from worker.openai import server_flags
+
     args = [
         sys.executable,
         "-m",
@@ -268,9 +270,8 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[
         "127.0.0.1",
         "--port",
         str(port),
-        "--served-model-name",
-        settings.served_model_name,
         "--disable-uvicorn-access-log",
+        *server_flags(settings),
     ]
     for key, value in kwargs.items():
         if key in ("disable_log_stats", "speculative_config", "per_request_spec_decode_metrics"):

@@ -27,6 +27,8 @@ __all__ = ["TINY_PREFIX", "LoraModule", "Settings", "is_on_runpod", "load_settin
 
 TINY_PREFIX = "tiny:"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
+# Where RunPod's cached-models feature puts models: <dir>/models--ORG--NAME/snapshots/<HASH>/
+RUNPOD_MODEL_CACHE_DIR = Path("/runpod-volume/huggingface-cache/hub")
 
 
 class LoraModule(BaseModel):
@@ -121,6 +123,9 @@ class Settings(BaseSettings):
         description="tokens per engine output (vLLM's stream_interval); the first token always goes out at once",
     )
     worker_cache_dir: Path = DEFAULT_CACHE_DIR
+    runpod_model_cache_dir: Path = Field(
+        RUNPOD_MODEL_CACHE_DIR, description="RunPod's cached models (hub layout); hub ids found there load from it"
+    )
     log_level: str = "INFO"
     openai_served_model_name_override: str | None = Field(None, description="model name the OpenAI routes answer to")
 

@@ -42,7 +42,7 @@ from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
 from worker.config import TINY_PREFIX, Settings
 from worker.draft_check import check_draft_compatible
-from worker.engine_args import build_engine_kwargs, model_ref
+from worker.engine_args import build_engine_kwargs, cached_snapshot, model_ref
 from worker.errors import ContextLengthExceeded, EngineBootError, EngineDead, InvalidRequest, WorkerError
 from worker.schema import GenerateRequest, Served, SpecDecodeStats, StreamChunk, Timings, Usage
 from worker.stats import spec_stats_from_histogram
@@ -118,11 +118,19 @@ class RequestEnd:
 
 
 def _resolve_ref(settings: Settings) -> Callable[[str], str]:
+    """Model references to what vLLM loads: ``tiny:`` names to the built tiny models, and a hub
+    id that RunPod's model cache holds to its local snapshot (no download, no hub access)."""
+
     def resolve(ref: str) -> str:
         if ref.startswith(TINY_PREFIX):
             from worker.tiny_models import ensure_tiny_models
 
             return str(ensure_tiny_models(settings.worker_cache_dir).path(ref.removeprefix(TINY_PREFIX)))
+        revision = settings.model_revision if ref == settings.model_name else None
+        cached = cached_snapshot(ref, revision=revision, cache_dir=settings.runpod_model_cache_dir)
+        if cached is not None:
+            log.info("%s: serving RunPod's cached copy at %s", ref, cached)
+            return str(cached)
         return ref
 
     return resolve

@@ -6,12 +6,14 @@ embedded tiny models; ``resolve`` maps them to local paths.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from worker.config import TINY_PREFIX, Settings
 
-__all__ = ["TINY_KV_CACHE_BYTES", "TINY_MAX_MODEL_LEN", "build_engine_kwargs", "model_ref"]
+__all__ = ["TINY_KV_CACHE_BYTES", "TINY_MAX_MODEL_LEN", "build_engine_kwargs", "cached_snapshot", "model_ref"]
 
 TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
@@ -19,6 +21,29 @@ TINY_KV_CACHE_BYTES = 256 * 2**20
 
 def model_ref(settings: Settings) -> str:
     return settings.model_name or f"{TINY_PREFIX}target"
+
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def cached_snapshot(ref: str, *, revision: str | None, cache_dir: Path) -> Path | None:
+    """The local snapshot of hub model ``ref`` in a cache of the hub's layout (RunPod's cached
+    models), or None: ``models--ORG--NAME/snapshots/<commit>``, the commit being ``revision``
+    (a commit hash, or a branch or tag named under ``refs/``), else ``refs/main``, else the only
+    snapshot there is. A snapshot without ``config.json`` does not count."""
+    if not _HUB_ID.match(ref):
+        return None
+    repo = cache_dir / ("models--" + ref.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    named = repo / "refs" / (revision or "main")
+    commit = named.read_text().strip() if named.is_file() else revision
+    if commit is None and snapshots.is_dir():
+        found = [path.name for path in snapshots.iterdir() if path.is_dir()]
+        commit = found[0] if len(found) == 1 else None
+    if commit is None:
+        return None
+    path = snapshots / commit
+    return path if (path / "config.json").is_file() else None
 
 
 def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) -> dict[str, Any]:

@@ -33,15 +33,21 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from worker.config import Settings
 from worker.engine import Engine
 
-__all__ = ["OpenAIResponse", "OpenAIServer", "server_args"]
+__all__ = ["OpenAIResponse", "OpenAIServer", "server_args", "server_flags"]
 
 
 def server_args(settings: Settings, *, model_path: str, lora_paths: dict[str, str] | None = None) -> Namespace:
     """vLLM's server arguments (its own parser and defaults) for the worker's settings;
     ``lora_paths``: each configured adapter's resolved path, by name."""
+    argv = ["--model", model_path, *server_flags(settings, lora_paths=lora_paths)]
+    parser = make_arg_parser(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
+    return cast(Namespace, parser.parse_args(argv))
+
+
+def server_flags(settings: Settings, *, lora_paths: dict[str, str] | None = None) -> list[str]:
+    """The serving-layer flags of ``vllm serve`` that the worker's settings stand for (the
+    benchmark gives vLLM's own server the same)."""
     argv = [
-        "--model",
-        model_path,
         "--served-model-name",
         settings.served_model_name,
         "--response-role",
@@ -60,8 +66,7 @@ def server_args(settings: Settings, *, model_path: str, lora_paths: dict[str, st
         argv += ["--chat-template", settings.chat_template]
     if lora_paths:
         argv += ["--lora-modules", *(json.dumps({"name": n, "path": p}) for n, p in lora_paths.items())]
-    parser = make_arg_parser(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
-    return cast(Namespace, parser.parse_args(argv))
+    return argv
 
 
 class _ObservedClient:
