@@ -50,6 +50,11 @@ class Both:
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pod", timeout=120)
         self.client = openai.AsyncOpenAI(base_url="http://pod/v1", api_key="none", http_client=self.http)
 
+    async def native(self, job_input: dict[str, Any]) -> dict[str, Any]:
+        """The last item of a native job (its whole answer with ``stream: false``)."""
+        items = [item async for item in self.worker.handle({"id": "native", "input": job_input})]
+        return dict(items[-1])
+
     async def route(self, path: str, body: dict[str, Any] | None = None) -> list[Any]:
         job_input: dict[str, Any] = {"openai_route": path}
         if body is not None:
@@ -185,45 +190,22 @@ async def test_lora_adapter_is_listed_selected_by_name_and_changes_the_output(bo
     adapted = await both.client.completions.create(model=ADAPTER, prompt=prompt, max_tokens=12, temperature=0)
     assert adapted.choices[0].text != base.choices[0].text
 
-    native = [
-        item
-        async for item in both.worker.handle(
-            {
-                "id": "lora",
-                "input": {
-                    "prompt": prompt,
-                    "lora": ADAPTER,
-                    "stream": False,
-                    "sampling_params": {"max_tokens": 12, "temperature": 0},
-                },
-            }
-        )
-    ]
-    assert native[-1]["text"] == adapted.choices[0].text
+    options = {"max_tokens": 12, "temperature": 0}
+    native = await both.native({"prompt": prompt, "lora": ADAPTER, "stream": False, "sampling_params": options})
+    assert native["text"] == adapted.choices[0].text
 
     with pytest.raises(openai.NotFoundError):
         await both.client.completions.create(model="no-such-adapter", prompt=prompt, max_tokens=2)
-    unknown = [item async for item in both.worker.handle({"id": "lora", "input": {"prompt": prompt, "lora": "nope"}})]
-    assert unknown[-1]["error_type"] == "invalid_request_error"
-    assert "'nope'" in unknown[-1]["error"] and ADAPTER in unknown[-1]["error"]
+    unknown = await both.native({"prompt": prompt, "lora": "nope"})
+    assert unknown["error_type"] == "invalid_request_error"
+    assert "'nope'" in unknown["error"] and ADAPTER in unknown["error"]
 
 
 @pytest.mark.parametrize("entry", ENTRYPOINTS)
 async def test_stop_string_endings_carry_exact_stats(both: Both, entry: str) -> None:
     prompt = "He counted one, two,"
-    native = [
-        item
-        async for item in both.worker.handle(
-            {
-                "id": "stop",
-                "input": {
-                    "prompt": prompt,
-                    "stream": False,
-                    "sampling_params": {"temperature": 0, "max_tokens": 60, "stop": ["seven"]},
-                },
-            }
-        )
-    ][-1]
+    options = {"temperature": 0, "max_tokens": 60, "stop": ["seven"]}
+    native = await both.native({"prompt": prompt, "stream": False, "sampling_params": options})
     assert native["finish_reason"] == "stop" and native["stop_reason"] == "seven"
     body = {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 60, "stop": ["seven"]}
     response = await both.ask(entry, "/v1/completions", body)

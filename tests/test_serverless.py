@@ -34,7 +34,7 @@ async def run_job(worker: ServerlessWorker, job_input: Any, job_id: str = "job")
 
 
 async def test_streaming_and_non_streaming_give_the_same_text(worker: ServerlessWorker) -> None:
-    job = {"prompt": "Once upon a time", "sampling_params": {"temperature": 0, "max_tokens": 40}}
+    job = {"prompt": "Once upon a time", "sampling_params": {"temperature": 0, "max_tokens": 40, "ignore_eos": True}}
     streamed = await run_job(worker, {**job, "stream": True})
     whole = await run_job(worker, {**job, "stream": False})
     assert len(whole) == 1 and len(streamed) > 1

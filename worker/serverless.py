@@ -63,7 +63,7 @@ class ServerlessWorker:
         is_openai = isinstance(job_input, dict) and "openai_route" in job_input
         try:
             if is_openai and isinstance(job_input, dict):
-                async for line in self._openai(job_input, request_id):
+                async for line in self._openai(job_input):
                     yield line
                 return
             request = parse_request(job_input)
@@ -100,7 +100,7 @@ class ServerlessWorker:
             growth_factor=settings.default_batch_size_growth_factor,
         )
 
-    async def _openai(self, job_input: dict[str, Any], request_id: str) -> AsyncIterator[Any]:
+    async def _openai(self, job_input: dict[str, Any]) -> AsyncIterator[Any]:
         """``{"openai_route": ..., "openai_input": {...}}``: what the pod server would answer, from
         vLLM's own OpenAI layer: a response object, or its server-sent events one per item."""
         unknown = sorted(set(job_input) - {"openai_route", "openai_input"})
