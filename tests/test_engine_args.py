@@ -1,7 +1,10 @@
 from pathlib import Path
 
+import pytest
+
 from worker.config import load_settings
 from worker.engine_args import TINY_KV_CACHE_BYTES, TINY_MAX_MODEL_LEN, build_engine_kwargs, cached_snapshot
+from worker.tiny_models import TinyModels
 
 
 def resolve(ref: str) -> str:
@@ -81,3 +84,15 @@ def test_runpod_model_cache_lookup(tmp_path: Path) -> None:
     assert cached_snapshot("org/single", revision=None, cache_dir=tmp_path) == only / "ccc"
     (only / "ccc" / "config.json").unlink()  # an incomplete snapshot does not count
     assert cached_snapshot("org/single", revision=None, cache_dir=tmp_path) is None
+
+
+def test_engine_args_escape_hatch_is_applied_last_and_checked_against_vllm(tiny_models: TinyModels) -> None:
+    from worker.engine import Engine
+    from worker.errors import EngineBootError
+
+    settings = load_settings({"MAX_NUM_SEQS": "8", "ENGINE_ARGS": '{"max_num_seqs": 3, "scheduling_policy": "priority"}'})
+    kwargs = build_engine_kwargs(settings, resolve=resolve)
+    assert kwargs["max_num_seqs"] == 3 and kwargs["scheduling_policy"] == "priority"
+    assert Engine.build_args(settings).max_num_seqs == 3
+    with pytest.raises(EngineBootError, match="max_num_seqz: not a vLLM engine argument"):
+        Engine.build_args(load_settings({"ENGINE_ARGS": '{"max_num_seqz": 3}'}))
