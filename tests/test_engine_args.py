@@ -90,7 +90,8 @@ def test_engine_args_escape_hatch_is_applied_last_and_checked_against_vllm(tiny_
     from worker.engine import Engine
     from worker.errors import EngineBootError
 
-    settings = load_settings({"MAX_NUM_SEQS": "8", "ENGINE_ARGS": '{"max_num_seqs": 3, "scheduling_policy": "priority"}'})
+    escape = '{"max_num_seqs": 3, "scheduling_policy": "priority"}'
+    settings = load_settings({"MAX_NUM_SEQS": "8", "ENGINE_ARGS": escape})
     kwargs = build_engine_kwargs(settings, resolve=resolve)
     assert kwargs["max_num_seqs"] == 3 and kwargs["scheduling_policy"] == "priority"
     assert Engine.build_args(settings).max_num_seqs == 3
