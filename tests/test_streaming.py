@@ -1,5 +1,7 @@
+from collections.abc import AsyncIterator
+
 from worker.schema import StreamChunk, Usage
-from worker.streaming import ChunkBatcher
+from worker.streaming import ChunkBatcher, coalesce_events
 
 
 def _tokens(batcher: ChunkBatcher, n: int) -> list[StreamChunk]:
@@ -47,3 +49,14 @@ def test_empty_text_does_not_spend_the_first_chunk() -> None:
 def test_batch_size_one_streams_every_step() -> None:
     sent = _tokens(ChunkBatcher(max_batch_size=1, min_batch_size=1, growth_factor=3), 6)
     assert [c.num_tokens for c in sent] == [1] * 6
+
+
+async def test_events_are_coalesced_on_the_same_schedule_and_nothing_is_lost() -> None:
+    async def events() -> AsyncIterator[str]:
+        for i in range(20):
+            yield f"data: {i}\n\n"
+
+    items = [item async for item in coalesce_events(events(), max_batch_size=5, min_batch_size=1, growth_factor=3)]
+    # The first event at once, then 1, 3, 5, 5, ... events an item; the rest at the end.
+    assert [item.count("data: ") for item in items] == [1, 1, 3, 5, 5, 5]
+    assert "".join(items) == "".join(f"data: {i}\n\n" for i in range(20))

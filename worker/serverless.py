@@ -23,7 +23,7 @@ from typing import Any
 from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_payload
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
-from worker.streaming import ChunkBatcher, collect_final
+from worker.streaming import ChunkBatcher, coalesce_events, collect_final
 
 __all__ = ["ServerlessWorker", "openai_error_item"]
 
@@ -102,7 +102,8 @@ class ServerlessWorker:
 
     async def _openai(self, job_input: dict[str, Any]) -> AsyncIterator[Any]:
         """``{"openai_route": ..., "openai_input": {...}}``: what the pod server would answer, from
-        vLLM's own OpenAI layer: a response object, or its server-sent events one per item."""
+        vLLM's own OpenAI layer: a response object, or its server-sent events, coalesced into
+        items as the native stream's tokens are (each item costs the platform a POST)."""
         unknown = sorted(set(job_input) - {"openai_route", "openai_input"})
         if unknown:
             raise InvalidRequest(
@@ -123,8 +124,14 @@ class ServerlessWorker:
         if not response.is_stream:
             yield await response.json()
             return
-        async for event in response.events():
-            yield event
+        settings = self.holder.settings
+        async for item in coalesce_events(
+            response.events(),
+            max_batch_size=settings.default_batch_size,
+            min_batch_size=settings.default_min_batch_size,
+            growth_factor=settings.default_batch_size_growth_factor,
+        ):
+            yield item
 
     # ------------------------------------------------------------------ local runs
     async def run_local(self, job_input: Any, *, out: Callable[[str], None] = print) -> list[dict[str, Any]]:
