@@ -19,7 +19,7 @@
 #   ngram             n-gram speculation (k=4) vs none, single stream
 #   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
 #                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
-#   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler)
+#   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler), 64 tokens
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-gpu}
@@ -61,8 +61,10 @@ for stage in "$@"; do
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-ngram4 --parts overhead \
         --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline ;;
     stats-draft)
+      # 64 tokens a request: with dummy weights the draft accepts nothing, so a token costs four
+      # draft passes and a verify, and 128 tokens did not fit a 10-minute call.
       SPECULATIVE_METHOD=draft_model SPECULATIVE_MODEL=$M-1b NUM_SPECULATIVE_TOKENS=4 run stats-draft1b4 \
-        --parts overhead --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline ;;
+        --parts overhead --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline --max-tokens 64 ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
