@@ -244,12 +244,18 @@ async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_
     worker = worker_for(engine)
     job = {"prompt": "The", "sampling_params": {"max_tokens": 900, "ignore_eos": True}}
     try:
+        started = [asyncio.Event() for _ in range(3)]
 
         async def consume(i: int) -> list[dict[str, Any]]:
-            return [item async for item in worker.handle({"id": f"dying-{i}", "input": job})]
+            items = []
+            async for item in worker.handle({"id": f"dying-{i}", "input": job}):
+                items.append(item)
+                started[i].set()
+            return items
 
         tasks = [asyncio.create_task(consume(i)) for i in range(3)]
-        await asyncio.sleep(1.0)
+        # Killed as soon as every job streams (900 tokens take about a second on a fast CPU).
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
         os.kill(_engine_core(os.getpid(), among=own), signal.SIGKILL)
         results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         for items in results:
