@@ -1,4 +1,4 @@
-"""``python -m worker``: the pod-mode server (and, later, the tools around it).
+"""``python -m worker``: the pod-mode server and the tools around it.
 
     python -m worker serve [--host H] [--port P]   # OpenAI-compatible server; HOST, PORT, API_KEY env too
     python -m worker bench [--smoke] [--parts ...]  # the benchmark against vLLM itself (worker/bench.py)
@@ -22,6 +22,13 @@ __all__ = ["main"]
 log = logging.getLogger("worker")
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_TOOLS = {
+    "bench": "benchmark the worker against vLLM itself (python -m worker bench --help)",
+    "fit": "will a model fit a GPU, and how fast will it decode",
+    "plan": "serverless or pod: the cheaper deployment for a traffic profile",
+    "quantize": "AWQ 4-bit quantization in its own environment",
+    "download": "download a model (and draft) for baking into an image",
+}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -78,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         return main_plan(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    # The tools parse their own arguments (dispatched above); listed here so that --help shows them.
+    for name, summary in _TOOLS.items():
+        sub.add_parser(name, help=summary, add_help=False)
     serve = sub.add_parser("serve", help="run the OpenAI-compatible pod server")
     serve.add_argument("--host", help="bind address (env HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (env PORT, default 8000)")
