@@ -23,9 +23,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.errors import ConfigError
 
-__all__ = ["TINY_PREFIX", "LoraModule", "Settings", "is_on_runpod", "load_settings"]
+__all__ = ["TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "is_on_runpod", "load_settings"]
 
 TINY_PREFIX = "tiny:"
+# Serverless traffic is latency-bound (small batches); pods run large batches.
+DeploymentMode = Literal["serverless", "pod"]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
 # Where RunPod's cached-models feature puts models: <dir>/models--ORG--NAME/snapshots/<HASH>/
 RUNPOD_MODEL_CACHE_DIR = Path("/runpod-volume/huggingface-cache/hub")

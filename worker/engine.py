@@ -41,7 +41,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-from worker.config import TINY_PREFIX, Settings
+from worker.config import TINY_PREFIX, DeploymentMode, Settings
 from worker.draft_check import check_draft_compatible
 from worker.engine_args import build_engine_kwargs, cached_snapshot, model_ref
 from worker.errors import ContextLengthExceeded, EngineBootError, EngineDead, InvalidRequest, WorkerError
@@ -200,7 +200,7 @@ class Engine:
         return AsyncEngineArgs(**kwargs)
 
     @classmethod
-    def create(cls, settings: Settings, *, mode: str = "serverless") -> Engine:
+    def create(cls, settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
         """Build and start the engine (blocking; call it off the event loop)."""
         _select_quantized_kernel(settings, mode=mode)
         engine_args = cls.build_args(settings)
@@ -221,7 +221,7 @@ class Engine:
         return cls(llm, settings=settings, model_label=model_ref(settings))
 
     @classmethod
-    async def boot(cls, settings: Settings, *, mode: str = "serverless") -> Engine:
+    async def boot(cls, settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
         engine = await asyncio.to_thread(cls.create, settings, mode=mode)
         # What vLLM's own server does once it has started: move everything allocated so far
         # (modules, the engine, the tokenizer) out of the garbage collector's sight, so that
@@ -473,7 +473,7 @@ def _check_local_paths(kwargs: dict[str, Any]) -> None:
             raise EngineBootError(f"{label}: {ref} is not a model directory (no config.json there)")
 
 
-def _select_quantized_kernel(settings: Settings, *, mode: str) -> None:
+def _select_quantized_kernel(settings: Settings, *, mode: DeploymentMode) -> None:
     """Pick vLLM's 4-bit GEMM kernel for the expected traffic (Hopper; a no-op elsewhere).
 
     Measured on an H200 with an 8B AWQ model: Machete (vLLM's default there) was 21% slower than

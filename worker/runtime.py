@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
-from worker.config import Settings, load_settings
+from worker.config import DeploymentMode, Settings, load_settings
 from worker.errors import EngineBootError, EngineDead, EngineNotReady, WorkerError
 from worker.metrics import WorkerMetrics
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
 
 
-async def _boot_real_engine(settings: Settings, *, mode: str = "serverless") -> Engine:
+async def _boot_real_engine(settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
     from worker.engine import Engine
 
     return await Engine.boot(settings, mode=mode)
