@@ -150,9 +150,9 @@ class Settings(BaseSettings):
         # load_settings() reads the environment it is given; nothing else is consulted.
         return (init_settings,)
 
-    @field_validator("speculative_config", mode="before")
+    @field_validator("speculative_config", "engine_args", mode="before")
     @classmethod
-    def _parse_spec_json(cls, value: Any) -> Any:
+    def _parse_json_object(cls, value: Any) -> Any:
         if isinstance(value, str):
             if not value.strip():
                 return None
@@ -163,11 +163,6 @@ class Settings(BaseSettings):
         if value is not None and not isinstance(value, dict):
             raise ValueError("must be a JSON object")
         return value
-
-    @field_validator("engine_args", mode="before")
-    @classmethod
-    def _parse_engine_args(cls, value: Any) -> Any:
-        return cls._parse_spec_json(value)
 
     @field_validator("lora_modules", mode="before")
     @classmethod

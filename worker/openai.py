@@ -124,9 +124,6 @@ class OpenAIServer:
         await init_app_state(cast(EngineClient, _ObservedClient(engine)), app.state, args, tasks)
         return cls(app)
 
-    def routes(self) -> list[str]:
-        return sorted({getattr(route, "path", "") for route in self.app.routes if hasattr(route, "methods")})
-
     async def call(self, method: str, path: str, body: Any = None) -> OpenAIResponse:
         """One request through the app, in-process. The body streams as the app sends it;
         closing it (or cancelling the consumer) tells the app the client went away, which

@@ -44,10 +44,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
-def _error_response(error: Exception) -> JSONResponse:
-    status = error.status if isinstance(error, WorkerError) else 500
-    headers = {"Retry-After": "5"} if status in (429, 503) else None
-    return JSONResponse(to_openai_error(error), status_code=status, headers=headers)
+def _error_response(error: WorkerError) -> JSONResponse:
+    headers = {"Retry-After": "5"} if error.status in (429, 503) else None
+    return JSONResponse(to_openai_error(error), status_code=error.status, headers=headers)
 
 
 class _Gate:
