@@ -13,13 +13,21 @@
 #   fp8               the same for fp8 at concurrency 1, 64 and 256 (3 alternating runs)
 #   fp8-si8           fp8 again with STREAM_INTERVAL=8 (an engine output per 8 tokens) for both paths
 #   quant             AWQ with the Marlin kernel, then Machete, at concurrency 1 and 256 (1 run each)
-#   pod               pod server vs vLLM's OpenAI server, concurrency $POD_CONCURRENCY (default 1,8,64,256)
+#   pod               pod server vs vLLM's OpenAI server booted side by side, concurrency
+#                     $POD_CONCURRENCY (default 1,8,64,256), 3 alternating runs
 #   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
 #   coldstart-server  handler and vLLM's server, warm compile cache
 #   ngram             n-gram speculation (k=4) vs none, single stream
 #   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
 #                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
 #   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler), 64 tokens
+# On two GPUs (TENSOR_PARALLEL_SIZE=2):
+#   tp2-70b           a Llama-3-70B shape in bf16, n-gram k=4: handler vs AsyncLLM at 1, 64, 256 (3 alternating
+#                     runs), then per-request spec_decode summed against vLLM's engine counters
+#   tp2-70b-fp8       the same in fp8
+#   tp2-8b            the 8B shape, no speculation, at 1 and 256 (against the bf16 stage's TP=1 figures)
+#   tp2-faults        scripts/gpu_faults.py on the 70B shape (eager: faults do not depend on CUDA graphs)
+# Stages can run side by side on two GPUs: give each its own CUDA_VISIBLE_DEVICES, OUT and ARCHIVE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-gpu}
@@ -29,14 +37,22 @@ M=/tmp/llama8b
 [ -f $M/config.json ] || python3 -m worker bench --make-llama8b $M
 [ -f $M-awq/config.json ] || python3 -m worker bench --make-llama8b $M-awq --awq
 [ -f $M-1b/config.json ] || python3 -m worker bench --make-llama8b $M-1b --shape llama-3.2-1b
+case " $* " in *" tp2-70b"* | *" tp2-faults "*)
+  [ -f /tmp/llama70b/config.json ] || python3 -m worker bench --make-llama8b /tmp/llama70b --shape llama-3-70b ;;
+esac
 export MODEL_NAME=$M LOAD_FORMAT=dummy MAX_MODEL_LEN=4096 MAX_NUM_SEQS=256 SPECULATIVE_METHOD=none
 B="python3 -m worker bench --gpu H200 --max-tokens 256 --num-requests 0"
 run() {  # label, then bench arguments
   local label=$1; shift
   echo "=== $label: $(date +%T)"
-  timeout -k 30 "${STAGE_TIMEOUT:-0}" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
+  # Every process of this stage (servers start their own sessions) inherits GPU_BENCH_STAGE: killing
+  # by it afterwards leaves nothing of the stage holding the GPU and spares a stage running beside
+  # it on another GPU.
+  local tag="$label-$$-$RANDOM"
+  GPU_BENCH_STAGE=$tag timeout -k 30 "${STAGE_TIMEOUT:-0}" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
   echo "=== $label: exit $? at $(date +%T)"; tail -3 "$OUT/$label.log"
-  pkill -f "vllm.entrypoints.openai.api_server|-m worker serve" && sleep 5  # nothing left holding the GPU
+  local left; left=$(grep -lz "^GPU_BENCH_STAGE=$tag\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
+  [ -n "$left" ] && kill -9 $left 2>/dev/null && sleep 5
   cp "$OUT/$label/bench.json" "$OUT/$label.json" 2>/dev/null
   if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi
 }
@@ -49,7 +65,7 @@ for stage in "$@"; do
     quant)
       MODEL_NAME=$M-awq AWQ_KERNEL=marlin run awq-marlin --parts overhead,roofline --concurrency 1,256 --repeats 1
       MODEL_NAME=$M-awq AWQ_KERNEL=machete run awq-machete --parts overhead,roofline --concurrency 1,256 --repeats 1 ;;
-    pod) run pod --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" --repeats 4 ;;
+    pod) run pod --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" --repeats 3 ;;
     coldstart)
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-$$
       run cold-fresh-cache --parts coldstart_handler
@@ -65,6 +81,18 @@ for stage in "$@"; do
       # draft passes and a verify, and 128 tokens did not fit a 10-minute call.
       SPECULATIVE_METHOD=draft_model SPECULATIVE_MODEL=$M-1b NUM_SPECULATIVE_TOKENS=4 run stats-draft1b4 \
         --parts overhead --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline --max-tokens 64 ;;
+    tp2-70b | tp2-70b-fp8)
+      q=bf16; [ $stage = tp2-70b-fp8 ] && q=fp8
+      MODEL_NAME=/tmp/llama70b TENSOR_PARALLEL_SIZE=2 QUANTIZATION=${q/bf16/} SPECULATIVE_METHOD=ngram \
+        NUM_SPECULATIVE_TOKENS=4 run $stage --parts overhead --concurrency 1,64,256 --repeats 3 ;;
+    tp2-8b) TENSOR_PARALLEL_SIZE=2 run tp2-8b --parts overhead --concurrency 1,256 --repeats 3 ;;
+    tp2-faults)
+      echo "=== tp2-faults: $(date +%T)"
+      MODEL_NAME=/tmp/llama70b TENSOR_PARALLEL_SIZE=2 ENFORCE_EAGER=true SPECULATIVE_METHOD=ngram \
+        NUM_SPECULATIVE_TOKENS=4 timeout -k 30 "${STAGE_TIMEOUT:-0}" python3 scripts/gpu_faults.py \
+        "$OUT/faults.json" > "$OUT/tp2-faults.log" 2>&1
+      echo "=== tp2-faults: exit $? at $(date +%T)"; grep -E "^(pod_|serverless_)" "$OUT/tp2-faults.log"
+      if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -36,12 +36,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.config import Settings, load_settings
 from worker.engine_args import build_engine_kwargs, model_ref
 from worker.planners import PRESETS
 from worker.sizing import GPUS, ModelShape, decode_roofline_tokens_per_s, kv_bytes_per_token, weight_bytes
+
+if TYPE_CHECKING:
+    from worker.engine import Engine
 
 __all__ = ["RequestTiming", "main", "summarize"]
 
@@ -230,6 +233,7 @@ async def bench_overhead(
                 row["stats_itl_ratio"] = _ratio(ours["itl_mean_ms"], off["itl_mean_ms"])
             results.append(row)
             print(f"overhead c={concurrency}: throughput ratio {row['throughput_ratio']:.3f}", flush=True)
+        spec_exact = await _spec_exactness(engine, settings, job) if settings.resolved_speculative_config() else None
     finally:
         for booted in engines.values():
             booted.shutdown()
@@ -241,7 +245,44 @@ async def bench_overhead(
         "stream_interval": stream_interval,
         "stats_off_baseline": stats_off_baseline,
         "served": served,
+        "spec_exact": spec_exact,
         "rows": results,
+    }
+
+
+async def _spec_exactness(
+    engine: Engine, settings: Settings, job: dict[str, Any], *, requests: int = 16
+) -> dict[str, Any]:
+    """Concurrent handler jobs on a speculating engine: their per-request ``spec_decode`` summed,
+    against vLLM's engine-wide counters over the same interval (nothing else runs on the engine)."""
+    from worker.runtime import EngineHolder
+    from worker.serverless import ServerlessWorker
+
+    async def factory(_: Settings) -> Engine:
+        return engine
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
+    before = _engine_spec_counters()
+
+    async def one(i: int) -> dict[str, Any]:
+        items = [item async for item in worker.handle({"id": f"exact{i}", "input": job})]
+        return dict(items[-1].get("spec_decode") or {})
+
+    finals = await asyncio.gather(*(one(i) for i in range(requests)))
+    await asyncio.sleep(0.5)  # the frontend records a step's stats just after handing out its outputs
+    after = _engine_spec_counters()
+    counters = {key.removeprefix("vllm:spec_decode_"): int(after[key] - before[key]) for key in after}
+    summed = {
+        "num_drafts": sum(f.get("num_spec_steps", 0) for f in finals),
+        "num_draft_tokens": sum(f.get("num_draft_tokens", 0) for f in finals),
+        "num_accepted_tokens": sum(f.get("num_accepted_draft_tokens", 0) for f in finals),
+    }
+    return {
+        "requests": requests,
+        "with_spec_decode": sum(1 for f in finals if f),
+        "per_request_sum": summed,
+        "engine_counters": counters,
+        "equal": summed == counters,
     }
 
 
@@ -371,20 +412,34 @@ def bench_pod(
     max_tokens: int,
     repeats: int,
 ) -> dict[str, Any]:
+    """The pod server and vLLM's own server booted side by side (half the GPU memory each, so both
+    fit one GPU), then driven in turn, the order alternating per repeat: each figure is the median
+    of ``repeats`` runs, and the two servers see the same machine state. Booting each server once
+    per repeat instead cost ~70 s a boot on the H200, more than the measurements."""
     runs: dict[str, list[list[dict[str, Any]]]] = {"pod": [], "vllm_server": []}
-    for rep in range(repeats):
-        order = ["pod", "vllm_server"] if rep % 2 == 0 else ["vllm_server", "pod"]
-        for name in order:
+    half = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
+    bases: dict[str, str] = {}
+    ready: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        for name in runs:
             port = _free_port()
-            base = f"http://127.0.0.1:{port}"
+            bases[name] = f"http://127.0.0.1:{port}"
             if name == "pod":
                 args = [sys.executable, "-m", "worker", "serve", "--port", str(port)]
+                server_env = {**env, "GPU_MEMORY_UTILIZATION": str(half.gpu_memory_utilization)}
             else:
-                args = vllm_server_args(settings, model_path=model_path, port=port)
-            with _server(args, env=env, base=base, log_path=out / f"{name}-{rep}.log") as ready_s:
+                args = vllm_server_args(half, model_path=model_path, port=port)
+                server_env = env
+            # One after the other: two engines profiling GPU memory at once would each see the other's.
+            ready[name] = stack.enter_context(
+                _server(args, env=server_env, base=bases[name], log_path=out / f"{name}.log")
+            )
+            print(f"pod bench: {name} ready in {ready[name]:.1f} s", flush=True)
+        for rep in range(repeats):
+            for name in ["pod", "vllm_server"] if rep % 2 == 0 else ["vllm_server", "pod"]:
                 rows = asyncio.run(
                     _drive_http(
-                        base,
+                        bases[name],
                         model=settings.served_model_name,
                         concurrencies=concurrencies,
                         num_requests=num_requests,
@@ -393,8 +448,8 @@ def bench_pod(
                     )
                 )
                 runs[name].append(rows)
-            print(f"pod bench: {name} rep {rep} done (ready in {ready_s:.1f} s)", flush=True)
-            (out / "pod-runs.json").write_text(json.dumps(runs, indent=1))  # kept if a later run is cut short
+                print(f"pod bench: {name} rep {rep} done", flush=True)
+                (out / "pod-runs.json").write_text(json.dumps(runs, indent=1))  # kept if a later run is cut short
     table = []
     for i, concurrency in enumerate(concurrencies):
         row: dict[str, Any] = {"concurrency": concurrency}
@@ -405,7 +460,14 @@ def bench_pod(
         row["ttft_p99_ratio"] = _ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
         row["itl_mean_ratio"] = _ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])
         table.append(row)
-    return {"num_requests": num_requests or "auto", "max_tokens": max_tokens, "repeats": repeats, "rows": table}
+    return {
+        "num_requests": num_requests or "auto",
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "ready_s": ready,
+        "side_by_side": True,
+        "rows": table,
+    }
 
 
 # ------------------------------------------------------------------------------ cold start
@@ -959,7 +1021,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
             concurrencies=plan.concurrencies,
             num_requests=plan.num_requests,
             max_tokens=plan.max_tokens,
-            repeats=max(1, plan.repeats // 2),
+            repeats=plan.repeats,
         )
         write_report(results, out)
     if "coldstart" in plan.parts:

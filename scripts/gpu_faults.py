@@ -1,0 +1,192 @@
+"""Faults on a multi-GPU engine (tensor parallelism): the checks of tests/test_reliability.py,
+run against whatever model the environment configures (MODEL_NAME, TENSOR_PARALLEL_SIZE, ...),
+without pytest, on a GPU machine.
+
+    TENSOR_PARALLEL_SIZE=2 MODEL_NAME=/tmp/llama8b LOAD_FORMAT=dummy python scripts/gpu_faults.py OUT.json
+
+1. pod, SIGTERM with a stream in flight: the stream completes, the server exits, and no process
+   it started (engine core, one worker per GPU) is alive 30 s later;
+2. pod, one tensor-parallel worker killed mid-stream: the stream ends with an error, /health turns
+   503, the server exits 1, nothing left running;
+3. serverless (the handler's ServerlessWorker in this process), one worker killed while three jobs
+   stream: each ends with error_type engine_dead, the worker asks RunPod for a replacement
+   (refresh_worker), a later job gets engine_dead at once, nothing left running.
+
+The GPU workers are told apart from the engine core by nvidia-smi (they hold the GPUs), since
+process titles need setproctitle, which a trimmed install may lack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers import alive_after, descendants, free_port  # noqa: E402
+
+BODY = {"prompt": "The", "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def gpu_workers(among: list[int]) -> list[int]:
+    """The processes among ``among`` that hold a GPU; without nvidia-smi (a CPU dry run), the engine core."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout
+    except FileNotFoundError:
+        return [pid for pid in among if "EngineCore" in _cmdline(pid)]
+    holding = {int(x) for x in out.split()}
+    return sorted(pid for pid in among if pid in holding)
+
+
+def start_pod(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "serve", "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 560
+    while time.time() < deadline:
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"pod exited during boot: {log.read_text()[-2000:]}")
+        time.sleep(0.5)
+    raise RuntimeError("pod not ready")
+
+
+def pod_sigterm(tmp: Path) -> dict[str, Any]:
+    proc, base = start_pod(tmp / "pod-sigterm.log")
+    body = {**BODY, "model": os.environ.get("SERVED_MODEL_NAME") or os.environ["MODEL_NAME"]}
+    started = time.perf_counter()
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as response:
+        lines = response.iter_lines()
+        first = next(lines)
+        processes = descendants(proc.pid)
+        workers = gpu_workers(processes)
+        proc.send_signal(signal.SIGTERM)
+        rest = [line for line in lines if line]
+    left = alive_after(processes, 30)
+    code = proc.wait(timeout=60)
+    return {
+        "first_line_ok": first.startswith("data: "),
+        "stream_completed": bool(rest) and rest[-1] == "data: [DONE]" and not any('"error"' in x for x in rest),
+        "processes_before": len(processes),
+        "gpu_workers": len(workers),
+        "exit_code": code,
+        "alive_30s_after": [_cmdline(pid)[:80] for pid in left],
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def pod_worker_death(tmp: Path) -> dict[str, Any]:
+    proc, base = start_pod(tmp / "pod-death.log")
+    body = {**BODY, "model": os.environ.get("SERVED_MODEL_NAME") or os.environ["MODEL_NAME"]}
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as response:
+        lines = response.iter_lines()
+        next(lines)
+        processes = descendants(proc.pid)
+        victim = gpu_workers(processes)[-1]
+        killed_at = time.perf_counter()
+        os.kill(victim, signal.SIGKILL)
+        try:
+            rest = list(lines)
+        except httpx.HTTPError:
+            rest = ["(connection closed)"]
+    ended_after = time.perf_counter() - killed_at
+    statuses = []
+    while proc.poll() is None and time.perf_counter() - killed_at < 60:
+        try:
+            statuses.append(httpx.get(base + "/health", timeout=2).status_code)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    code = proc.wait(timeout=60)
+    return {
+        "stream_ended_with_error": any('"error"' in line for line in rest) or rest == ["(connection closed)"],
+        "stream_ended_s_after_kill": round(ended_after, 2),
+        "health_503_seen": 503 in statuses,
+        "exit_code": code,
+        "alive_30s_after": [_cmdline(pid)[:80] for pid in alive_after(processes, 30)],
+    }
+
+
+async def serverless_worker_death() -> dict[str, Any]:
+    from worker.runtime import EngineHolder
+    from worker.serverless import ServerlessWorker
+
+    worker = ServerlessWorker(EngineHolder())
+    job = {"prompt": "The", "sampling_params": {"max_tokens": 400, "ignore_eos": True}}
+    streaming = [asyncio.Event() for _ in range(3)]
+
+    async def consume(i: int) -> list[dict[str, Any]]:
+        items = []
+        async for item in worker.handle({"id": f"dying-{i}", "input": job}):
+            items.append(item)
+            streaming[i].set()
+        return items
+
+    tasks = [asyncio.create_task(consume(i)) for i in range(3)]
+    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in streaming)), 560)
+    # multiprocessing's resource tracker lives as long as this process does: not the engine's.
+    processes = [pid for pid in descendants(os.getpid()) if "resource_tracker" not in _cmdline(pid)]
+    victim = gpu_workers(processes)[-1]
+    killed_at = time.perf_counter()
+    os.kill(victim, signal.SIGKILL)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    ended_after = time.perf_counter() - killed_at
+    later = [item async for item in worker.handle({"id": "after", "input": job})]
+    return {
+        "in_flight_error_types": [items[-1].get("error_type") for items in results],
+        "ended_s_after_kill": round(ended_after, 2),
+        "refresh_worker": worker.runpod_config.get("refresh_worker") is True,
+        "later_job_error_type": later[-1].get("error_type"),
+        "alive_30s_after": [_cmdline(pid)[:80] for pid in alive_after(processes, 30)],
+    }
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    tmp = out.parent
+    results: dict[str, Any] = {
+        "env": {k: v for k, v in os.environ.items() if k in ("MODEL_NAME", "TENSOR_PARALLEL_SIZE", "ENFORCE_EAGER")}
+    }
+    checks = [("pod_sigterm", lambda: pod_sigterm(tmp)), ("pod_worker_death", lambda: pod_worker_death(tmp))]
+    checks.append(("serverless_worker_death", lambda: asyncio.run(serverless_worker_death())))
+    for name, check in checks:
+        try:
+            results[name] = check()
+        except Exception as exc:  # a failed check is a result to report, and the next still runs
+            results[name] = {"failed": f"{type(exc).__name__}: {exc}"}
+        print(name, json.dumps(results[name]), flush=True)
+        out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
