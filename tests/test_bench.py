@@ -33,15 +33,23 @@ def test_parse_boot_log() -> None:
     assert parse_boot_log(log) == {"weights_load_s": 1.25, "engine_init_s": 7.5}
 
 
-def test_render_saved_gpu_results() -> None:
+def test_render_saved_gpu_results(tmp_path: Path) -> None:
+    """Saved results render to tables whose cells are the JSON's own figures (read here, not copied)."""
     results = ROOT / "docs" / "gpu-results"
-    text = render_saved([results / "bf16.json", results / "fp8-si8-a.json", results / "pod-1-64.json"])
+    bf16 = json.loads((results / "bf16.json").read_text())
+    # The same results with an engine that sent an output per 8 tokens, under another name.
+    si8 = {**bf16, "overhead": {**bf16["overhead"], "stream_interval": 8}}
+    (tmp_path / "si8.json").write_text(json.dumps(si8))
+    text = render_saved([results / "bf16.json", tmp_path / "si8.json", results / "pod.json"])
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
-    # The summary names each file, and says when its engine sent an output per several tokens.
-    assert "0.648" in rows["bf16"] and "1.000 / 0.995" in rows["bf16"]
-    assert "1.000 / 0.984" in rows["fp8-si8-a (stream interval 8)"]
+    by_c = {r["concurrency"]: r for r in bf16["overhead"]["rows"]}
+    ratios = f"{by_c[1]['throughput_ratio']:.3f} / {by_c[256]['throughput_ratio']:.3f}"
+    assert rows["bf16"].endswith(ratios + " |") and f"{by_c[256]['handler']['throughput_tok_s']:,.0f}" in rows["bf16"]
+    assert rows["si8 (stream interval 8)"].endswith(ratios + " |")
     assert "Engine stream interval: 8 token(s) per output" in text
-    assert "#### pod (`pod-1-64.json`)" in text and "| 64 | 10,157.1 | 9,963.5 | 1.019 |" in text
+    pod_row = json.loads((results / "pod.json").read_text())["pod"]["rows"][-1]
+    assert "#### pod (`pod.json`)" in text
+    assert f"| {pod_row['concurrency']} | {pod_row['pod']['throughput_tok_s']:,.1f} |" in text
 
 
 @pytest.mark.timeout(900)
