@@ -12,6 +12,7 @@ Every item is a dict: ``{"text": delta}`` while streaming; the last adds ``finis
 Run locally:
     python handler.py                          # the job in test_input.json
     python handler.py --test_input '<json>'    # that job
+    python handler.py --verbose                # with vLLM's own INFO logging (WARNING otherwise)
     python handler.py --rp_serve_api           # the RunPod SDK's local API server
 
 Importing this module boots nothing: the engine starts with the first job.
@@ -20,11 +21,12 @@ Importing this module boots nothing: the engine starts with the first job.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from worker.config import is_on_runpod
+from worker.config import is_on_runpod, local_run_environment
 from worker.serverless import ServerlessWorker, main_local
 
 _worker = ServerlessWorker()
@@ -50,7 +52,9 @@ def main(argv: list[str]) -> int:
         runpod.serverless.start(_worker.runpod_config)
         return 0
     # The SDK's own local mode does not iterate async-generator handlers: ours does.
-    return main_local(_worker, argv)
+    is_verbose = "--verbose" in argv
+    os.environ.update(local_run_environment(is_verbose=is_verbose))  # before vLLM is imported
+    return main_local(_worker, [arg for arg in argv if arg != "--verbose"])
 
 
 if __name__ == "__main__":  # vLLM's spawned workers re-import this file: nothing may start on import

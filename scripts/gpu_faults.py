@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,10 @@ def main() -> int:
     results: dict[str, Any] = {
         "env": {k: v for k, v in os.environ.items() if k in ("MODEL_NAME", "TENSOR_PARALLEL_SIZE", "ENFORCE_EAGER")}
     }
-    checks = [("pod_sigterm", lambda: pod_sigterm(tmp)), ("pod_worker_death", lambda: pod_worker_death(tmp))]
+    checks: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("pod_sigterm", lambda: pod_sigterm(tmp)),
+        ("pod_worker_death", lambda: pod_worker_death(tmp)),
+    ]
     checks.append(("serverless_worker_death", lambda: asyncio.run(serverless_worker_death())))
     for name, check in checks:
         try:

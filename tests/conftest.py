@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from worker.config import Settings, load_settings
-from worker.runtime import EngineHolder
-from worker.serverless import ServerlessWorker
+from tests.helpers import CACHE_DIR, boot_engine
+from worker.config import Settings
 from worker.tiny_models import TinyModels, ensure_tiny_models
 
-CACHE_DIR = Path(os.environ.get("WORKER_CACHE_DIR", str(Path.home() / ".cache" / "runpod-vllm-worker")))
 # Variables the worker reads; each test starts without them (engines get explicit settings).
 _WORKER_ENV = {name.upper() for name in Settings.model_fields} | {"RUNPOD_WEBHOOK_GET_JOB"}
 
@@ -28,27 +25,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def tiny_models() -> TinyModels:
     return ensure_tiny_models(CACHE_DIR)
-
-
-def engine_settings(**env: Any) -> Settings:
-    values = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MAX_NUM_SEQS": "16"}
-    values.update({key: str(value) for key, value in env.items()})
-    return load_settings(values)
-
-
-def worker_for(engine: Any, **env: Any) -> ServerlessWorker:
-    """A serverless worker serving ``engine``, already booted (a real engine or a FakeEngine)."""
-
-    async def factory(_: Settings) -> Any:
-        return engine
-
-    return ServerlessWorker(EngineHolder(settings_loader=lambda: engine_settings(**env), engine_factory=factory))
-
-
-async def boot_engine(tiny_models: TinyModels, **env: Any) -> Any:
-    from worker.engine import Engine
-
-    return await Engine.boot(engine_settings(**env))
 
 
 @pytest.fixture(scope="session")

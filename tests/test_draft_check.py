@@ -5,7 +5,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import engine_settings
+from tests.helpers import engine_settings
+from worker.config import Settings
 from worker.draft_check import check_draft_compatible
 from worker.errors import IncompatibleDraft
 from worker.runtime import EngineHolder
@@ -45,7 +46,7 @@ def test_missing_draft_is_refused(tiny_models: Any, tmp_path: Path) -> None:
 
 
 async def test_incompatible_draft_fails_the_boot_and_the_job(tiny_models: Any) -> None:
-    def settings():
+    def settings() -> Settings:
         return engine_settings(MODEL_NAME="tiny:target", SPECULATIVE_MODEL="tiny:mismatch", NUM_SPECULATIVE_TOKENS=3)
 
     worker = ServerlessWorker(EngineHolder(settings_loader=settings))

@@ -2,8 +2,14 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import load_settings
-from worker.engine_args import TINY_KV_CACHE_BYTES, TINY_MAX_MODEL_LEN, build_engine_kwargs, cached_snapshot
+from worker.config import DeploymentMode, load_settings
+from worker.engine_args import (
+    TINY_KV_CACHE_BYTES,
+    TINY_MAX_MODEL_LEN,
+    build_engine_kwargs,
+    engine_environment,
+)
+from worker.models import cached_snapshot
 from worker.tiny_models import TinyModels
 
 
@@ -97,3 +103,20 @@ def test_engine_args_escape_hatch_is_applied_last_and_checked_against_vllm(tiny_
     assert Engine.build_args(settings).max_num_seqs == 3
     with pytest.raises(EngineBootError, match="max_num_seqz: not a vLLM engine argument"):
         Engine.build_args(load_settings({"ENGINE_ARGS": '{"max_num_seqz": 3}'}))
+
+
+def test_engine_environment_picks_the_awq_kernel_per_mode_and_keeps_the_users_list() -> None:
+    def disabled(mode: DeploymentMode, **env: str) -> str | None:
+        return engine_environment(load_settings(env), mode=mode)["VLLM_DISABLED_KERNELS"]
+
+    assert disabled("serverless") == "MacheteLinearKernel"  # Marlin for small batches
+    assert disabled("pod") is None  # Machete, vLLM's own default on Hopper, for large batches
+    assert disabled("pod", AWQ_KERNEL="marlin") == "MacheteLinearKernel"
+    assert disabled("serverless", AWQ_KERNEL="machete") is None
+    # The user's own list is kept, and Machete is removed from it or added to it as chosen.
+    assert disabled("pod", VLLM_DISABLED_KERNELS="CutlassFP8ScaledMMLinearKernel,MacheteLinearKernel") == (
+        "CutlassFP8ScaledMMLinearKernel"
+    )
+    assert disabled("serverless", VLLM_DISABLED_KERNELS="CutlassFP8ScaledMMLinearKernel") == (
+        "CutlassFP8ScaledMMLinearKernel,MacheteLinearKernel"
+    )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import boot_engine
+from tests.helpers import boot_engine
 from worker.schema import SpecDecodeStats, StreamChunk, parse_request
 
 PROMPTS = [

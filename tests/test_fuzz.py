@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import worker_for
+from tests.fakes import FakeEngine
+from tests.helpers import worker_for
 from worker.errors import InvalidRequest
 from worker.pod import create_app
 from worker.schema import parse_request
 from worker.serverless import ServerlessWorker
-from worker.testing import FakeEngine
 
 NUM_CASES = 1000
 COUNTS: dict[str, int] = {}

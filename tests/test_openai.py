@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from tests.conftest import engine_settings
+from tests.helpers import engine_settings
 from tests.test_serverless import assert_engine_empties
 from worker.engine import RequestEnd
 from worker.pod import create_app
@@ -48,7 +48,10 @@ class Both:
         self.worker = ServerlessWorker(holder)
         app = create_app(holder, boot_on_startup=False)
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pod", timeout=120)
-        self.client = openai.AsyncOpenAI(base_url="http://pod/v1", api_key="none", http_client=self.http)
+        # Any: the tests send plain dicts, not the SDK's TypedDicts (and its httpx is its own package).
+        self.client: Any = openai.AsyncOpenAI(
+            base_url="http://pod/v1", api_key="none", http_client=cast(Any, self.http)
+        )
 
     async def native(self, job_input: dict[str, Any]) -> dict[str, Any]:
         """The last item of a native job (its whole answer with ``stream: false``)."""
@@ -134,13 +137,13 @@ async def test_tool_call_with_the_official_client(both: Both) -> None:
     response = await both.client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Weather in Oslo for 3 days?"}],
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=TOOLS,
         tool_choice="required",
         max_tokens=100,
         temperature=0,
     )
     (call,) = response.choices[0].message.tool_calls or []
-    jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
 
 
 @pytest.mark.parametrize("entry", ENTRYPOINTS)
@@ -219,7 +222,7 @@ async def test_stop_string_endings_carry_exact_stats(both: Both, entry: str) -> 
 
 
 async def test_route_errors_are_readable_strings_and_the_worker_keeps_serving(both: Both) -> None:
-    cases = [
+    cases: list[tuple[str, dict[str, Any] | None, str]] = [
         ("/v1/chat/completions", {"model": MODEL}, "messages"),
         ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, "gpt-4"),
         ("/v1/no-such-route", {}, "no route"),

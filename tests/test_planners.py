@@ -1,7 +1,8 @@
 import pytest
 
-from worker.planners import PRESETS, fit, plan_costs, serverless_cost_per_hour
-from worker.sizing import ModelShape
+from worker.tools.costs import plan_costs, serverless_cost_per_hour
+from worker.tools.fit import PRESETS, fit
+from worker.tools.sizing import ModelShape
 
 GIB = 2**30
 
@@ -28,7 +29,8 @@ def test_70b_bf16_does_not_fit_one_gpu_but_awq_does() -> None:
     awq = fit(shape, gpu="H100 SXM", quantization="awq", kv_cache_dtype="fp8", max_model_len=4096, concurrency=8)
     assert not bf16.fits and bf16.weights_gib > 130
     assert awq.fits and awq.weights_gib < 40
-    assert awq.max_concurrency_at_context == 0 or awq.max_concurrency_at_context >= 8
+    # ~37 GiB of 4-bit weights leave ~30 GiB for an fp8 KV cache of 0.625 GiB per 4096-token sequence.
+    assert 40 <= awq.max_concurrency_at_context <= 60
 
 
 def test_serverless_hour_by_hand() -> None:
@@ -63,6 +65,6 @@ def test_plan_break_even_and_choice() -> None:
     assert light.pod_cost_per_day == 48.0
     assert light.serverless_cost_per_million_tokens == pytest.approx(light.serverless_cost_per_day / (240 * 500) * 1e6)
     # A peak of 6000 requests/hour needs 3000 GPU-s/h > 0.8 x 3600: two pods.
-    assert plan_costs([6000] + [0] * 23, **args).num_pods == 2
+    assert plan_costs([6000.0] + [0.0] * 23, **args).num_pods == 2
     with pytest.raises(ValueError):
         plan_costs([1] * 23, **args)

@@ -16,8 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import worker_for
-from tests.helpers import free_port
+from tests.helpers import free_port, worker_for
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "test-key-0123456789"
@@ -29,10 +28,10 @@ class PodServer:
         self.base = base
         self.statuses_while_starting = statuses
 
-    def client(self, *, api_key: str = API_KEY) -> openai.OpenAI:
+    def client(self, *, api_key: str = API_KEY) -> Any:  # Any: the tests send plain dicts, not the SDK's TypedDicts
         return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=120)
 
-    def async_client(self) -> openai.AsyncOpenAI:
+    def async_client(self) -> Any:
         return openai.AsyncOpenAI(base_url=self.base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
     def metrics(self) -> dict[str, float]:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import boot_engine
-from worker.quantize import linear_bytes
+from tests.helpers import boot_engine
 from worker.schema import parse_request
+from worker.tools.quantize import linear_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def awq_model(tiny_models: Any, tmp_path_factory: pytest.TempPathFactory, subpro
 
 @pytest.mark.timeout(1500)
 def test_awq_shrinks_the_linear_weights_to_about_a_quarter(awq_model: Path, tiny_models: Any) -> None:
-    before = linear_bytes(tiny_models.target, as_bf16=True)  # the tiny model is stored in float32
+    before = linear_bytes(tiny_models.target)  # the tiny model is stored in bfloat16
     after = linear_bytes(awq_model)
     # 4-bit weights plus a scale and a zero point per group of 128: a quarter of bf16, plus a little.
     assert 0.25 < after / before < 0.30

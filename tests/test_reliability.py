@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -22,8 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import boot_engine, engine_settings, worker_for
-from tests.helpers import alive_after, descendants, free_port
+from tests.helpers import alive_after, boot_engine, descendants, engine_settings, free_port, worker_for
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
 
@@ -185,9 +185,11 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
 
         # SIGTERM with a request in flight: it finishes, then the server and its engine exit cleanly.
         engine_processes = descendants(pod.proc.pid)
-        body = {"model": MODEL, "prompt": "The", "max_tokens": 300, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers, timeout=120) as r:
-            lines = r.iter_lines()
+        last = {"model": MODEL, "prompt": "The", "max_tokens": 300, "ignore_eos": True, "stream": True}
+        with httpx.stream(
+            "POST", pod.base + "/v1/completions", json=last, headers=pod.headers, timeout=120
+        ) as response:
+            lines = response.iter_lines()
             assert next(lines).startswith("data: ")
             pod.proc.send_signal(signal.SIGTERM)
             rest = [line for line in lines if line]
@@ -276,7 +278,7 @@ async def test_boot_failure_is_bounded_and_clear(tmp_path: Path) -> None:
             "cannot draft",
         ),
     ]:
-        worker = ServerlessWorker(EngineHolder(settings_loader=lambda env=env: engine_settings(**env)))
+        worker = ServerlessWorker(EngineHolder(settings_loader=functools.partial(engine_settings, **env)))
         started = time.perf_counter()
         items = await asyncio.wait_for(asyncio.gather(*(_collect(worker, i) for i in range(3))), 120)
         for job_items in items:

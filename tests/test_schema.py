@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from worker.errors import InvalidRequest
@@ -40,7 +42,7 @@ def test_stop_string_becomes_a_list() -> None:
         ({"prompt": "x", "sampling_params": {"stop": [""]}}, "stop strings must not be empty"),
     ],
 )
-def test_bad_input_gets_an_error_naming_the_field(data: dict, named: str) -> None:
+def test_bad_input_gets_an_error_naming_the_field(data: dict[str, Any], named: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request(data)
     assert named in info.value.message

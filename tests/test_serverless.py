@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import boot_engine, engine_settings, worker_for
+from tests.helpers import boot_engine, engine_settings, worker_for
 from worker.engine import RequestEnd
 from worker.runtime import EngineHolder
 from worker.schema import parse_request

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.conftest import engine_settings, worker_for
+from tests.fakes import FakeEngine
+from tests.helpers import engine_settings, worker_for
 from worker.errors import EngineBootError
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
-from worker.testing import FakeEngine
 
 JOB = {"prompt": "hi", "sampling_params": {"max_tokens": 3}}
 
@@ -88,7 +88,7 @@ async def test_engine_death_mid_stream_ends_the_job_with_an_error() -> None:
 
 async def test_unexpected_engine_exception_is_a_generic_error() -> None:
     class Exploding(FakeEngine):
-        async def generate(self, request: Any, *, request_id: str | None = None) -> Any:  # type: ignore[override]
+        async def generate(self, request: Any, *, request_id: str | None = None) -> Any:
             raise KeyError("internal detail")
             yield  # pragma: no cover
 

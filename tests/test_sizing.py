@@ -1,7 +1,13 @@
 import pytest
 
-from worker.planners import PRESETS
-from worker.sizing import ModelShape, bytes_per_weight, decode_roofline_tokens_per_s, kv_bytes_per_token, weight_bytes
+from worker.tools.fit import PRESETS
+from worker.tools.sizing import (
+    ModelShape,
+    bytes_per_weight,
+    decode_roofline_tokens_per_s,
+    kv_bytes_per_token,
+    weight_bytes,
+)
 
 LLAMA3_8B = ModelShape.from_config(PRESETS["llama-3-8b"])
 LLAMA2_7B = ModelShape.from_config(

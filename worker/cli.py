@@ -1,7 +1,7 @@
 """``python -m worker``: the pod-mode server and the tools around it.
 
     python -m worker serve [--host H] [--port P]   # OpenAI-compatible server; HOST, PORT, API_KEY env too
-    python -m worker bench [--smoke] [--parts ...]  # the benchmark against vLLM itself (worker/bench.py)
+    python -m worker bench [--smoke] [--parts ...]  # the benchmark against vLLM itself (worker/tools/bench/)
     python -m worker fit --model llama-3-8b --gpu H100 SXM ...   # memory and speed planner
     python -m worker plan --requests-per-hour 120 --tokens-per-s 2000 ...   # serverless vs pod cost
 
@@ -35,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from worker.pod import create_app
-    from worker.runtime import EngineHolder, boot_pod_engine
+    from worker.runtime import EngineHolder
 
     flags = {"HOST": args.host, "PORT": args.port}
     try:
@@ -48,7 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("LISTENING ON %s WITHOUT AN API KEY: anyone who can reach this port can use the GPU", settings.host)
         log.warning("set API_KEY to require 'Authorization: Bearer <key>'")
         log.warning("=" * 72)
-    holder = EngineHolder(settings_loader=lambda: settings, engine_factory=boot_pod_engine)
+    holder = EngineHolder(settings_loader=lambda: settings, mode="pod")
     app = create_app(holder)
     uvicorn.run(
         app,
@@ -64,23 +64,23 @@ def _serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
-        from worker.bench import main as bench_main
+        from worker.tools.bench.cli import main as bench_main
 
         return bench_main(argv[1:])
     if argv[:1] == ["fit"]:
-        from worker.planners import main_fit
+        from worker.tools.fit import main_fit
 
         return main_fit(argv[1:])
     if argv[:1] == ["download"]:
-        from worker.download import main as download_main
+        from worker.tools.download import main as download_main
 
         return download_main(argv[1:])
     if argv[:1] == ["quantize"]:
-        from worker.quantize import main as quantize_main
+        from worker.tools.quantize import main as quantize_main
 
         return quantize_main(argv[1:])
     if argv[:1] == ["plan"]:
-        from worker.planners import main_plan
+        from worker.tools.costs import main_plan
 
         return main_plan(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.split("\n\n")[0])

@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     awq_kernel: Literal["auto", "marlin", "machete"] = Field(
         "auto", description="4-bit GEMM kernel on Hopper; auto: marlin for serverless (latency), machete for pods"
     )
+    vllm_disabled_kernels: str | None = Field(
+        None, description="vLLM's own variable, read here so that the AWQ_KERNEL choice can extend it"
+    )
     # Compact JSON for structured outputs: with free whitespace a weak model can pad JSON
     # with spaces until max_tokens. Engine-wide in vLLM, and only the xgrammar and guidance
     # backends honour it; guidance covers the widest range of JSON schemas.
@@ -230,7 +233,19 @@ class Settings(BaseSettings):
     @property
     def served_model_name(self) -> str:
         """The name the OpenAI routes answer to."""
-        return self.openai_served_model_name_override or self.model_name or f"{TINY_PREFIX}target"
+        return self.openai_served_model_name_override or self.target_ref
+
+    @property
+    def target_ref(self) -> str:
+        """The target model as the user named it: ``MODEL_NAME``, or the embedded tiny model."""
+        return self.model_name or f"{TINY_PREFIX}target"
+
+    @property
+    def draft_ref(self) -> str | None:
+        """The draft model as the user named it (``SPECULATIVE_MODEL`` or the config's ``model``), if any."""
+        spec = self.resolved_speculative_config()
+        model = spec.get("model") if spec else None
+        return model if isinstance(model, str) else None
 
     def resolved_speculative_config(self) -> dict[str, Any] | None:
         """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs.
@@ -274,6 +289,16 @@ def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[st
             message = error["msg"].removeprefix("Value error, ")
             problems.append(f"{name}: {message}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+
+
+def local_run_environment(env: Mapping[str, str] | None = None, *, is_verbose: bool) -> dict[str, str]:
+    """What the local test run (``python handler.py``) sets before vLLM is imported: vLLM's own
+    logging at WARNING (a few hundred INFO lines otherwise), unless ``--verbose`` was given or
+    ``VLLM_LOGGING_LEVEL`` is set."""
+    source = os.environ if env is None else env
+    if is_verbose or "VLLM_LOGGING_LEVEL" in source:
+        return {}
+    return {"VLLM_LOGGING_LEVEL": "WARNING"}
 
 
 def is_on_runpod(env: Mapping[str, str] | None = None) -> bool:

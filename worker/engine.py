@@ -13,8 +13,8 @@ for a request with stop strings, every few steps for the others); the frontend k
 latest, so the final output of a stop-string request carries the counts up to and including
 its last step, and a cancelled one can report what was observed.
 
-This is the only module that imports vLLM (the engine-core process imports it too, for the
-scheduler class).
+With ``worker/spec_scheduler.py`` (the scheduler subclasses, imported by the engine-core process
+too), the only module that imports vLLM; where model references point is ``worker/models.py``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from vllm import SamplingParams
@@ -35,75 +33,24 @@ from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.utils.gc_utils import freeze_gc_heap
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
-from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-from worker.config import TINY_PREFIX, DeploymentMode, Settings
+from worker.config import Settings
 from worker.draft_check import check_draft_compatible
-from worker.engine_args import build_engine_kwargs, cached_snapshot, model_ref
+from worker.engine_args import build_engine_kwargs
 from worker.errors import ContextLengthExceeded, EngineBootError, EngineDead, InvalidRequest, WorkerError
+from worker.models import check_local_paths, resolver
 from worker.schema import GenerateRequest, Served, SpecDecodeStats, StreamChunk, Timings, Usage
+from worker.spec_scheduler import SpecMetricsAsyncScheduler, SpecMetricsScheduler
 from worker.stats import spec_stats_from_histogram
 
 # vLLM's typed client errors, and the ValueError its request validation still raises in places.
 _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
 
-__all__ = ["Engine", "RequestEnd", "SpecMetricsAsyncScheduler", "SpecMetricsScheduler"]
+__all__ = ["Engine", "RequestEnd"]
 
 log = logging.getLogger(__name__)
-
-# Engine steps between snapshots for requests without stop strings: a cancelled request then
-# reports counts at most this many steps old (marked partial); exact endings need no snapshot.
-SNAPSHOT_EVERY_STEPS = 8
-
-
-class _SpecMetricsSnapshots:
-    """Scheduler mixin: attach snapshots of requests' spec-decode metrics to non-final outputs.
-
-    vLLM attaches a request's metrics only to the output on which the engine core finishes it.
-    A request with stop strings may be finished by the frontend instead (which detects them), so
-    it gets a snapshot on every step: its final output then carries the counts up to and
-    including its last step. Every other request gets one every ``SNAPSHOT_EVERY_STEPS`` steps,
-    for what a cancelled request reports. This runs once per request per step inside the engine
-    core's loop, so it stays a dict lookup and, where due, one small copy: the core goes on
-    mutating the live object (the next step may run while the output thread still serialises
-    this one). The constructor with positional fields costs a quarter of ``dataclasses.replace``.
-    """
-
-    requests: dict[str, Any]
-    _num_steps = 0
-
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        self._num_steps += 1
-        is_periodic = self._num_steps % SNAPSHOT_EVERY_STEPS == 0
-        requests = self.requests
-        for engine_outputs in outputs.values():
-            for output in engine_outputs.outputs:
-                if output.spec_decode_metrics is not None:  # vLLM's own, on the final output
-                    continue
-                request: Any = requests.get(output.request_id)
-                m = None if request is None else request.spec_decode_metrics
-                if m is not None and (is_periodic or request.sampling_params.stop):
-                    output.spec_decode_metrics = RequestSpecDecodeMetrics(
-                        m.num_spec_tokens,
-                        m.histogram.copy(),
-                        m.num_draft_tokens,
-                        m.per_step_accepted.copy(),
-                        m.per_step_drafted.copy(),
-                    )
-        return outputs
-
-
-class SpecMetricsScheduler(_SpecMetricsSnapshots, Scheduler):
-    pass
-
-
-class SpecMetricsAsyncScheduler(_SpecMetricsSnapshots, AsyncScheduler):
-    pass
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,25 +63,6 @@ class RequestEnd:
     spec_decode: SpecDecodeStats | None
     time_to_first_token_s: float | None
     num_completion_tokens: int
-
-
-def _resolve_ref(settings: Settings) -> Callable[[str], str]:
-    """Model references to what vLLM loads: ``tiny:`` names to the built tiny models, and a hub
-    id that RunPod's model cache holds to its local snapshot (no download, no hub access)."""
-
-    def resolve(ref: str) -> str:
-        if ref.startswith(TINY_PREFIX):
-            from worker.tiny_models import ensure_tiny_models
-
-            return str(ensure_tiny_models(settings.worker_cache_dir).path(ref.removeprefix(TINY_PREFIX)))
-        revision = settings.model_revision if ref == settings.model_name else None
-        cached = cached_snapshot(ref, revision=revision, cache_dir=settings.runpod_model_cache_dir)
-        if cached is not None:
-            log.info("%s: serving RunPod's cached copy at %s", ref, cached)
-            return str(cached)
-        return ref
-
-    return resolve
 
 
 def _stats_from_vllm(metrics: Any, *, is_partial: bool) -> SpecDecodeStats:
@@ -169,7 +97,7 @@ class Engine:
         self.observers: list[Callable[[RequestEnd], None]] = []
         # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
         # same list, so that both entrypoints share one adapter slot per name.
-        resolve = _resolve_ref(settings)
+        resolve = resolver(settings)
         self.lora_requests: dict[str, LoRARequest] = {
             module.name: LoRARequest(module.name, index, resolve(module.path))
             for index, module in enumerate(settings.lora_modules, start=1)
@@ -178,18 +106,16 @@ class Engine:
     # ----------------------------------------------------------------- boot / shutdown
     @classmethod
     def build_args(cls, settings: Settings) -> AsyncEngineArgs:
-        resolve = _resolve_ref(settings)
+        resolve = resolver(settings)
         kwargs = build_engine_kwargs(settings, resolve=resolve)
-        _check_local_paths(kwargs)
+        check_local_paths(kwargs)
         spec = kwargs.get("speculative_config")
         if spec and spec.get("method", "draft_model") == "draft_model" and spec.get("model"):
             check_draft_compatible(
                 target=kwargs["model"],
                 draft=spec["model"],
-                target_label=model_ref(settings),
-                draft_label=settings.speculative_model
-                or (settings.speculative_config or {}).get("model")
-                or spec["model"],
+                target_label=settings.target_ref,
+                draft_label=settings.draft_ref or spec["model"],
                 target_revision=settings.model_revision,
                 trust_remote_code=settings.trust_remote_code,
             )
@@ -200,9 +126,9 @@ class Engine:
         return AsyncEngineArgs(**kwargs)
 
     @classmethod
-    def create(cls, settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
-        """Build and start the engine (blocking; call it off the event loop)."""
-        _select_quantized_kernel(settings, mode=mode)
+    def create(cls, settings: Settings) -> Engine:
+        """Build and start the engine (blocking; call it off the event loop). The process
+        environment vLLM reads (``engine_args.engine_environment``) is set by the caller."""
         engine_args = cls.build_args(settings)
         try:
             vllm_config = engine_args.create_engine_config()
@@ -216,13 +142,13 @@ class Engine:
             raise
         except Exception as exc:
             raise EngineBootError(
-                f"engine failed to start for model {model_ref(settings)!r}: {_one_line(exc)}"
+                f"engine failed to start for model {settings.target_ref!r}: {_one_line(exc)}"
             ) from exc
-        return cls(llm, settings=settings, model_label=model_ref(settings))
+        return cls(llm, settings=settings, model_label=settings.target_ref)
 
     @classmethod
-    async def boot(cls, settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
-        engine = await asyncio.to_thread(cls.create, settings, mode=mode)
+    async def boot(cls, settings: Settings) -> Engine:
+        engine = await asyncio.to_thread(cls.create, settings)
         # What vLLM's own server does once it has started: move everything allocated so far
         # (modules, the engine, the tokenizer) out of the garbage collector's sight, so that
         # collections while serving do not walk it again and again.
@@ -295,7 +221,9 @@ class Engine:
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(f"sampling_params: {_one_line(exc)}") from None
 
-    async def generate(self, request: GenerateRequest, *, request_id: str | None = None) -> AsyncIterator[StreamChunk]:
+    async def generate(
+        self, request: GenerateRequest, *, request_id: str | None = None
+    ) -> AsyncGenerator[StreamChunk, None]:
         """Yield a chunk per engine output; the last one is final (``finish_reason`` set)."""
         start = time.perf_counter()
         request_id = request_id or uuid.uuid4().hex
@@ -456,43 +384,6 @@ class Engine:
                 s.num_accepted_draft_tokens,
                 s.draft_acceptance_rate,
             )
-
-
-def _check_local_paths(kwargs: dict[str, Any]) -> None:
-    """A reference that is a filesystem path must exist and hold a config.json (else vLLM would try the hub)."""
-    spec = kwargs.get("speculative_config") or {}
-    for label, ref in (
-        ("MODEL_NAME", kwargs.get("model")),
-        ("TOKENIZER_NAME", kwargs.get("tokenizer")),
-        ("SPECULATIVE_MODEL", spec.get("model")),
-    ):
-        if not isinstance(ref, str) or not ref.startswith(("/", "./", "../", "~")):
-            continue
-        path = Path(ref).expanduser()
-        if not (path / "config.json").is_file() and not (label == "TOKENIZER_NAME" and path.is_dir()):
-            raise EngineBootError(f"{label}: {ref} is not a model directory (no config.json there)")
-
-
-def _select_quantized_kernel(settings: Settings, *, mode: DeploymentMode) -> None:
-    """Pick vLLM's 4-bit GEMM kernel for the expected traffic (Hopper; a no-op elsewhere).
-
-    Measured on an H200 with an 8B AWQ model: Machete (vLLM's default there) was 21% slower than
-    Marlin at batch 1 and 31% faster at batch 256. Serverless traffic is latency-bound (small
-    batches): Marlin; pods run large batches: Machete. vLLM reads the choice from its environment,
-    which the engine-core process inherits.
-    """
-    kernel = settings.awq_kernel
-    if kernel == "auto":
-        kernel = "marlin" if mode == "serverless" else "machete"
-    disabled = [k for k in os.environ.get("VLLM_DISABLED_KERNELS", "").split(",") if k]
-    disabled = [k for k in disabled if k != "MacheteLinearKernel"]
-    if kernel == "marlin":
-        disabled.append("MacheteLinearKernel")
-    if disabled:
-        os.environ["VLLM_DISABLED_KERNELS"] = ",".join(disabled)
-    else:
-        os.environ.pop("VLLM_DISABLED_KERNELS", None)
-    log.info("4-bit GEMM kernel preference: %s (%s mode)", kernel, mode)
 
 
 def _elapsed(start: float, at: float | None) -> float | None:

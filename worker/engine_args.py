@@ -6,51 +6,22 @@ embedded tiny models; ``resolve`` maps them to local paths.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from worker.config import TINY_PREFIX, Settings
+from worker.config import DeploymentMode, Settings
 
-__all__ = ["TINY_KV_CACHE_BYTES", "TINY_MAX_MODEL_LEN", "build_engine_kwargs", "cached_snapshot", "model_ref"]
+__all__ = ["TINY_KV_CACHE_BYTES", "TINY_MAX_MODEL_LEN", "build_engine_kwargs", "engine_environment"]
 
 TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
-
-
-def model_ref(settings: Settings) -> str:
-    return settings.model_name or f"{TINY_PREFIX}target"
-
-
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-
-
-def cached_snapshot(ref: str, *, revision: str | None, cache_dir: Path) -> Path | None:
-    """The local snapshot of hub model ``ref`` in a cache of the hub's layout (RunPod's cached
-    models), or None: ``models--ORG--NAME/snapshots/<commit>``, the commit being ``revision``
-    (a commit hash, or a branch or tag named under ``refs/``), else ``refs/main``, else the only
-    snapshot there is. A snapshot without ``config.json`` does not count."""
-    if not _HUB_ID.match(ref):
-        return None
-    repo = cache_dir / ("models--" + ref.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    named = repo / "refs" / (revision or "main")
-    commit = named.read_text().strip() if named.is_file() else revision
-    if commit is None and snapshots.is_dir():
-        found = [path.name for path in snapshots.iterdir() if path.is_dir()]
-        commit = found[0] if len(found) == 1 else None
-    if commit is None:
-        return None
-    path = snapshots / commit
-    return path if (path / "config.json").is_file() else None
 
 
 def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) -> dict[str, Any]:
     """vLLM ``AsyncEngineArgs`` keyword arguments. Unset settings keep vLLM's defaults."""
     is_tiny = settings.is_tiny_default
     kwargs: dict[str, Any] = {
-        "model": resolve(model_ref(settings)),
+        "model": resolve(settings.target_ref),
         "revision": settings.model_revision,
         "tokenizer": resolve(settings.tokenizer_name) if settings.tokenizer_name else None,
         "tokenizer_revision": settings.tokenizer_revision,
@@ -89,3 +60,21 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) ->
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot).
     return {**kwargs, **(settings.engine_args or {})}
+
+
+def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str, str | None]:
+    """Process environment vLLM must see before the engine starts (``None``: unset it); the
+    engine-core process inherits it. Applied by ``worker.runtime.boot_engine``.
+
+    The 4-bit GEMM kernel on Hopper (``AWQ_KERNEL``), measured on an H200 with an 8B AWQ model on
+    vLLM 0.32 (docs/benchmarks.md): Machete, vLLM's default there, was 17% slower than Marlin at
+    batch 1 (254 vs 306 tok/s) and 43% faster at batch 256 (23,573 vs 16,518 tok/s). Serverless
+    traffic is latency-bound (small batches): Marlin; pods run large batches: Machete.
+    """
+    kernel = settings.awq_kernel
+    if kernel == "auto":
+        kernel = "marlin" if mode == "serverless" else "machete"
+    disabled = [k for k in (settings.vllm_disabled_kernels or "").split(",") if k and k != "MacheteLinearKernel"]
+    if kernel == "marlin":
+        disabled.append("MacheteLinearKernel")
+    return {"VLLM_DISABLED_KERNELS": ",".join(disabled) or None}

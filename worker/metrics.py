@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from worker.stats import mean_acceptance_length
+
+if TYPE_CHECKING:
+    from worker.engine import RequestEnd
 
 __all__ = ["AcceptanceWatchdog", "WorkerMetrics", "render_metrics"]
 
@@ -32,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 class AcceptanceWatchdog:
-    def __init__(self, *, threshold: float = 1.5, window: int = 50) -> None:
+    def __init__(self, *, threshold: float, window: int) -> None:
+        """Defaults live in ``Settings`` (``ACCEPTANCE_WATCHDOG_THRESHOLD`` / ``_WINDOW``)."""
         self.threshold = threshold
         self.window = max(1, window)
         self._steps: deque[tuple[int, int]] = deque(maxlen=self.window)  # (num_steps, num_accepted)
@@ -70,7 +75,7 @@ class AcceptanceWatchdog:
 
 
 class WorkerMetrics:
-    def __init__(self, *, num_spec_tokens: int | None = None, threshold: float = 1.5, window: int = 50) -> None:
+    def __init__(self, *, num_spec_tokens: int | None, threshold: float, window: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         k = max(1, num_spec_tokens or 8)
         length_buckets = sorted({1.0 + i * 0.25 for i in range(int(k * 4) + 1)})
@@ -108,11 +113,12 @@ class WorkerMetrics:
         )
         self.watchdog = AcceptanceWatchdog(threshold=threshold, window=window)
 
-    def track_engine(self, engine: Any) -> None:
-        self.in_engine.set_function(lambda: engine.num_unfinished_requests)
+    def count_in_engine(self, count: Callable[[], float]) -> None:
+        """Read ``worker_requests_in_engine`` from ``count`` at every scrape."""
+        self.in_engine.set_function(count)
 
-    def observe(self, end: Any) -> None:
-        """An engine request observer (``worker.engine.RequestEnd``)."""
+    def observe(self, end: RequestEnd) -> None:
+        """An engine request observer."""
         self.requests.labels(outcome=end.outcome).inc()
         if end.time_to_first_token_s is not None:
             self.ttft.observe(end.time_to_first_token_s)

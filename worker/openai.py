@@ -29,6 +29,7 @@ from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.utils.gc_utils import freeze_gc_heap
 
 from worker.config import Settings
 from worker.engine import Engine
@@ -122,6 +123,11 @@ class OpenAIServer:
         tasks = await llm.get_supported_tasks()
         app = build_app(args, tasks, llm.model_config)
         await init_app_state(cast(EngineClient, _ObservedClient(engine)), app.state, args, tasks)
+        # What vLLM's server does in its app's lifespan, which does not run here (the app is
+        # mounted, or called in-process): move the serving layer just built (templates, parsers,
+        # tokenizer caches) out of the garbage collector's sight, as Engine.boot did for the
+        # engine, so that collections while serving do not walk it again and again.
+        freeze_gc_heap()
         return cls(app)
 
     async def call(self, method: str, path: str, body: Any = None) -> OpenAIResponse:

@@ -10,36 +10,62 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from worker.config import DeploymentMode, Settings, load_settings
 from worker.errors import EngineBootError, EngineDead, EngineNotReady, WorkerError
 from worker.metrics import WorkerMetrics
+from worker.schema import GenerateRequest, Served, StreamChunk
 
 if TYPE_CHECKING:
-    from worker.engine import Engine
+    from worker.engine import Engine, RequestEnd
     from worker.openai import OpenAIServer
 
-__all__ = ["EngineHolder", "EngineState", "boot_pod_engine"]
+__all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine"]
 
 log = logging.getLogger(__name__)
 
 EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
 
 
-async def _boot_real_engine(settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
+async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
+    """vLLM's engine for ``settings``: the process environment it must inherit first (a pure
+    function of the settings and the deployment mode), then the boot."""
     from worker.engine import Engine
+    from worker.engine_args import engine_environment
 
-    return await Engine.boot(settings, mode=mode)
+    for key, value in engine_environment(settings, mode=mode).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    return await Engine.boot(settings)
 
 
-async def boot_pod_engine(settings: Settings) -> Engine:
-    return await _boot_real_engine(settings, mode="pod")
+class EngineProtocol(Protocol):
+    """What the entrypoints use of an engine: ``worker.engine.Engine``, and the tests' ``FakeEngine``."""
+
+    served: Served
+    max_num_seqs: int
+    observers: list[Callable[[RequestEnd], None]]
+
+    @property
+    def is_dead(self) -> bool: ...
+
+    @property
+    def num_unfinished_requests(self) -> int: ...
+
+    def generate(
+        self, request: GenerateRequest, *, request_id: str | None = None
+    ) -> AsyncGenerator[StreamChunk, None]: ...
+
+    def shutdown(self) -> None: ...
 
 
 class EngineHolder:
@@ -47,12 +73,15 @@ class EngineHolder:
         self,
         *,
         settings_loader: Callable[[], Settings] = load_settings,
-        engine_factory: Callable[[Settings], Awaitable[Any]] = _boot_real_engine,
+        mode: DeploymentMode = "serverless",
+        engine_factory: Callable[[Settings], Awaitable[EngineProtocol]] | None = None,
     ) -> None:
+        """``engine_factory`` replaces vLLM's engine (tests, benchmarks that share one engine)."""
         self._settings_loader = settings_loader
+        self._mode: DeploymentMode = mode
         self._engine_factory = engine_factory
         self._settings: Settings | None = None
-        self._engine: Any = None
+        self._engine: EngineProtocol | None = None
         self._boot_error: WorkerError | None = None
         self._lock: asyncio.Lock | None = None
         self._is_booting = False
@@ -68,7 +97,7 @@ class EngineHolder:
         return self._settings
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> EngineProtocol | None:
         """The engine if booted, else None (never boots)."""
         return self._engine
 
@@ -84,7 +113,7 @@ class EngineHolder:
     def boot_error(self) -> WorkerError | None:
         return self._boot_error
 
-    async def get(self) -> Any:
+    async def get(self) -> EngineProtocol:
         if self._engine is not None:
             if self._engine.is_dead:
                 raise EngineDead("the inference engine has died")
@@ -103,7 +132,8 @@ class EngineHolder:
             try:
                 settings = self.settings
                 log.info("booting engine for model %s", settings.model_name or "(embedded tiny model)")
-                self._engine = await self._engine_factory(settings)
+                engine = await self._boot(settings)
+                self._engine = engine
             except WorkerError as exc:
                 self._boot_error = exc
                 log.error("engine boot failed: %s", exc.message)
@@ -117,13 +147,18 @@ class EngineHolder:
             self.boot_seconds = time.perf_counter() - started
             log.info("engine ready in %.1f s", self.boot_seconds)
             self.metrics = WorkerMetrics(
-                num_spec_tokens=self._engine.served.num_speculative_tokens,
+                num_spec_tokens=engine.served.num_speculative_tokens,
                 threshold=settings.acceptance_watchdog_threshold,
                 window=settings.acceptance_watchdog_window,
             )
-            self.metrics.track_engine(self._engine)
-            self._engine.observers.append(self.metrics.observe)
-            return self._engine
+            self.metrics.count_in_engine(lambda: engine.num_unfinished_requests)
+            engine.observers.append(self.metrics.observe)
+            return engine
+
+    async def _boot(self, settings: Settings) -> EngineProtocol:
+        if self._engine_factory is not None:
+            return await self._engine_factory(settings)
+        return await boot_engine(settings, mode=self._mode)
 
     async def openai(self) -> OpenAIServer:
         """vLLM's OpenAI app over the engine, built once after the engine boots."""
@@ -132,12 +167,15 @@ class EngineHolder:
             assert self._lock is not None  # get() made it
             async with self._lock:
                 if self._openai is None:
+                    from worker.engine import Engine
                     from worker.openai import OpenAIServer
 
+                    if not isinstance(engine, Engine):
+                        raise EngineNotReady("the OpenAI routes need vLLM's engine")
                     self._openai = await OpenAIServer.create(engine, self.settings)
         return self._openai
 
-    def ready_engine(self) -> Any:
+    def ready_engine(self) -> EngineProtocol:
         """The engine if it can serve now; otherwise the error saying why not (never waits)."""
         if self._boot_error is not None:
             raise self._boot_error

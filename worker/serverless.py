@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -56,7 +56,7 @@ class ServerlessWorker:
         log.error("asking RunPod to replace this worker: %s", reason)
         self.runpod_config["refresh_worker"] = True
 
-    async def handle(self, job: dict[str, Any]) -> AsyncIterator[Any]:
+    async def handle(self, job: dict[str, Any]) -> AsyncGenerator[Any, None]:
         job_id = str(job.get("id") or "local")
         request_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
         job_input = job.get("input")

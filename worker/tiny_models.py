@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = ["BUILD_VERSION", "TinyModels", "calibration_texts", "ensure_tiny_models"]
 
-BUILD_VERSION = "v7"
+BUILD_VERSION = "v8"
 NOISE_SCALE = 0.8
 VARIANTS = ("target", "noisy", "unrelated", "mismatch", "lora")
 
@@ -196,6 +196,16 @@ def _train(model: Any, token_ids: list[list[int]], *, num_steps: int, seq_len: i
     return loss_value
 
 
+def _save_served_dtype(model: Any, directory: Path) -> None:
+    """Saved in bfloat16, the dtype vLLM serves them in on CPU: trained in float32, but a float32
+    checkpoint makes vLLM warn once per weight as it casts (the same rounding, done here once)."""
+    import copy
+
+    import torch
+
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
+
+
 def _build(root: Path, *, num_steps: int) -> None:
     import torch
     from transformers import LlamaForCausalLM
@@ -214,7 +224,7 @@ def _build(root: Path, *, num_steps: int) -> None:
     model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     ids = [[bos, *fast.encode(t, add_special_tokens=False), eos[0]] for t in texts]
     loss = _train(model, ids * 4, num_steps=num_steps, seq_len=64)
-    model.save_pretrained(target_dir, safe_serialization=True)
+    _save_served_dtype(model, target_dir)
 
     noisy = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     noisy.load_state_dict(model.state_dict())
@@ -222,12 +232,12 @@ def _build(root: Path, *, num_steps: int) -> None:
     with torch.no_grad():
         for param in noisy.parameters():
             param.add_(torch.randn(param.shape, generator=generator) * param.std() * NOISE_SCALE)
-    noisy.save_pretrained(tmp / "noisy", safe_serialization=True)
+    _save_served_dtype(noisy, tmp / "noisy")
     fast.save_pretrained(tmp / "noisy")
 
     torch.manual_seed(2)
     unrelated = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
-    unrelated.save_pretrained(tmp / "unrelated", safe_serialization=True)
+    _save_served_dtype(unrelated, tmp / "unrelated")
     fast.save_pretrained(tmp / "unrelated")
 
     # Same vocabulary size, different merges: only a tokenizer comparison catches it.
@@ -236,7 +246,7 @@ def _build(root: Path, *, num_steps: int) -> None:
     torch.manual_seed(3)
     mismatch_config = _llama_config(vocab_size=len(other_fast), bos=bos, eos=eos)
     mismatch_model = LlamaForCausalLM(mismatch_config)  # type: ignore[no-untyped-call]
-    mismatch_model.save_pretrained(tmp / "mismatch", safe_serialization=True)
+    _save_served_dtype(mismatch_model, tmp / "mismatch")
 
     _save_lora(tmp / "lora", config, base=str(target_dir), seed=4)
 

@@ -22,7 +22,7 @@ from worker.config import TINY_PREFIX, load_settings
 
 __all__ = ["checkpoint_bytes", "linear_bytes", "main", "tensor_bytes"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 QUANT_ENV = ROOT / ".venv-quant"
 
 
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     subprocess.run(
         [
             str(quant_python),
-            str(ROOT / "worker" / "quantize_job.py"),
+            str(ROOT / "worker" / "tools" / "quantize_job.py"),
             "--model",
             str(source),
             "--out",

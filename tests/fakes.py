@@ -9,7 +9,7 @@ tested against the real vLLM engine.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from worker.errors import EngineDead
@@ -27,7 +27,6 @@ class FakeEngine:
         self.max_model_len = 1024
         self.num_unfinished_requests = 0
         self.is_dead = False
-        self.is_shut_down = False
         self.observers: list[Any] = []
         self.served = Served(
             model="fake",
@@ -37,7 +36,9 @@ class FakeEngine:
             spec_decode_available=False,
         )
 
-    async def generate(self, request: GenerateRequest, *, request_id: str | None = None) -> AsyncIterator[StreamChunk]:
+    async def generate(
+        self, request: GenerateRequest, *, request_id: str | None = None
+    ) -> AsyncGenerator[StreamChunk, None]:
         if self.is_dead:
             raise EngineDead("the inference engine has died")
         self.num_unfinished_requests += 1
@@ -63,4 +64,4 @@ class FakeEngine:
             self.num_unfinished_requests -= 1
 
     def shutdown(self) -> None:
-        self.is_shut_down = True
+        pass

@@ -1,6 +1,6 @@
 """AWQ 4-bit quantization with llm-compressor; runs inside .venv-quant, not the serving env.
 
-    .venv-quant/bin/python worker/quantize_job.py --model SRC --out DST --calibration FILE.json
+    .venv-quant/bin/python worker/tools/quantize_job.py --model SRC --out DST --calibration FILE.json
 
 Writes a compressed-tensors W4A16 checkpoint (4-bit weights, group size 128, asymmetric: AWQ's
 scheme) that vLLM serves with ``QUANTIZATION`` unset (read from the checkpoint). Standard library

@@ -1,0 +1,28 @@
+"""Every exception becomes a readable, typed error payload; nothing internal leaks."""
+
+from __future__ import annotations
+
+from worker.errors import EngineDead, InvalidRequest, to_error_payload, to_openai_error
+
+
+def test_worker_errors_keep_their_message_type_and_param() -> None:
+    error = InvalidRequest("sampling_params.max_tokens: must be >= 1", param="sampling_params.max_tokens")
+    assert to_error_payload(error) == {
+        "error": "sampling_params.max_tokens: must be >= 1",
+        "error_type": error.error_type,
+        "param": "sampling_params.max_tokens",
+    }
+    assert to_error_payload(EngineDead("the inference engine has died")) == {
+        "error": "the inference engine has died",
+        "error_type": "engine_dead",
+    }
+
+
+def test_unexpected_exceptions_get_a_generic_message_never_their_text() -> None:
+    secret = "token hf_abc123 in /srv/secret/path"
+    for exc in (RuntimeError(secret), KeyError(secret), ValueError(secret)):
+        payload = to_error_payload(exc)
+        assert payload["error"] == f"internal error ({type(exc).__name__})"
+        assert isinstance(payload["error"], str) and secret not in str(payload)
+        body = to_openai_error(exc)["error"]
+        assert body["message"] == payload["error"] and body["code"] == 500 and secret not in str(body)

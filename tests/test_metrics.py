@@ -1,0 +1,62 @@
+"""The acceptance watchdog and the worker's Prometheus page, without an engine."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from worker.metrics import AcceptanceWatchdog, WorkerMetrics, render_metrics
+from worker.stats import spec_stats_from_histogram
+
+
+def test_watchdog_waits_for_five_requests_then_warns_once_per_window(caplog: pytest.LogCaptureFixture) -> None:
+    watchdog = AcceptanceWatchdog(threshold=1.5, window=10)
+    with caplog.at_level(logging.WARNING, logger="worker.metrics"):
+        # 10 steps accepting 2 tokens in all: mean acceptance length 1.2, below 1.5.
+        warned = [watchdog.observe(num_steps=10, num_accepted=2) for _ in range(4)]
+        assert warned == [False] * 4 and not watchdog.is_low  # too few requests to judge
+        assert watchdog.observe(num_steps=10, num_accepted=2) is True and watchdog.is_low
+        assert watchdog.rolling_mean == pytest.approx(1.2)
+        # Still low, but one warning per window of requests, not one per request.
+        assert [watchdog.observe(num_steps=10, num_accepted=2) for _ in range(9)] == [False] * 9
+        assert watchdog.observe(num_steps=10, num_accepted=2) is True
+    warnings = [r for r in caplog.records if "not paying off" in r.getMessage()]
+    assert len(warnings) == 2 and "1.20" in warnings[0].getMessage()
+
+
+def test_watchdog_stays_quiet_when_drafts_pay_and_recovers() -> None:
+    watchdog = AcceptanceWatchdog(threshold=1.5, window=5)
+    for _ in range(5):
+        assert watchdog.observe(num_steps=10, num_accepted=30) is False  # mean 4.0
+    assert not watchdog.is_low and watchdog.rolling_mean == pytest.approx(4.0)
+    for _ in range(5):
+        watchdog.observe(num_steps=10, num_accepted=0)
+    assert watchdog.is_low
+    for _ in range(5):
+        watchdog.observe(num_steps=10, num_accepted=20)  # the window rolls past the bad requests
+    assert not watchdog.is_low and watchdog.rolling_mean == pytest.approx(3.0)
+    assert watchdog.observe(num_steps=0, num_accepted=0) is False  # a request without speculation
+    assert watchdog.rolling_mean == pytest.approx(3.0)
+
+
+def test_metrics_page_shows_what_the_observer_saw() -> None:
+    from worker.engine import RequestEnd
+
+    metrics = WorkerMetrics(num_spec_tokens=4, threshold=1.5, window=5)
+    # 8 verify steps, 0 tokens accepted in 6 of them and 1 in 2: mean acceptance length 1.25.
+    stats = spec_stats_from_histogram([6, 2, 0, 0, 0], num_draft_tokens=32, num_spec_tokens=4)
+    for i in range(5):
+        metrics.observe(RequestEnd(f"r{i}", "finished", "length", stats, 0.02, 9))
+    metrics.observe(RequestEnd("r5", "cancelled", None, None, None, 0))
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(render_metrics(metrics).decode())
+        for s in family.samples
+    }
+    assert samples[("worker_requests_total", (("outcome", "finished"),))] == 5
+    assert samples[("worker_requests_total", (("outcome", "cancelled"),))] == 1
+    assert samples[("worker_spec_decode_rolling_mean_acceptance_length", ())] == pytest.approx(1.25)
+    assert samples[("worker_spec_decode_low_acceptance", ())] == 1
+    assert samples[("worker_request_acceptance_rate_count", ())] == 5

@@ -1,0 +1,224 @@
+"""``python -m worker bench``: parse the command line, run the parts, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import signal
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.config import load_settings
+from worker.tools.sizing import GPUS
+
+if TYPE_CHECKING:
+    pass
+from worker.tools.bench.coldstart import bench_coldstart
+from worker.tools.bench.overhead import bench_overhead
+from worker.tools.bench.report import render_markdown, render_saved, write_report
+from worker.tools.bench.roofline import bench_roofline
+from worker.tools.bench.servers import bench_pod
+from worker.tools.bench.shapes import LLAMA3_SHAPES, make_shape_model
+from worker.tools.bench.spec import bench_spec
+
+
+# ------------------------------------------------------------------------------ entry
+@dataclass
+class Plan:
+    parts: list[str]
+    label: str = ""
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16])
+    num_requests: int = 32
+    max_tokens: int = 256
+    repeats: int = 3
+    drafts: list[str] = field(default_factory=lambda: ["tiny:target", "tiny:noisy", "tiny:unrelated", "ngram"])
+    ks: list[int] = field(default_factory=lambda: [2, 4, 8])
+    spec_requests: int = 4
+    raw_input: str = "text"
+    stats_off_baseline: bool = False
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(Exception):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command: str) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    settings = load_settings(env)
+    from worker.engine import Engine  # resolves tiny models and checks the vLLM install early
+
+    model_path = Engine.build_args(settings).model
+    results: dict[str, Any] = {"command": command, "machine": _machine(), "plan": asdict(plan), "label": plan.label}
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            results["gpu"] = torch.cuda.get_device_name(0)
+    with contextlib.suppress(Exception):
+        import vllm
+
+        results["vllm_version"] = vllm.__version__
+    if "overhead" in plan.parts:
+        results["overhead"] = asyncio.run(
+            bench_overhead(
+                settings,
+                concurrencies=plan.concurrencies,
+                num_requests=plan.num_requests,
+                max_tokens=plan.max_tokens,
+                repeats=plan.repeats,
+                raw_input=plan.raw_input,
+                stats_off_baseline=plan.stats_off_baseline,
+            )
+        )
+        write_report(results, out)
+    if "pod" in plan.parts:
+        results["pod"] = bench_pod(
+            settings,
+            env,
+            model_path=model_path,
+            out=out,
+            concurrencies=plan.concurrencies,
+            num_requests=plan.num_requests,
+            max_tokens=plan.max_tokens,
+            repeats=plan.repeats,
+        )
+        write_report(results, out)
+    if "coldstart" in plan.parts:
+        results["coldstart"] = bench_coldstart(settings, env, model_path=model_path, out=out)
+        write_report(results, out)
+    if "coldstart_handler" in plan.parts:
+        results["coldstart_handler"] = bench_coldstart(settings, env, model_path=model_path, out=out, with_server=False)
+        write_report(results, out)
+    if "spec" in plan.parts:
+        results["spec"] = bench_spec(
+            env, drafts=plan.drafts, ks=plan.ks, num_requests=plan.spec_requests, max_tokens=plan.max_tokens
+        )
+        write_report(results, out)
+    if "roofline" in plan.parts:
+        measured = None
+        if "overhead" in results and results["overhead"]["rows"][0]["concurrency"] == 1:
+            itl = results["overhead"]["rows"][0]["handler"]["itl_mean_ms"]
+            measured = 1000 / itl if itl else None
+        elif "spec" in results:
+            measured = results["spec"]["baseline"]["decode_tok_s"]
+        results["roofline"] = bench_roofline(
+            model_path,
+            quantization=settings.quantization,
+            dtype="bfloat16",
+            context_len=plan.max_tokens,
+            measured_tok_s=measured,
+            gpu=gpu,
+        )
+    write_report(results, out)
+    return results
+
+
+ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "spec", "roofline"]
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker bench", description="benchmark the worker against its peers"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--parts", default=",".join(ALL_PARTS), help=f"comma-separated subset of {ALL_PARTS}")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    parser.add_argument("--num-requests", type=int, default=32, help="per concurrency level; 0: two waves (auto)")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--raw-input",
+        choices=["text", "ids"],
+        default="text",
+        help="what the overhead part gives AsyncLLM: the text prompt (like the handler) or token ids made once",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--drafts", default="tiny:target,tiny:noisy,tiny:unrelated,ngram")
+    parser.add_argument("--ks", default="2,4,8")
+    parser.add_argument("--spec-requests", type=int, default=4)
+    parser.add_argument("--gpu", choices=sorted(GPUS), help="the GPU this runs on, for the roofline fraction")
+    parser.add_argument("--label", default="", help="a name for this configuration, kept in the results")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the harness, not speed")
+    parser.add_argument(
+        "--make-llama8b",
+        type=Path,
+        metavar="DIR",
+        help="write a Llama-3-8B-shaped checkpoint (no weights: serve with LOAD_FORMAT=dummy) to DIR and exit",
+    )
+    parser.add_argument("--awq", action="store_true", help="with --make-llama8b: an AWQ 4-bit checkpoint config")
+    parser.add_argument(
+        "--shape", choices=LLAMA3_SHAPES, default="llama-3-8b", help="with --make-llama8b: the model shape written"
+    )
+    parser.add_argument(
+        "--stats-off-baseline",
+        action="store_true",
+        help="overhead part, speculating configs: also the handler over an engine without the exact-stats path",
+    )
+    parser.add_argument(
+        "--render",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="print Markdown for saved bench.json files and boot logs, and exit",
+    )
+    args = parser.parse_args(argv)
+    if args.render:
+        print(render_saved(args.render))
+        return 0
+    if args.make_llama8b:
+        make_shape_model(args.make_llama8b, awq=args.awq, shape=args.shape)
+        return 0
+    plan = Plan(
+        parts=[p for p in args.parts.split(",") if p],
+        concurrencies=[int(c) for c in args.concurrency.split(",")],
+        num_requests=args.num_requests,
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        drafts=args.drafts.split(","),
+        ks=[int(k) for k in args.ks.split(",")],
+        spec_requests=args.spec_requests,
+        label=args.label,
+        raw_input=args.raw_input,
+        stats_off_baseline=args.stats_off_baseline,
+    )
+    if args.smoke:
+        plan = Plan(
+            parts=plan.parts,
+            concurrencies=[1, 2],
+            num_requests=4,
+            max_tokens=16,
+            repeats=1,
+            drafts=["tiny:noisy"],
+            ks=[2],
+            spec_requests=1,
+            label=plan.label,
+            stats_off_baseline=plan.stats_off_baseline,
+        )
+    unknown = set(plan.parts) - set(ALL_PARTS)
+    if unknown:
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    # Overhead and the server comparison measure the serving path, so speculation is off there;
+    # the spec part sets its own drafts.
+    env = {**os.environ, "SPECULATIVE_METHOD": os.environ.get("SPECULATIVE_METHOD", "none")}
+    env.setdefault("MAX_NUM_SEQS", str(max(plan.concurrencies)))
+    command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    # A benchmark stopped with SIGTERM (e.g. by `timeout`) must still stop the servers it started
+    # (each in its own session): turn the signal into an exit that runs their clean-up.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    results = run(plan, out=args.out, env=env, gpu=args.gpu, command=command.strip())
+    print(render_markdown(results))
+    return 0

@@ -1,0 +1,106 @@
+"""Process start to first streamed token, and where the boot's time goes (vLLM's log lines)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.config import Settings
+
+if TYPE_CHECKING:
+    pass
+from worker.tools.bench.servers import _http_stream, free_port, server_process, vllm_server_args
+from worker.tools.bench.timing import PROMPT, ROOT, RequestTiming
+
+# ------------------------------------------------------------------------------ cold start
+LOG_MARKERS = {
+    "weights_load_s": r"Loading weights took ([\d.]+) seconds",
+    "model_load_s": r"Model loading took .*? and ([\d.]+) seconds",
+    "torch_compile_s": r"torch\.compile takes ([\d.]+) s",
+    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s",
+    "compilation_s": r"\(compilation: ([\d.]+) s\)",
+    "worker_engine_ready_s": r"engine ready in ([\d.]+) s",
+}
+
+
+def parse_boot_log(text: str) -> dict[str, float]:
+    found = {}
+    for name, pattern in LOG_MARKERS.items():
+        match = re.search(pattern, text)
+        if match:
+            found[name] = float(match.group(1))
+    first_chunk = re.search(r"\[\s*([\d.]+)s\] (chunk|final)", text)  # the local test run's own timestamps
+    if first_chunk:
+        found["first_item_s"] = float(first_chunk.group(1))
+    return found
+
+
+def import_seconds(env: dict[str, str], repeats: int = 5) -> float:
+    code = "import time; t = time.perf_counter(); import handler; print(time.perf_counter() - t)"
+    values = [
+        float(
+            subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for _ in range(repeats)
+    ]
+    return statistics.median(values)
+
+
+def bench_coldstart(
+    settings: Settings, env: dict[str, str], *, model_path: str, out: Path, with_server: bool = True
+) -> dict[str, Any]:
+    import httpx
+
+    job = json.dumps({"input": {"prompt": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}}})
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "handler.py", "--test_input", job],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    first_token_s = None
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if first_token_s is None and "] chunk " in line:
+            first_token_s = time.perf_counter() - started
+    proc.wait()
+    exit_s = time.perf_counter() - started
+    log = "".join(lines)
+    (out / "coldstart-handler.log").write_text(log)
+    handler = {"first_token_s": first_token_s, "process_exit_s": exit_s, "breakdown": parse_boot_log(log)}
+    if not with_server:
+        return {"handler": handler, "handler_import_s": import_seconds(env)}
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = out / "coldstart-vllm-server.log"
+    started = time.perf_counter()
+    with server_process(
+        vllm_server_args(settings, model_path=model_path, port=port), env=env, base=base, log_path=log_path
+    ) as ready_s:
+        timing = RequestTiming(start=time.perf_counter())
+
+        async def first() -> None:
+            async with httpx.AsyncClient(timeout=120) as client:
+                body = {"model": settings.served_model_name, "prompt": PROMPT, "max_tokens": 8, "stream": True}
+                await _http_stream(client, base, body, timing)
+
+        asyncio.run(first())
+        server_first = (timing.first_token or time.perf_counter()) - started
+    server = {"ready_s": ready_s, "first_token_s": server_first, "breakdown": parse_boot_log(log_path.read_text())}
+    return {"handler": handler, "vllm_server": server, "handler_import_s": import_seconds(env)}

@@ -1,0 +1,176 @@
+"""The handler's code path against raw ``AsyncLLM`` on one engine (and, for a speculating
+config, against an identical engine without the exact-stats path)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from worker.config import Settings
+from worker.tools.bench.spec import engine_spec_counters
+from worker.tools.bench.timing import PROMPT, RequestTiming, median, ratio, requests_for, run_concurrent, summarize
+
+if TYPE_CHECKING:
+    from worker.engine import Engine
+
+
+async def bench_overhead(
+    settings: Settings,
+    *,
+    concurrencies: list[int],
+    num_requests: int,
+    max_tokens: int,
+    repeats: int,
+    raw_input: str = "text",
+    stats_off_baseline: bool = False,
+) -> dict[str, Any]:
+    """Handler vs raw AsyncLLM on one engine; with ``stats_off_baseline`` (a speculating config)
+    also the handler over a second engine, identical but for the worker's exact-stats path
+    (``PER_REQUEST_SPEC_DECODE_METRICS=none``: vLLM's plain scheduler), both engines booted side
+    by side (half the GPU memory each) so that the paths can alternate within each repeat."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from worker.runtime import EngineHolder, boot_engine
+    from worker.schema import parse_request
+    from worker.serverless import ServerlessWorker
+
+    stats_off_baseline = stats_off_baseline and settings.resolved_speculative_config() is not None
+    if stats_off_baseline:
+        settings = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
+    engine = await boot_engine(settings, mode="serverless")
+    engines = {"handler": engine}
+    if stats_off_baseline:
+        engines["handler_stats_off"] = await boot_engine(
+            settings.model_copy(update={"per_request_spec_decode_metrics": "none"}), mode="serverless"
+        )
+    served = engine.served.model_dump()
+    # Both paths share the engine, hence its stream interval (tokens per engine output).
+    stream_interval = engine.llm.vllm_config.scheduler_config.stream_interval
+    job = {"prompt": PROMPT, "sampling_params": {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}}
+
+    def handler_path(over: Engine) -> Callable[[int], Callable[[RequestTiming], Any]]:
+        async def factory(_: Settings) -> Engine:
+            return over
+
+        worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
+        return lambda i: handler_request(worker, i)
+
+    def handler_request(worker: ServerlessWorker, i: int) -> Callable[[RequestTiming], Any]:
+        async def run(timing: RequestTiming) -> None:
+            async for item in worker.handle({"id": f"h{i}", "input": job}):
+                if item.get("text") and timing.first_token is None:
+                    timing.first_token = time.perf_counter()
+                if "error" in item:
+                    raise RuntimeError(item["error"])
+                if "usage" in item:
+                    timing.num_tokens = item["usage"]["completion_tokens"]
+            timing.end = time.perf_counter()
+
+        return run
+
+    # The text prompt, as the handler gets it (AsyncLLM tokenizes it), or its token ids made once
+    # (the handler's tokenization then counts as overhead).
+    raw_prompt: Any = PROMPT
+    if raw_input == "ids":
+        raw_prompt = {"prompt_token_ids": engine.render_prompt(parse_request(job))}
+
+    def raw_request(i: int) -> Callable[[RequestTiming], Any]:
+        params = SamplingParams(
+            max_tokens=max_tokens, ignore_eos=True, temperature=0, output_kind=RequestOutputKind.DELTA
+        )
+
+        async def run(timing: RequestTiming) -> None:
+            async for out in engine.llm.generate(raw_prompt, params, f"raw{i}-{time.time_ns()}"):
+                completion = out.outputs[0]
+                # First visible text, as on the handler path (a token that decodes to nothing,
+                # e.g. part of a multi-byte character, is not shown to anyone).
+                if completion.text and timing.first_token is None:
+                    timing.first_token = time.perf_counter()
+                timing.num_tokens += len(completion.token_ids)
+            timing.end = time.perf_counter()
+
+        return run
+
+    paths = {"handler": handler_path(engine), "vllm_asyncllm": raw_request}
+    if stats_off_baseline:
+        paths["handler_stats_off"] = handler_path(engines["handler_stats_off"])
+    results: list[dict[str, Any]] = []
+    try:
+        for path in paths.values():  # warm-up: compile, prefix cache
+            await run_concurrent(path, num_requests=2, concurrency=2)
+        for concurrency in concurrencies:
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+            for rep in range(repeats):
+                order = list(paths) if rep % 2 == 0 else list(reversed(paths))
+                for name in order:
+                    timings, wall = await run_concurrent(
+                        paths[name], num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
+                    )
+                    runs[name].append(summarize(timings, wall))
+            row: dict[str, Any] = {"concurrency": concurrency}
+            for name, summaries in runs.items():
+                row[name] = {key: median([s[key] for s in summaries]) for key in summaries[0]}
+            ours, theirs = row["handler"], row["vllm_asyncllm"]
+            row["throughput_ratio"] = ratio(ours["throughput_tok_s"], theirs["throughput_tok_s"])
+            row["ttft_p50_ratio"] = ratio(ours["ttft_p50_ms"], theirs["ttft_p50_ms"])
+            row["itl_mean_ratio"] = ratio(ours["itl_mean_ms"], theirs["itl_mean_ms"])
+            if stats_off_baseline:
+                off = row["handler_stats_off"]
+                row["stats_throughput_ratio"] = ratio(ours["throughput_tok_s"], off["throughput_tok_s"])
+                row["stats_itl_ratio"] = ratio(ours["itl_mean_ms"], off["itl_mean_ms"])
+            results.append(row)
+            print(f"overhead c={concurrency}: throughput ratio {row['throughput_ratio']:.3f}", flush=True)
+        spec_exact = await _spec_exactness(engine, settings, job) if settings.resolved_speculative_config() else None
+    finally:
+        for booted in engines.values():
+            booted.shutdown()
+    return {
+        "num_requests": num_requests or "auto",
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "baseline_input": raw_input,
+        "stream_interval": stream_interval,
+        "stats_off_baseline": stats_off_baseline,
+        "served": served,
+        "spec_exact": spec_exact,
+        "rows": results,
+    }
+
+
+async def _spec_exactness(
+    engine: Engine, settings: Settings, job: dict[str, Any], *, requests: int = 16
+) -> dict[str, Any]:
+    """Concurrent handler jobs on a speculating engine: their per-request ``spec_decode`` summed,
+    against vLLM's engine-wide counters over the same interval (nothing else runs on the engine)."""
+    from worker.runtime import EngineHolder
+    from worker.serverless import ServerlessWorker
+
+    async def factory(_: Settings) -> Engine:
+        return engine
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
+    before = engine_spec_counters()
+
+    async def one(i: int) -> dict[str, Any]:
+        items = [item async for item in worker.handle({"id": f"exact{i}", "input": job})]
+        return dict(items[-1].get("spec_decode") or {})
+
+    finals = await asyncio.gather(*(one(i) for i in range(requests)))
+    await asyncio.sleep(0.5)  # the frontend records a step's stats just after handing out its outputs
+    after = engine_spec_counters()
+    counters = {key.removeprefix("vllm:spec_decode_"): int(after[key] - before[key]) for key in after}
+    summed = {
+        "num_drafts": sum(f.get("num_spec_steps", 0) for f in finals),
+        "num_draft_tokens": sum(f.get("num_draft_tokens", 0) for f in finals),
+        "num_accepted_tokens": sum(f.get("num_accepted_draft_tokens", 0) for f in finals),
+    }
+    return {
+        "requests": requests,
+        "with_spec_decode": sum(1 for f in finals if f),
+        "per_request_sum": summed,
+        "engine_counters": counters,
+        "equal": summed == counters,
+    }

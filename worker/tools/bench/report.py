@@ -1,0 +1,268 @@
+"""Markdown and plots from a run's JSON (nothing typed by hand), and tables from saved runs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+from worker.tools.bench.coldstart import parse_boot_log
+
+
+def boot_columns(found: dict[str, float]) -> str:
+    """Weights load, engine init, compile, graph capture: whichever of vLLM's log lines a release prints."""
+    load = found.get("weights_load_s", found.get("model_load_s"))
+    compile_s = found.get("torch_compile_s", found.get("compilation_s"))
+    return " | ".join(fmt(v) for v in (load, found.get("engine_init_s"), compile_s, found.get("graph_capture_s")))
+
+
+def render_saved(paths: list[Path]) -> str:
+    """Markdown from saved results: bench JSON files (one section each, then a quantization
+    summary) and boot logs (a cold-start breakdown row each)."""
+    sections: list[str] = []
+    quant_rows = []
+    log_rows = []
+    for path in paths:
+        if path.suffix == ".log":
+            found = parse_boot_log(path.read_text(errors="replace"))
+            log_rows.append(
+                f"| `{path.name}` | {fmt(found.get('first_item_s'))} | {fmt(found.get('worker_engine_ready_s'))} | "
+                f"{boot_columns(found)} |"
+            )
+            continue
+        results = json.loads(path.read_text())
+        sections.append(f"#### {results.get('label') or path.stem} (`{path.name}`)\n\n" + render_markdown(results))
+        overhead, roofline = results.get("overhead"), results.get("roofline")
+        if overhead and roofline:
+            by_c = {r["concurrency"]: r for r in overhead["rows"]}
+            bound = next((r for r in roofline["rows"] if "fraction_of_bound" in r), None)
+            single, batch = by_c.get(1), by_c.get(256)
+            interval = overhead.get("stream_interval") or 1
+            label = path.stem + (f" (stream interval {interval})" if interval > 1 else "")
+            quant_rows.append(
+                f"| {label} | {roofline['weight_bytes_per_step'] / 1e9:.2f} | "
+                f"{fmt(bound['measured_tok_s'] if bound else None, 1)} | "
+                f"{fmt(bound['bound_tok_s'] if bound else None, 0)} | "
+                f"{fmt(bound['fraction_of_bound'] if bound else None, 3)} | "
+                f"{fmt(batch['handler']['throughput_tok_s'] if batch else None, 0)} | "
+                f"{fmt(batch['vllm_asyncllm']['throughput_tok_s'] if batch else None, 0)} | "
+                f"{fmt(single['throughput_ratio'] if single else None, 3)} / "
+                f"{fmt(batch['throughput_ratio'] if batch else None, 3)} |"
+            )
+    out = []
+    if quant_rows:
+        out += [
+            "| config | weight GB read per step | batch-1 decode tok/s (handler) | roofline tok/s | fraction of "
+            "roofline | batch-256 tok/s (handler) | batch-256 tok/s (AsyncLLM) | throughput ratio c=1 / c=256 |",
+            "|---|---|---|---|---|---|---|---|",
+            *quant_rows,
+            "",
+        ]
+    if log_rows:
+        out += [
+            "| boot log | first item s | engine ready s | weights load s | engine init s | of which compile s | "
+            "graph capture s |",
+            "|---|---|---|---|---|---|---|",
+            *log_rows,
+            "",
+        ]
+    return "\n".join(out + sections)
+
+
+# ------------------------------------------------------------------------------ report
+def write_report(results: dict[str, Any], out: Path) -> None:
+    (out / "bench.json").write_text(json.dumps(results, indent=1))
+    (out / "bench.md").write_text(render_markdown(results))
+    with contextlib.suppress(ImportError):
+        plots(results, out)
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    lines = [f"Command: `{results['command']}`", "", f"Machine: {results['machine']}", ""]
+    if "overhead" in results:
+        o = results["overhead"]
+        lines += [
+            "### Handler overhead (serverless code path vs vLLM AsyncLLM, one engine, one process)",
+            "",
+            f"{o['num_requests']} requests x {o['max_tokens']} tokens per concurrency level, median of "
+            f"{o['repeats']} alternating runs. "
+            + (
+                "Both paths start from the same text prompt (AsyncLLM tokenizes it in `generate`)."
+                if o.get("baseline_input") == "text"
+                else "AsyncLLM was given the prompt's token ids, tokenized once; the handler tokenized every request."
+            )
+            + (
+                f" Engine stream interval: {o['stream_interval']} token(s) per output, for both paths."
+                if o.get("stream_interval")
+                else ""
+            ),
+            "",
+            "| concurrency | handler tok/s | AsyncLLM tok/s | throughput ratio | TTFT p50 ms (handler / raw) | "
+            "ITL ms (handler / raw) | ITL ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in o["rows"]:
+            h, v = r["handler"], r["vllm_asyncllm"]
+            lines.append(
+                f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(v['throughput_tok_s'], 1)} | "
+                f"{fmt(r['throughput_ratio'], 3)} | {fmt(h['ttft_p50_ms'], 1)} / {fmt(v['ttft_p50_ms'], 1)} | "
+                f"{fmt(h['itl_mean_ms'], 2)} / {fmt(v['itl_mean_ms'], 2)} | {fmt(r['itl_mean_ratio'], 3)} |"
+            )
+        lines.append("")
+        if o.get("stats_off_baseline"):
+            lines += [
+                "Cost of exact per-request stats: the handler over this engine vs over an identical one "
+                "without the stats path (`PER_REQUEST_SPEC_DECODE_METRICS=none`, vLLM's plain scheduler), "
+                "booted side by side, alternating in the same repeats. Target: throughput ratio >= 0.99, "
+                "ITL ratio <= 1.01.",
+                "",
+                "| concurrency | stats on tok/s | stats off tok/s | throughput ratio | ITL ms (on / off) | ITL ratio |",
+                "|---|---|---|---|---|---|",
+            ]
+            for r in o["rows"]:
+                h, off = r["handler"], r["handler_stats_off"]
+                lines.append(
+                    f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(off['throughput_tok_s'], 1)} | "
+                    f"{fmt(r['stats_throughput_ratio'], 3)} | {fmt(h['itl_mean_ms'], 2)} / "
+                    f"{fmt(off['itl_mean_ms'], 2)} | {fmt(r['stats_itl_ratio'], 3)} |"
+                )
+            lines.append("")
+    if "pod" in results:
+        p = results["pod"]
+        lines += [
+            "### Pod server vs vLLM's OpenAI server (same engine arguments, same streaming client)",
+            "",
+            f"{p['num_requests']} requests x {p['max_tokens']} tokens, `/v1/completions` streaming, median of "
+            f"{p['repeats']} runs per server.",
+            "",
+            "| concurrency | pod tok/s | vLLM server tok/s | throughput ratio | TTFT p50 ms (pod / vLLM) | "
+            "TTFT p99 ms (pod / vLLM) | ITL ms (pod / vLLM) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in p["rows"]:
+            a, b = r["pod"], r["vllm_server"]
+            lines.append(
+                f"| {r['concurrency']} | {fmt(a['throughput_tok_s'], 1)} | {fmt(b['throughput_tok_s'], 1)} | "
+                f"{fmt(r['throughput_ratio'], 3)} | {fmt(a['ttft_p50_ms'], 1)} / {fmt(b['ttft_p50_ms'], 1)} | "
+                f"{fmt(a['ttft_p99_ms'], 1)} / {fmt(b['ttft_p99_ms'], 1)} | "
+                f"{fmt(a['itl_mean_ms'], 2)} / {fmt(b['itl_mean_ms'], 2)} |"
+            )
+        lines.append("")
+    if "coldstart" in results:
+        c = results["coldstart"]
+        h, s = c["handler"], c["vllm_server"]
+        lines += [
+            "### Cold start (process start to first streamed token)",
+            "",
+            "| | first token s | engine ready s | weights load s | engine init (profile, KV, warm-up) s | "
+            "compile s | graph capture s |",
+            "|---|---|---|---|---|---|---|",
+            f"| `python handler.py --test_input` | {fmt(h['first_token_s'])} | "
+            f"{fmt(h['breakdown'].get('worker_engine_ready_s'))} | {boot_columns(h['breakdown'])} |",
+            f"| vLLM server + first request | {fmt(s['first_token_s'])} | {fmt(s['ready_s'])} | "
+            f"{boot_columns(s['breakdown'])} |",
+            "",
+            f"`import handler`: {fmt(c['handler_import_s'] * 1000, 0)} ms (median of 5).",
+            "",
+        ]
+    if "spec" in results:
+        sp = results["spec"]
+        lines += [
+            "### Speculative decoding (single stream, temperature 0)",
+            "",
+            f"Baseline without speculation: {fmt(sp['baseline']['decode_tok_s'], 1)} decode tok/s; "
+            f"{sp['num_requests']} requests x {sp['max_tokens']} tokens per point.",
+            "",
+            "| draft | k | decode tok/s | speedup | acceptance rate | mean acceptance length | "
+            "accepted per step | pays off |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sp["rows"]:
+            lines.append(
+                f"| {r['draft']} | {r['k']} | {fmt(r['decode_tok_s'], 1)} | {fmt(r['speedup'])} | "
+                f"{fmt(r['draft_acceptance_rate'], 3)} | {fmt(r['mean_acceptance_length'])} | "
+                f"{fmt(r['accepted_per_step'])} | {'yes' if r['pays_off'] else 'no'} |"
+            )
+        lines.append("")
+    if "roofline" in results:
+        ro = results["roofline"]
+        lines += [
+            "### Roofline: single-stream decode bound",
+            "",
+            f"{ro['num_params'] / 1e6:,.1f} M parameters; {ro['weight_bytes_per_step'] / 1e6:,.2f} MB of weights "
+            f"and {ro['kv_bytes_per_token'] / 1e3:,.1f} kB of KV cache per token read per step "
+            f"(quantization {ro['quantization'] or 'none'}, context {ro['context_len']}).",
+            "",
+            "| GPU | bandwidth GB/s | bound tok/s | measured tok/s | fraction |",
+            "|---|---|---|---|---|",
+        ]
+        for r in ro["rows"]:
+            lines.append(
+                f"| {r['gpu']} | {r['bandwidth_gbs']:,.0f} | {fmt(r['bound_tok_s'], 0)} | "
+                f"{fmt(r.get('measured_tok_s'), 1)} | {fmt(r.get('fraction_of_bound'), 3)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plots(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if "pod" in results or "overhead" in results:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        if "overhead" in results:
+            rows = results["overhead"]["rows"]
+            xs = [r["concurrency"] for r in rows]
+            ax.plot(xs, [r["handler"]["throughput_tok_s"] for r in rows], "o-", label="handler path")
+            ax.plot(xs, [r["vllm_asyncllm"]["throughput_tok_s"] for r in rows], "s--", label="vLLM AsyncLLM")
+        if "pod" in results:
+            rows = results["pod"]["rows"]
+            xs = [r["concurrency"] for r in rows]
+            ax.plot(xs, [r["pod"]["throughput_tok_s"] for r in rows], "^-", label="pod server")
+            ax.plot(xs, [r["vllm_server"]["throughput_tok_s"] for r in rows], "v--", label="vLLM OpenAI server")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title("Throughput vs concurrency")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=120)
+        plt.close(fig)
+    if "spec" in results:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in results["spec"]["rows"]:
+            if r["mean_acceptance_length"] is None or r["speedup"] is None:
+                continue
+            ax.scatter(r["mean_acceptance_length"], r["speedup"])
+            ax.annotate(
+                f"{r['draft'].removeprefix('tiny:')} k={r['k']}",
+                (r["mean_acceptance_length"], r["speedup"]),
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+        ax.axhline(1.0, color="grey", lw=1)
+        ax.axvline(1.5, color="red", lw=1, ls=":", label="0.5 accepted tokens/step")
+        ax.set_xlabel("mean acceptance length (tokens per verify step)")
+        ax.set_ylabel("speedup vs no speculation")
+        ax.set_title("Speculative decoding: speedup vs acceptance")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "speculative.png", dpi=120)
+        plt.close(fig)

@@ -1,0 +1,211 @@
+"""The pod server against vLLM's own OpenAI server, over HTTP, booted side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.config import Settings
+from worker.engine_args import build_engine_kwargs
+
+if TYPE_CHECKING:
+    pass
+from worker.tools.bench.timing import (
+    PROMPT,
+    ROOT,
+    RequestTiming,
+    median,
+    ratio,
+    requests_for,
+    run_concurrent,
+    summarize,
+)
+
+
+# ------------------------------------------------------------------------------ servers
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[str]:
+    """vLLM's own server with the engine arguments our worker builds (speculation excluded)."""
+    kwargs = build_engine_kwargs(settings, resolve=lambda ref: model_path if ref == settings.target_ref else ref)
+    from worker.openai import server_flags
+
+    args = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disable-uvicorn-access-log",
+        *server_flags(settings),
+    ]
+    for key, value in kwargs.items():
+        if key in ("disable_log_stats", "speculative_config", "per_request_spec_decode_metrics"):
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            args += [flag, json.dumps(value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+@contextlib.contextmanager
+def server_process(args: list[str], *, env: dict[str, str], base: str, log_path: Path) -> Iterator[float]:
+    """Start a server, yield its seconds to ready (/health 200); stop it (SIGTERM) afterwards."""
+    import httpx
+
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = started + 600
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited during boot; see {log_path}")
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(base + "/health", timeout=2).status_code == 200:
+                        break
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"server not ready in 600 s; see {log_path}")
+                time.sleep(0.1)
+            yield time.perf_counter() - started
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _http_stream(client: Any, base: str, body: dict[str, Any], timing: RequestTiming) -> None:
+    async with client.stream("POST", base + "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("choices") and event["choices"][0].get("text") and timing.first_token is None:
+                timing.first_token = time.perf_counter()
+            if event.get("usage"):
+                timing.num_tokens = event["usage"]["completion_tokens"]
+    timing.end = time.perf_counter()
+
+
+async def drive_http(
+    base: str, *, model: str, concurrencies: list[int], num_requests: int, max_tokens: int, headers: dict[str, str]
+) -> list[dict[str, Any]]:
+    import httpx
+
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    rows = []
+    # A new connection per request: no stale keep-alive connection (uvicorn closes idle ones after 5 s).
+    limits = httpx.Limits(max_connections=max(concurrencies) + 4, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, headers=headers, limits=limits) as client:
+
+        def make(i: int) -> Callable[[RequestTiming], Any]:
+            return lambda timing: _http_stream(client, base, body, timing)
+
+        await run_concurrent(make, num_requests=2, concurrency=2)  # warm-up
+        for concurrency in concurrencies:
+            timings, wall = await run_concurrent(
+                make, num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
+            )
+            rows.append({"concurrency": concurrency, **summarize(timings, wall)})
+    return rows
+
+
+def bench_pod(
+    settings: Settings,
+    env: dict[str, str],
+    *,
+    model_path: str,
+    out: Path,
+    concurrencies: list[int],
+    num_requests: int,
+    max_tokens: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """The pod server and vLLM's own server booted side by side (half the GPU memory each, so both
+    fit one GPU), then driven in turn, the order alternating per repeat: each figure is the median
+    of ``repeats`` runs, and the two servers see the same machine state. Booting each server once
+    per repeat instead cost ~70 s a boot on the H200, more than the measurements."""
+    runs: dict[str, list[list[dict[str, Any]]]] = {"pod": [], "vllm_server": []}
+    half = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
+    bases: dict[str, str] = {}
+    ready: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        for name in runs:
+            port = free_port()
+            bases[name] = f"http://127.0.0.1:{port}"
+            if name == "pod":
+                args = [sys.executable, "-m", "worker", "serve", "--port", str(port)]
+                server_env = {**env, "GPU_MEMORY_UTILIZATION": str(half.gpu_memory_utilization)}
+            else:
+                args = vllm_server_args(half, model_path=model_path, port=port)
+                server_env = env
+            # One after the other: two engines profiling GPU memory at once would each see the other's.
+            ready[name] = stack.enter_context(
+                server_process(args, env=server_env, base=bases[name], log_path=out / f"{name}.log")
+            )
+            print(f"pod bench: {name} ready in {ready[name]:.1f} s", flush=True)
+        for rep in range(repeats):
+            for name in ["pod", "vllm_server"] if rep % 2 == 0 else ["vllm_server", "pod"]:
+                rows = asyncio.run(
+                    drive_http(
+                        bases[name],
+                        model=settings.served_model_name,
+                        concurrencies=concurrencies,
+                        num_requests=num_requests,
+                        max_tokens=max_tokens,
+                        headers={},
+                    )
+                )
+                runs[name].append(rows)
+                print(f"pod bench: {name} rep {rep} done", flush=True)
+                (out / "pod-runs.json").write_text(json.dumps(runs, indent=1))  # kept if a later run is cut short
+    table = []
+    for i, concurrency in enumerate(concurrencies):
+        row: dict[str, Any] = {"concurrency": concurrency}
+        for name, reps in runs.items():
+            row[name] = {key: median([r[i][key] for r in reps]) for key in reps[0][i] if key != "concurrency"}
+        row["throughput_ratio"] = ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
+        row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
+        row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
+        row["itl_mean_ratio"] = ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])
+        table.append(row)
+    return {
+        "num_requests": num_requests or "auto",
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "ready_s": ready,
+        "side_by_side": True,
+        "rows": table,
+    }

@@ -1,0 +1,115 @@
+"""Speculative decoding per draft and k against no speculation, with the measured acceptance."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from worker.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    pass
+from worker.tools.bench.timing import PROMPT, ratio
+
+
+# ------------------------------------------------------------------------------ speculative
+async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int) -> dict[str, Any]:
+    from worker.runtime import boot_engine
+    from worker.schema import parse_request
+
+    engine = await boot_engine(settings, mode="serverless")
+    try:
+        prompts = [
+            PROMPT,
+            "The worker streams",
+            "A GPU reads every weight",
+            "He counted one, two, three, four, five, six, seven, eight, nine, ten. He counted one, two,",
+        ]
+        requests = [
+            parse_request(
+                {
+                    "prompt": prompts[i % len(prompts)],
+                    "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+                }
+            )
+            for i in range(num_requests)
+        ]
+        [c async for c in engine.generate(requests[0])]  # warm-up
+        counters_before = engine_spec_counters()
+        drafted = accepted = steps = tokens = 0
+        decode_s = 0.0
+        for request in requests:
+            first = None
+            async for chunk in engine.generate(request):
+                if chunk.num_tokens and first is None:
+                    first = time.perf_counter()
+                if chunk.is_final:
+                    end = time.perf_counter()
+                    assert chunk.usage is not None
+                    tokens += chunk.usage.completion_tokens - 1
+                    decode_s += end - (first or end)
+                    if chunk.spec_decode is not None:
+                        drafted += chunk.spec_decode.num_draft_tokens
+                        accepted += chunk.spec_decode.num_accepted_draft_tokens
+                        steps += chunk.spec_decode.num_spec_steps
+        await asyncio.sleep(0.1)  # the frontend records a step's stats just after handing out its outputs
+        after = engine_spec_counters()
+        counted = {key.removeprefix("vllm:spec_decode_"): int(after[key] - counters_before[key]) for key in after}
+        return {
+            "decode_tok_s": tokens / decode_s if decode_s else None,
+            "engine_counters": counted,
+            "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted,
+            "num_spec_steps": steps,
+            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "mean_acceptance_length": 1 + accepted / steps if steps else None,
+            "accepted_per_step": accepted / steps if steps else None,
+        }
+    finally:
+        engine.shutdown()
+
+
+_SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+
+
+def engine_spec_counters() -> dict[str, float]:
+    """vLLM's engine-wide spec-decode counters (Prometheus, this process), 0 where absent."""
+    from prometheus_client import REGISTRY
+
+    totals = dict.fromkeys(_SPEC_COUNTERS, 0.0)
+    for family in REGISTRY.collect():
+        if family.name in totals:
+            totals[family.name] = sum(x.value for x in family.samples if x.name.endswith("_total"))
+    return totals
+
+
+def bench_spec(
+    env: dict[str, str], *, drafts: list[str], ks: list[int], num_requests: int, max_tokens: int
+) -> dict[str, Any]:
+    base_env = {**env, "SPECULATIVE_METHOD": "none"}
+    baseline = asyncio.run(_spec_point(load_settings(base_env), num_requests=num_requests, max_tokens=max_tokens))
+    print(f"spec baseline: {baseline['decode_tok_s']:.1f} tok/s", flush=True)
+    rows = []
+    for draft in drafts:
+        for k in ks:
+            point_env = {key: value for key, value in env.items() if not key.startswith("SPECULATIVE_")}
+            point_env["NUM_SPECULATIVE_TOKENS"] = str(k)
+            if draft == "ngram":
+                point_env["SPECULATIVE_METHOD"] = "ngram"
+            else:
+                point_env["SPECULATIVE_MODEL"] = draft
+            point = asyncio.run(_spec_point(load_settings(point_env), num_requests=num_requests, max_tokens=max_tokens))
+            point.update(draft=draft, k=k, speedup=ratio(point["decode_tok_s"], baseline["decode_tok_s"]))
+            point["pays_off"] = bool(point["speedup"] and point["speedup"] > 1.0)
+            rows.append(point)
+            print(
+                f"spec {draft} k={k}: speedup {point['speedup']:.2f}, mean acceptance length "
+                f"{point['mean_acceptance_length'] or 0:.2f}",
+                flush=True,
+            )
+    return {"num_requests": num_requests, "max_tokens": max_tokens, "baseline": baseline, "rows": rows}

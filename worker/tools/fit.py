@@ -1,0 +1,223 @@
+"""``python -m worker fit``: will a model fit a GPU at a context length and concurrency, what is
+the largest batch or context that fits, and how fast can decode be (bandwidth, not FLOPs, bounds it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from worker.tools.sizing import GPUS, ModelShape, decode_roofline_tokens_per_s, kv_bytes_per_token, weight_bytes
+
+GIB = 2**30
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama-3-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+    },
+    "llama-3.2-1b": {  # same vocabulary as the Llama-3 targets: a draft model for them
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+    },
+    "llama-3-70b": {
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+    },
+    "llama-2-7b": {
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+    },
+    "mistral-7b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32768,
+    },
+    "qwen2.5-7b": {
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+    },
+    "qwen2.5-32b": {
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "vocab_size": 152064,
+    },
+}
+
+
+# Memory outside weights and KV cache: CUDA context, cuBLAS/attention workspaces and CUDA graphs.
+FRAMEWORK_OVERHEAD_BYTES = 1.5 * GIB
+
+
+def load_shape(model: str) -> ModelShape:
+    if model in PRESETS:
+        return ModelShape.from_config(PRESETS[model])
+    path = Path(model)
+    if (path / "config.json").exists():
+        return ModelShape.from_path(path)
+    raise SystemExit(f"unknown model {model!r}: give a directory with config.json or a preset ({', '.join(PRESETS)})")
+
+
+def activation_bytes(shape: ModelShape, *, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+    """Peak activations of one forward pass (bf16), plus fp32 logits for the sampled positions."""
+    per_token = (4 * shape.hidden_size + 2 * shape.intermediate_size) * 2
+    return max_num_batched_tokens * per_token + max_num_seqs * shape.vocab_size * 4
+
+
+@dataclass(frozen=True, slots=True)
+class FitReport:
+    gpu: str
+    num_gpus: int
+    memory_budget_gib: float
+    weights_gib: float
+    kv_cache_per_token_kib: float
+    kv_cache_per_sequence_gib: float
+    kv_cache_needed_gib: float
+    activations_gib: float
+    overhead_gib: float
+    fits: bool
+    max_concurrency_at_context: int
+    max_context_at_concurrency: int
+    decode_bound_tok_s_single: float
+    decode_bound_tok_s_batch: float
+    itl_floor_ms_batch: float
+
+
+def fit(
+    shape: ModelShape,
+    *,
+    gpu: str,
+    quantization: str | None,
+    kv_cache_dtype: str,
+    max_model_len: int,
+    concurrency: int,
+    gpu_memory_utilization: float = 0.9,
+    num_gpus: int = 1,
+    max_num_batched_tokens: int = 8192,
+) -> FitReport:
+    spec = GPUS[gpu]
+    budget = spec["memory_gib"] * GIB * gpu_memory_utilization * num_gpus
+    weights = (
+        weight_bytes(shape, quantization=quantization) + shape.vocab_size * shape.hidden_size * 2
+    )  # + input embeddings
+    kv_token = kv_bytes_per_token(shape, kv_cache_dtype=kv_cache_dtype)
+    kv_seq = kv_token * max_model_len
+    activations = activation_bytes(shape, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=concurrency)
+    overhead = FRAMEWORK_OVERHEAD_BYTES * num_gpus
+    free_for_kv = budget - weights - activations - overhead
+    bandwidth = spec["bandwidth_gbs"] * num_gpus
+    # A batch of `concurrency` sequences at half the context on average reads the weights once per step.
+    step_bytes = weight_bytes(shape, quantization=quantization) + concurrency * (max_model_len / 2) * kv_token
+    batch_tok_s = concurrency * bandwidth * 1e9 / step_bytes
+    return FitReport(
+        gpu=gpu,
+        num_gpus=num_gpus,
+        memory_budget_gib=budget / GIB,
+        weights_gib=weights / GIB,
+        kv_cache_per_token_kib=kv_token / 1024,
+        kv_cache_per_sequence_gib=kv_seq / GIB,
+        kv_cache_needed_gib=kv_seq * concurrency / GIB,
+        activations_gib=activations / GIB,
+        overhead_gib=overhead / GIB,
+        fits=free_for_kv >= kv_seq * concurrency,
+        max_concurrency_at_context=max(0, int(free_for_kv // kv_seq)),
+        max_context_at_concurrency=max(0, int(free_for_kv // (kv_token * concurrency))),
+        decode_bound_tok_s_single=decode_roofline_tokens_per_s(
+            shape,
+            bandwidth_gbs=bandwidth,
+            context_len=max_model_len // 2,
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
+        ),
+        decode_bound_tok_s_batch=batch_tok_s,
+        itl_floor_ms_batch=step_bytes / (bandwidth * 1e9) * 1000,
+    )
+
+
+def render_fit(report: FitReport, *, model: str, quantization: str | None, max_model_len: int, concurrency: int) -> str:
+    verdict = "FITS" if report.fits else "DOES NOT FIT"
+    return "\n".join(
+        [
+            f"{model} ({quantization or 'bf16'}) on {report.num_gpus} x {report.gpu}: {verdict} "
+            f"at context {max_model_len} x {concurrency} sequences",
+            f"  memory budget      {report.memory_budget_gib:8.2f} GiB",
+            f"  weights            {report.weights_gib:8.2f} GiB",
+            f"  activations        {report.activations_gib:8.2f} GiB (peak of one forward pass, estimated)",
+            f"  runtime overhead   {report.overhead_gib:8.2f} GiB (CUDA context, workspaces, graphs; estimated)",
+            f"  KV cache           {report.kv_cache_per_token_kib:8.1f} KiB/token, "
+            f"{report.kv_cache_per_sequence_gib:.3f} GiB per sequence, {report.kv_cache_needed_gib:.2f} GiB needed",
+            f"  largest batch at context {max_model_len}: {report.max_concurrency_at_context}",
+            f"  largest context at {concurrency} sequences: {report.max_context_at_concurrency}",
+            f"  decode bound, 1 stream:            {report.decode_bound_tok_s_single:10,.0f} tok/s",
+            f"  decode bound, {concurrency} streams:  {report.decode_bound_tok_s_batch:10,.0f} tok/s "
+            f"(inter-token latency >= {report.itl_floor_ms_batch:.2f} ms)",
+            "  (bounds from memory bandwidth: each step reads every weight byte and the batch's KV cache once)",
+        ]
+    )
+
+
+def main_fit(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker fit", description="will a model fit a GPU, and how fast")
+    parser.add_argument("--model", default="llama-3-8b", help=f"directory with config.json, or one of {list(PRESETS)}")
+    parser.add_argument("--quantization", default=None, help="none, awq, gptq, fp8")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8")
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--gpu", default="H100 SXM", choices=sorted(GPUS))
+    parser.add_argument("--num-gpus", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    quantization = None if args.quantization in (None, "none") else args.quantization
+    report = fit(
+        load_shape(args.model),
+        gpu=args.gpu,
+        quantization=quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=args.max_model_len,
+        concurrency=args.concurrency,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_gpus=args.num_gpus,
+    )
+    if args.json:
+        print(json.dumps(asdict(report), indent=1))
+    else:
+        print(
+            render_fit(
+                report,
+                model=args.model,
+                quantization=quantization,
+                max_model_len=args.max_model_len,
+                concurrency=args.concurrency,
+            )
+        )
+    return 0 if report.fits else 1
