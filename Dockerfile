@@ -13,7 +13,8 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HOME=/runpod-volume/huggingface \
-    WORKER_CACHE_DIR=/runpod-volume/worker-cache
+    WORKER_CACHE_DIR=/runpod-volume/worker-cache \
+    VLLM_CACHE_ROOT=/runpod-volume/vllm-cache
 WORKDIR /app
 
 # The worker's own dependencies, pinned to the versions the tests run with (a subset of

@@ -23,7 +23,7 @@ def test_first_token_goes_out_at_once_then_batches_grow() -> None:
 
 
 def test_final_chunk_carries_what_was_pending() -> None:
-    batcher = ChunkBatcher(max_batch_size=50, min_batch_size=50)
+    batcher = ChunkBatcher(max_batch_size=50, min_batch_size=50, growth_factor=3)
     sent = _tokens(batcher, 5)
     final = batcher.add(
         StreamChunk(
@@ -40,7 +40,7 @@ def test_final_chunk_carries_what_was_pending() -> None:
 
 
 def test_empty_text_does_not_spend_the_first_chunk() -> None:
-    batcher = ChunkBatcher(max_batch_size=50, min_batch_size=50)
+    batcher = ChunkBatcher(max_batch_size=50, min_batch_size=50, growth_factor=3)
     assert batcher.add(StreamChunk(text="", num_tokens=1)) is None
     first = batcher.add(StreamChunk(text="a", num_tokens=1))
     assert first is not None and first.text == "a" and first.num_tokens == 2

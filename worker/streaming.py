@@ -22,7 +22,7 @@ __all__ = ["ChunkBatcher", "coalesce_events", "collect_final"]
 class _Schedule:
     """The batch sizes: the first item at once, then ``min_batch_size`` growing by ``growth_factor``."""
 
-    def __init__(self, *, max_batch_size: int, min_batch_size: int = 1, growth_factor: float = 3.0) -> None:
+    def __init__(self, *, max_batch_size: int, min_batch_size: int, growth_factor: float) -> None:
         self._max = max(1, max_batch_size)
         self._batch_size = float(min(max(1, min_batch_size), self._max))
         self._growth = max(1.0, growth_factor)
@@ -38,7 +38,7 @@ class _Schedule:
 
 
 class ChunkBatcher(_Schedule):
-    def __init__(self, *, max_batch_size: int, min_batch_size: int = 1, growth_factor: float = 3.0) -> None:
+    def __init__(self, *, max_batch_size: int, min_batch_size: int, growth_factor: float) -> None:
         super().__init__(max_batch_size=max_batch_size, min_batch_size=min_batch_size, growth_factor=growth_factor)
         self._texts: list[str] = []
         self._num_tokens = 0
@@ -64,7 +64,7 @@ class ChunkBatcher(_Schedule):
 
 
 async def coalesce_events(
-    events: AsyncIterator[str], *, max_batch_size: int, min_batch_size: int = 1, growth_factor: float = 3.0
+    events: AsyncIterator[str], *, max_batch_size: int, min_batch_size: int, growth_factor: float
 ) -> AsyncIterator[str]:
     """Server-sent events joined into fewer items on the same schedule, counted in events (an
     engine step each): the concatenation is still a valid event stream."""
