@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     awq_kernel: Literal["auto", "marlin", "machete"] = Field(
         "auto", description="4-bit GEMM kernel on Hopper; auto: marlin for serverless (latency), machete for pods"
     )
+    warmup_request: bool = Field(
+        True, description="one short request during boot, so that the first user's does not pay lazy initialisation"
+    )
     vllm_disabled_kernels: str | None = Field(
         None, description="vLLM's own variable, read here so that the AWQ_KERNEL choice can extend it"
     )
