@@ -21,6 +21,8 @@
 #   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
 #                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
 #   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler), 64 tokens
+#   stats-ngram-aa    stats-ngram with an A/A control: a third engine identical to the first (a third of the
+#                     memory each), so the stats-off difference can be judged against two equal engines' spread
 # On two GPUs (TENSOR_PARALLEL_SIZE=2):
 #   tp2-70b           a Llama-3-70B shape in bf16, n-gram k=4: handler vs AsyncLLM at 1, 64, 256 (3 alternating
 #                     runs), then per-request spec_decode summed against vLLM's engine counters
@@ -76,6 +78,9 @@ for stage in "$@"; do
     stats-ngram)
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-ngram4 --parts overhead \
         --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline ;;
+    stats-ngram-aa)
+      SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-ngram4-aa --parts overhead \
+        --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline --aa-baseline ;;
     stats-draft)
       # 64 tokens a request: with dummy weights the draft accepts nothing, so a token costs four
       # draft passes and a verify, and 128 tokens did not fit a 10-minute call.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from worker.tools.bench.coldstart import parse_boot_log
-from worker.tools.bench.report import render_saved
+from worker.tools.bench.report import render_markdown, render_saved
 from worker.tools.bench.timing import RequestTiming, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,3 +97,25 @@ def test_smoke_run_produces_complete_results(tmp_path: Path, subprocess_env: dic
     markdown = (out / "bench.md").read_text()
     assert "Handler overhead" in markdown and "python -m worker bench --smoke" in markdown
     assert (out / "throughput.png").stat().st_size > 0 and (out / "speculative.png").stat().st_size > 0
+
+
+def test_render_shows_the_aa_control_beside_the_stats_cost() -> None:
+    side = {"throughput_tok_s": 1000.0, "ttft_p50_ms": 5.0, "itl_mean_ms": 2.0}
+    row = {
+        "concurrency": 8,
+        "handler": side,
+        "vllm_asyncllm": side,
+        "handler_stats_off": {**side, "throughput_tok_s": 1010.0},
+        "handler_aa": {**side, "throughput_tok_s": 990.0, "itl_mean_ms": 2.02},
+        "throughput_ratio": 1.0,
+        "itl_mean_ratio": 1.0,
+        "stats_throughput_ratio": 1000 / 1010,
+        "stats_itl_ratio": 1.0,
+        "aa_throughput_ratio": 1000 / 990,
+        "aa_itl_ratio": 2.0 / 2.02,
+    }
+    overhead = {"rows": [row], "stats_off_baseline": True, "aa_baseline": True, "stream_interval": 1}
+    overhead.update(num_requests=16, max_tokens=32, repeats=3)
+    text = render_markdown({"command": "python -m worker bench", "machine": "test", "overhead": overhead})
+    assert "| 8 | 1,000.0 | 1,010.0 | 0.990 |" in text  # stats on vs off
+    assert "| 8 | 1,000.0 | 990.0 | 1.010 | 2.00 / 2.02 | 0.990 |" in text  # the A/A pair

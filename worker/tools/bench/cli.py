@@ -41,6 +41,7 @@ class Plan:
     spec_requests: int = 4
     raw_input: str = "text"
     stats_off_baseline: bool = False
+    aa_baseline: bool = False
 
 
 def _machine() -> str:
@@ -79,6 +80,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
                 repeats=plan.repeats,
                 raw_input=plan.raw_input,
                 stats_off_baseline=plan.stats_off_baseline,
+                aa_baseline=plan.aa_baseline,
             )
         )
         write_report(results, out)
@@ -169,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         help="overhead part, speculating configs: also the handler over an engine without the exact-stats path",
     )
     parser.add_argument(
+        "--aa-baseline",
+        action="store_true",
+        help="overhead part: also the handler over a second, identical engine (an A/A control for engine pairs)",
+    )
+    parser.add_argument(
         "--render",
         type=Path,
         nargs="+",
@@ -194,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         label=args.label,
         raw_input=args.raw_input,
         stats_off_baseline=args.stats_off_baseline,
+        aa_baseline=args.aa_baseline,
     )
     if args.smoke:
         plan = Plan(
@@ -207,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             spec_requests=1,
             label=plan.label,
             stats_off_baseline=plan.stats_off_baseline,
+            aa_baseline=plan.aa_baseline,
         )
     unknown = set(plan.parts) - set(ALL_PARTS)
     if unknown:

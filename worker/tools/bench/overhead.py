@@ -25,11 +25,14 @@ async def bench_overhead(
     repeats: int,
     raw_input: str = "text",
     stats_off_baseline: bool = False,
+    aa_baseline: bool = False,
 ) -> dict[str, Any]:
     """Handler vs raw AsyncLLM on one engine; with ``stats_off_baseline`` (a speculating config)
     also the handler over a second engine, identical but for the worker's exact-stats path
     (``PER_REQUEST_SPEC_DECODE_METRICS=none``: vLLM's plain scheduler), both engines booted side
-    by side (half the GPU memory each) so that the paths can alternate within each repeat."""
+    by side (half the GPU memory each) so that the paths can alternate within each repeat. With
+    ``aa_baseline``, a second engine identical in every way (an A/A control): the spread between
+    two equal engines side by side, against which the stats-off difference can be judged."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -38,14 +41,18 @@ async def bench_overhead(
     from worker.serverless import ServerlessWorker
 
     stats_off_baseline = stats_off_baseline and settings.resolved_speculative_config() is not None
-    if stats_off_baseline:
-        settings = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
+    num_engines = 1 + stats_off_baseline + aa_baseline
+    if num_engines > 1:
+        share = settings.gpu_memory_utilization / num_engines
+        settings = settings.model_copy(update={"gpu_memory_utilization": share})
     engine = await boot_engine(settings, mode="serverless")
     engines = {"handler": engine}
     if stats_off_baseline:
         engines["handler_stats_off"] = await boot_engine(
             settings.model_copy(update={"per_request_spec_decode_metrics": "none"}), mode="serverless"
         )
+    if aa_baseline:
+        engines["handler_aa"] = await boot_engine(settings, mode="serverless")
     served = engine.served.model_dump()
     # Both paths share the engine, hence its stream interval (tokens per engine output).
     stream_interval = engine.llm.vllm_config.scheduler_config.stream_interval
@@ -95,8 +102,9 @@ async def bench_overhead(
         return run
 
     paths = {"handler": handler_path(engine), "vllm_asyncllm": raw_request}
-    if stats_off_baseline:
-        paths["handler_stats_off"] = handler_path(engines["handler_stats_off"])
+    for name, second in engines.items():
+        if name != "handler":
+            paths[name] = handler_path(second)
     results: list[dict[str, Any]] = []
     try:
         for path in paths.values():  # warm-up: compile, prefix cache
@@ -121,6 +129,10 @@ async def bench_overhead(
                 off = row["handler_stats_off"]
                 row["stats_throughput_ratio"] = ratio(ours["throughput_tok_s"], off["throughput_tok_s"])
                 row["stats_itl_ratio"] = ratio(ours["itl_mean_ms"], off["itl_mean_ms"])
+            if aa_baseline:
+                twin = row["handler_aa"]
+                row["aa_throughput_ratio"] = ratio(ours["throughput_tok_s"], twin["throughput_tok_s"])
+                row["aa_itl_ratio"] = ratio(ours["itl_mean_ms"], twin["itl_mean_ms"])
             results.append(row)
             print(f"overhead c={concurrency}: throughput ratio {row['throughput_ratio']:.3f}", flush=True)
         spec_exact = await _spec_exactness(engine, settings, job) if settings.resolved_speculative_config() else None
@@ -134,6 +146,7 @@ async def bench_overhead(
         "baseline_input": raw_input,
         "stream_interval": stream_interval,
         "stats_off_baseline": stats_off_baseline,
+        "aa_baseline": aa_baseline,
         "served": served,
         "spec_exact": spec_exact,
         "rows": results,

@@ -138,6 +138,22 @@ def render_markdown(results: dict[str, Any]) -> str:
                     f"{fmt(off['itl_mean_ms'], 2)} | {fmt(r['stats_itl_ratio'], 3)} |"
                 )
             lines.append("")
+        if o.get("aa_baseline"):
+            lines += [
+                "A/A control: the handler over this engine vs over a second, identical engine booted beside it: "
+                "the spread two equal engines show, against which the stats-off difference is judged.",
+                "",
+                "| concurrency | engine A tok/s | engine A' tok/s | throughput ratio | ITL ms (A / A') | ITL ratio |",
+                "|---|---|---|---|---|---|",
+            ]
+            for r in o["rows"]:
+                h, twin = r["handler"], r["handler_aa"]
+                lines.append(
+                    f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(twin['throughput_tok_s'], 1)} | "
+                    f"{fmt(r['aa_throughput_ratio'], 3)} | {fmt(h['itl_mean_ms'], 2)} / "
+                    f"{fmt(twin['itl_mean_ms'], 2)} | {fmt(r['aa_itl_ratio'], 3)} |"
+                )
+            lines.append("")
     if "pod" in results:
         p = results["pod"]
         lines += [
