@@ -121,39 +121,25 @@ def render_markdown(results: dict[str, Any]) -> str:
             )
         lines.append("")
         if o.get("stats_off_baseline"):
-            lines += [
-                "Cost of exact per-request stats: the handler over this engine vs over an identical one "
+            lines += _engine_pair_table(
+                o["rows"],
+                other="handler_stats_off",
+                prefix="stats",
+                names=("stats on", "stats off", "on / off"),
+                intro="Cost of exact per-request stats: the handler over this engine vs over an identical one "
                 "without the stats path (`PER_REQUEST_SPEC_DECODE_METRICS=none`, vLLM's plain scheduler), "
                 "booted side by side, alternating in the same repeats. Target: throughput ratio >= 0.99, "
                 "ITL ratio <= 1.01.",
-                "",
-                "| concurrency | stats on tok/s | stats off tok/s | throughput ratio | ITL ms (on / off) | ITL ratio |",
-                "|---|---|---|---|---|---|",
-            ]
-            for r in o["rows"]:
-                h, off = r["handler"], r["handler_stats_off"]
-                lines.append(
-                    f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(off['throughput_tok_s'], 1)} | "
-                    f"{fmt(r['stats_throughput_ratio'], 3)} | {fmt(h['itl_mean_ms'], 2)} / "
-                    f"{fmt(off['itl_mean_ms'], 2)} | {fmt(r['stats_itl_ratio'], 3)} |"
-                )
-            lines.append("")
+            )
         if o.get("aa_baseline"):
-            lines += [
-                "A/A control: the handler over this engine vs over a second, identical engine booted beside it: "
-                "the spread two equal engines show, against which the stats-off difference is judged.",
-                "",
-                "| concurrency | engine A tok/s | engine A' tok/s | throughput ratio | ITL ms (A / A') | ITL ratio |",
-                "|---|---|---|---|---|---|",
-            ]
-            for r in o["rows"]:
-                h, twin = r["handler"], r["handler_aa"]
-                lines.append(
-                    f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(twin['throughput_tok_s'], 1)} | "
-                    f"{fmt(r['aa_throughput_ratio'], 3)} | {fmt(h['itl_mean_ms'], 2)} / "
-                    f"{fmt(twin['itl_mean_ms'], 2)} | {fmt(r['aa_itl_ratio'], 3)} |"
-                )
-            lines.append("")
+            lines += _engine_pair_table(
+                o["rows"],
+                other="handler_aa",
+                prefix="aa",
+                names=("engine A", "engine A'", "A / A'"),
+                intro="A/A control: the handler over this engine vs over a second, identical engine booted "
+                "beside it: the spread two equal engines show, against which the stats-off difference is judged.",
+            )
     if "pod" in results:
         p = results["pod"]
         lines += [
@@ -282,3 +268,24 @@ def plots(results: dict[str, Any], out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "speculative.png", dpi=120)
         plt.close(fig)
+
+
+def _engine_pair_table(
+    rows: list[dict[str, Any]], *, other: str, prefix: str, names: tuple[str, str, str], intro: str
+) -> list[str]:
+    """The handler over the first engine against the handler over a second one booted beside it."""
+    first, second, pair = names
+    lines = [
+        intro,
+        "",
+        f"| concurrency | {first} tok/s | {second} tok/s | throughput ratio | ITL ms ({pair}) | ITL ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        h, o = r["handler"], r[other]
+        lines.append(
+            f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(o['throughput_tok_s'], 1)} | "
+            f"{fmt(r[prefix + '_throughput_ratio'], 3)} | {fmt(h['itl_mean_ms'], 2)} / "
+            f"{fmt(o['itl_mean_ms'], 2)} | {fmt(r[prefix + '_itl_ratio'], 3)} |"
+        )
+    return [*lines, ""]
