@@ -27,7 +27,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from vllm import SamplingParams
+from vllm import SamplingParams, TokensPrompt
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
@@ -260,7 +260,13 @@ class Engine:
         # cancelled request reports; looked up once, and only when there is something to report.
         state: Any = None
         wants_state = self.served.spec_decode_available
-        outputs = self._llm.generate({"prompt_token_ids": prompt_ids}, params, request_id, lora_request=lora)
+        try:
+            # vLLM's renderer, as its frontend would call it for these token ids (raw prompts handed
+            # to generate() are deprecated in 0.32): its own checks, e.g. the context length.
+            (engine_input,) = self._llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt_ids)])
+        except _CLIENT_ERRORS as exc:
+            raise InvalidRequest(_one_line(exc)) from None
+        outputs = self._llm.generate(engine_input, params, request_id, lora_request=lora)
         try:
             async for output in outputs:
                 if wants_state and state is None:
