@@ -34,7 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers import alive_after, descendants, free_port  # noqa: E402
+from tests.helpers import alive_after, descendants, free_port, kill_while_jobs_stream  # noqa: E402
 
 BODY = {"prompt": "The", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
@@ -143,24 +143,14 @@ async def serverless_worker_death() -> dict[str, Any]:
 
     worker = ServerlessWorker(EngineHolder())
     job = {"prompt": "The", "sampling_params": {"max_tokens": 400, "ignore_eos": True}}
-    streaming = [asyncio.Event() for _ in range(3)]
+    processes: list[int] = []
 
-    async def consume(i: int) -> list[dict[str, Any]]:
-        items = []
-        async for item in worker.handle({"id": f"dying-{i}", "input": job}):
-            items.append(item)
-            streaming[i].set()
-        return items
+    def kill_one_gpu_worker() -> None:
+        # multiprocessing's resource tracker lives as long as this process does: not the engine's.
+        processes.extend(pid for pid in descendants(os.getpid()) if "resource_tracker" not in _cmdline(pid))
+        os.kill(gpu_workers(processes)[-1], signal.SIGKILL)
 
-    tasks = [asyncio.create_task(consume(i)) for i in range(3)]
-    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in streaming)), 560)
-    # multiprocessing's resource tracker lives as long as this process does: not the engine's.
-    processes = [pid for pid in descendants(os.getpid()) if "resource_tracker" not in _cmdline(pid)]
-    victim = gpu_workers(processes)[-1]
-    killed_at = time.perf_counter()
-    os.kill(victim, signal.SIGKILL)
-    results = await asyncio.wait_for(asyncio.gather(*tasks), 120)
-    ended_after = time.perf_counter() - killed_at
+    results, ended_after = await kill_while_jobs_stream(worker, job, kill_one_gpu_worker, timeout_s=560)
     later = [item async for item in worker.handle({"id": "after", "input": job})]
     return {
         "in_flight_error_types": [items[-1].get("error_type") for items in results],

@@ -3,10 +3,12 @@ and port helpers of the tests that start servers."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ __all__ = [
     "engine_settings",
     "free_port",
     "is_alive",
+    "kill_while_jobs_stream",
     "worker_for",
 ]
 
@@ -86,3 +89,25 @@ def alive_after(pids: list[int], timeout_s: float) -> list[int]:
     while time.time() < deadline and any(is_alive(pid) for pid in pids):
         time.sleep(0.3)
     return [pid for pid in pids if is_alive(pid)]
+
+
+async def kill_while_jobs_stream(
+    worker: ServerlessWorker, job: dict[str, Any], kill: Callable[[], None], *, num_jobs: int = 3, timeout_s: float = 60
+) -> tuple[list[list[dict[str, Any]]], float]:
+    """Start ``num_jobs`` copies of ``job``, call ``kill`` once every one of them streams, and
+    return each job's items and the seconds from the kill until all had ended."""
+    streaming = [asyncio.Event() for _ in range(num_jobs)]
+
+    async def consume(i: int) -> list[dict[str, Any]]:
+        items = []
+        async for item in worker.handle({"id": f"dying-{i}", "input": job}):
+            items.append(item)
+            streaming[i].set()
+        return items
+
+    tasks = [asyncio.create_task(consume(i)) for i in range(num_jobs)]
+    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in streaming)), timeout_s)
+    killed_at = time.perf_counter()
+    kill()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
+    return list(results), time.perf_counter() - killed_at

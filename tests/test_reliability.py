@@ -23,7 +23,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import alive_after, boot_engine, descendants, engine_settings, free_port, worker_for
+from tests.helpers import (
+    alive_after,
+    boot_engine,
+    descendants,
+    engine_settings,
+    free_port,
+    kill_while_jobs_stream,
+    worker_for,
+)
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
 
@@ -246,20 +254,10 @@ async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_
     worker = worker_for(engine)
     job = {"prompt": "The", "sampling_params": {"max_tokens": 900, "ignore_eos": True}}
     try:
-        started = [asyncio.Event() for _ in range(3)]
-
-        async def consume(i: int) -> list[dict[str, Any]]:
-            items = []
-            async for item in worker.handle({"id": f"dying-{i}", "input": job}):
-                items.append(item)
-                started[i].set()
-            return items
-
-        tasks = [asyncio.create_task(consume(i)) for i in range(3)]
         # Killed as soon as every job streams (900 tokens take about a second on a fast CPU).
-        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
-        os.kill(_engine_core(os.getpid(), among=own), signal.SIGKILL)
-        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        results, _ = await kill_while_jobs_stream(
+            worker, job, lambda: os.kill(_engine_core(os.getpid(), among=own), signal.SIGKILL)
+        )
         for items in results:
             assert items[-1].get("error_type") == "engine_dead", items[-1]
         assert worker.runpod_config.get("refresh_worker") is True

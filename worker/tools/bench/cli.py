@@ -70,14 +70,18 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         import vllm
 
         results["vllm_version"] = vllm.__version__
+    # The load both comparisons drive, the same for each.
+    load: dict[str, Any] = {
+        "concurrencies": plan.concurrencies,
+        "num_requests": plan.num_requests,
+        "max_tokens": plan.max_tokens,
+        "repeats": plan.repeats,
+    }
     if "overhead" in plan.parts:
         results["overhead"] = asyncio.run(
             bench_overhead(
                 settings,
-                concurrencies=plan.concurrencies,
-                num_requests=plan.num_requests,
-                max_tokens=plan.max_tokens,
-                repeats=plan.repeats,
+                **load,
                 raw_input=plan.raw_input,
                 stats_off_baseline=plan.stats_off_baseline,
                 aa_baseline=plan.aa_baseline,
@@ -85,16 +89,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         )
         write_report(results, out)
     if "pod" in plan.parts:
-        results["pod"] = bench_pod(
-            settings,
-            env,
-            model_path=model_path,
-            out=out,
-            concurrencies=plan.concurrencies,
-            num_requests=plan.num_requests,
-            max_tokens=plan.max_tokens,
-            repeats=plan.repeats,
-        )
+        results["pod"] = bench_pod(settings, env, model_path=model_path, out=out, **load)
         write_report(results, out)
     if "coldstart" in plan.parts:
         results["coldstart"] = bench_coldstart(settings, env, model_path=model_path, out=out)
