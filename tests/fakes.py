@@ -1,9 +1,9 @@
 """Test doubles for failures a real engine cannot produce on demand.
 
 :class:`FakeEngine` is a *fake*: it yields canned text and can die mid-stream or hang. It
-implements the small surface the entrypoints use (``generate``, ``is_dead``,
-``max_num_seqs``, ``num_unfinished_requests``, ``shutdown``). Engine behaviour itself is
-tested against the real vLLM engine.
+satisfies ``worker.runtime.EngineProtocol``, the surface the entrypoints use (strict mypy checks
+it where the tests hand it to them). Engine behaviour itself is tested against the real vLLM
+engine.
 """
 
 from __future__ import annotations
