@@ -11,13 +11,9 @@ import signal
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from worker.config import load_settings
-from worker.tools.sizing import GPUS
-
-if TYPE_CHECKING:
-    pass
 from worker.tools.bench.coldstart import bench_coldstart
 from worker.tools.bench.overhead import bench_overhead
 from worker.tools.bench.report import render_markdown, render_saved, write_report
@@ -25,6 +21,7 @@ from worker.tools.bench.roofline import bench_roofline
 from worker.tools.bench.servers import bench_pod
 from worker.tools.bench.shapes import LLAMA3_SHAPES, make_shape_model
 from worker.tools.bench.spec import bench_spec
+from worker.tools.sizing import GPUS
 
 
 # ------------------------------------------------------------------------------ entry

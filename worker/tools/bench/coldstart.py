@@ -10,13 +10,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from worker.config import Settings
-
-if TYPE_CHECKING:
-    pass
-from worker.tools.bench.servers import _http_stream, free_port, server_process, vllm_server_args
+from worker.tools.bench.servers import http_stream, free_port, server_process, vllm_server_args
 from worker.tools.bench.timing import PROMPT, ROOT, RequestTiming
 
 # ------------------------------------------------------------------------------ cold start
@@ -98,7 +95,7 @@ def bench_coldstart(
         async def first() -> None:
             async with httpx.AsyncClient(timeout=120) as client:
                 body = {"model": settings.served_model_name, "prompt": PROMPT, "max_tokens": 8, "stream": True}
-                await _http_stream(client, base, body, timing)
+                await http_stream(client, base, body, timing)
 
         asyncio.run(first())
         server_first = (timing.first_token or time.perf_counter()) - started

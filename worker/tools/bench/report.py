@@ -5,10 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    pass
 from worker.tools.bench.coldstart import parse_boot_log
 
 

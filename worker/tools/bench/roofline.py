@@ -5,12 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from worker.tools.sizing import GPUS, ModelShape, decode_roofline_tokens_per_s, kv_bytes_per_token, weight_bytes
-
-if TYPE_CHECKING:
-    pass
 
 
 # ------------------------------------------------------------------------------ roofline

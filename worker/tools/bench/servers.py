@@ -13,13 +13,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from worker.config import Settings
 from worker.engine_args import build_engine_kwargs
-
-if TYPE_CHECKING:
-    pass
 from worker.tools.bench.timing import (
     PROMPT,
     ROOT,
@@ -97,7 +94,7 @@ def server_process(args: list[str], *, env: dict[str, str], base: str, log_path:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def _http_stream(client: Any, base: str, body: dict[str, Any], timing: RequestTiming) -> None:
+async def http_stream(client: Any, base: str, body: dict[str, Any], timing: RequestTiming) -> None:
     async with client.stream("POST", base + "/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -131,7 +128,7 @@ async def drive_http(
     async with httpx.AsyncClient(timeout=600, headers=headers, limits=limits) as client:
 
         def make(i: int) -> Callable[[RequestTiming], Any]:
-            return lambda timing: _http_stream(client, base, body, timing)
+            return lambda timing: http_stream(client, base, body, timing)
 
         await run_concurrent(make, num_requests=2, concurrency=2)  # warm-up
         for concurrency in concurrencies:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from worker.tools.fit import PRESETS
-
-if TYPE_CHECKING:
-    pass
 from worker.tools.bench.timing import PROMPT
+from worker.tools.fit import PRESETS
 
 LLAMA3_SHAPES = ("llama-3-8b", "llama-3.2-1b", "llama-3-70b")
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from worker.config import Settings, load_settings
-
-if TYPE_CHECKING:
-    pass
 from worker.tools.bench.timing import PROMPT, ratio
 
 
