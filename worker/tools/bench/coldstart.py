@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import Settings
-from worker.tools.bench.servers import http_stream, free_port, server_process, vllm_server_args
+from worker.tools.bench.servers import free_port, http_stream, server_process, vllm_server_args
 from worker.tools.bench.timing import PROMPT, ROOT, RequestTiming
 
 # ------------------------------------------------------------------------------ cold start
