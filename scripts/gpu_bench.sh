@@ -17,6 +17,7 @@
 #                     $POD_CONCURRENCY (default 1,8,64,256), 3 alternating runs
 #   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
 #   coldstart-server  handler and vLLM's server, warm compile cache
+#   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off
 #   ngram             n-gram speculation (k=4) vs none, single stream
 #   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
 #                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
@@ -74,6 +75,9 @@ for stage in "$@"; do
       run cold-warm-cache --parts coldstart
       ENFORCE_EAGER=true run cold-eager --parts coldstart_handler ;;
     coldstart-server) run cold-server --parts coldstart ;;
+    first-request)
+      run first-request --parts first_request
+      WARMUP_REQUEST=false run first-request-no-warmup --parts first_request ;;
     ngram) run ngram --parts spec --drafts ngram --ks 4 --spec-requests 2 ;;
     stats-ngram)
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-ngram4 --parts overhead \

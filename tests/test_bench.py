@@ -83,6 +83,9 @@ def test_smoke_run_produces_complete_results(tmp_path: Path, subprocess_env: dic
     cold = results["coldstart"]
     assert positive(cold["handler"]["first_token_s"]) and positive(cold["vllm_server"]["first_token_s"])
     assert 0 < cold["handler_import_s"] < 5
+    first = results["first_request"]
+    assert positive(first["first_ttft_ms"]) and len(first["after_ttfts_ms"]) == 5 and first["warmup_request"]
+    assert first["ratio"] == pytest.approx(first["first_ttft_ms"] / first["steady_ttft_ms"])
     (row,) = results["spec"]["rows"]
     assert row["draft"] == "tiny:noisy" and row["k"] == 2
     assert row["num_accepted_draft_tokens"] <= row["num_draft_tokens"] and row["num_spec_steps"] > 0

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import load_settings
-from worker.tools.bench.coldstart import bench_coldstart
+from worker.tools.bench.coldstart import bench_coldstart, bench_first_request
 from worker.tools.bench.overhead import bench_overhead
 from worker.tools.bench.report import render_markdown, render_saved, write_report
 from worker.tools.bench.roofline import bench_roofline
@@ -94,6 +94,9 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
     if "coldstart_handler" in plan.parts:
         results["coldstart_handler"] = bench_coldstart(settings, env, model_path=model_path, out=out, with_server=False)
         write_report(results, out)
+    if "first_request" in plan.parts:
+        results["first_request"] = asyncio.run(bench_first_request(settings))
+        write_report(results, out)
     if "spec" in plan.parts:
         results["spec"] = bench_spec(
             env, drafts=plan.drafts, ks=plan.ks, num_requests=plan.spec_requests, max_tokens=plan.max_tokens
@@ -118,7 +121,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
     return results
 
 
-ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "spec", "roofline"]
+ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "first_request", "spec", "roofline"]
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

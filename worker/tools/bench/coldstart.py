@@ -101,3 +101,37 @@ def bench_coldstart(
         server_first = (timing.first_token or time.perf_counter()) - started
     server = {"ready_s": ready_s, "first_token_s": server_first, "breakdown": parse_boot_log(log_path.read_text())}
     return {"handler": handler, "vllm_server": server, "handler_import_s": import_seconds(env)}
+
+
+async def bench_first_request(settings: Settings, *, num_after: int = 5, idle_s: float = 1.0) -> dict[str, Any]:
+    """TTFT of the first request after the engine boots against that of the next ``num_after``,
+    each sent after ``idle_s`` of idle (serverless traffic arrives after gaps, and an idle engine
+    takes a moment to wake): what lazy initialisation is left for the first user."""
+    from worker.runtime import boot_engine
+    from worker.schema import parse_request
+
+    engine = await boot_engine(settings, mode="serverless")
+    try:
+        ttfts_ms: list[float] = []
+        for i in range(1 + num_after):
+            await asyncio.sleep(idle_s)
+            request = parse_request(
+                {"prompt": f"{PROMPT} {i}", "sampling_params": {"max_tokens": 16, "ignore_eos": True}}
+            )
+            started = time.perf_counter()
+            first: float | None = None
+            async for chunk in engine.generate(request):
+                if chunk.num_tokens and first is None:
+                    first = time.perf_counter() - started
+            ttfts_ms.append((first or 0.0) * 1000)
+    finally:
+        engine.shutdown()
+    steady = statistics.median(ttfts_ms[1:])
+    return {
+        "first_ttft_ms": ttfts_ms[0],
+        "steady_ttft_ms": steady,
+        "ratio": ttfts_ms[0] / steady if steady else None,
+        "after_ttfts_ms": ttfts_ms[1:],
+        "idle_s": idle_s,
+        "warmup_request": settings.warmup_request,
+    }

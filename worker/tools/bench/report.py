@@ -176,6 +176,17 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"`import handler`: {fmt(c['handler_import_s'] * 1000, 0)} ms (median of 5).",
             "",
         ]
+    if "first_request" in results:
+        f = results["first_request"]
+        lines += [
+            "### First request after boot",
+            "",
+            f"TTFT of the first request {fmt(f['first_ttft_ms'], 1)} ms; of the next "
+            f"{len(f['after_ttfts_ms'])}, each after {f['idle_s']} s idle, {fmt(f['steady_ttft_ms'], 1)} ms "
+            f"(median): ratio {fmt(f['ratio'])} (goal <= 2). Warm-up request during boot: "
+            f"{'on' if f['warmup_request'] else 'off'}.",
+            "",
+        ]
     if "spec" in results:
         sp = results["spec"]
         lines += [
