@@ -34,16 +34,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers import alive_after, descendants, free_port, kill_while_jobs_stream  # noqa: E402
+from tests.helpers import alive_after, cmdline, descendants, free_port, kill_while_jobs_stream  # noqa: E402
 
 BODY = {"prompt": "The", "max_tokens": 400, "ignore_eos": True, "stream": True}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def gpu_workers(among: list[int]) -> list[int]:
@@ -53,7 +46,7 @@ def gpu_workers(among: list[int]) -> list[int]:
             ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True
         ).stdout
     except FileNotFoundError:
-        return [pid for pid in among if "EngineCore" in _cmdline(pid)]
+        return [pid for pid in among if "EngineCore" in cmdline(pid)]
     holding = {int(x) for x in out.split()}
     return sorted(pid for pid in among if pid in holding)
 
@@ -100,7 +93,7 @@ def pod_sigterm(tmp: Path) -> dict[str, Any]:
         "processes_before": len(processes),
         "gpu_workers": len(workers),
         "exit_code": code,
-        "alive_30s_after": [_cmdline(pid)[:80] for pid in left],
+        "alive_30s_after": [cmdline(pid)[:80] for pid in left],
         "seconds": round(time.perf_counter() - started, 2),
     }
 
@@ -133,7 +126,7 @@ def pod_worker_death(tmp: Path) -> dict[str, Any]:
         "stream_ended_s_after_kill": round(ended_after, 2),
         "health_503_seen": 503 in statuses,
         "exit_code": code,
-        "alive_30s_after": [_cmdline(pid)[:80] for pid in alive_after(processes, 30)],
+        "alive_30s_after": [cmdline(pid)[:80] for pid in alive_after(processes, 30)],
     }
 
 
@@ -147,7 +140,7 @@ async def serverless_worker_death() -> dict[str, Any]:
 
     def kill_one_gpu_worker() -> None:
         # multiprocessing's resource tracker lives as long as this process does: not the engine's.
-        processes.extend(pid for pid in descendants(os.getpid()) if "resource_tracker" not in _cmdline(pid))
+        processes.extend(pid for pid in descendants(os.getpid()) if "resource_tracker" not in cmdline(pid))
         os.kill(gpu_workers(processes)[-1], signal.SIGKILL)
 
     results, ended_after = await kill_while_jobs_stream(worker, job, kill_one_gpu_worker, timeout_s=560)
@@ -157,7 +150,7 @@ async def serverless_worker_death() -> dict[str, Any]:
         "ended_s_after_kill": round(ended_after, 2),
         "refresh_worker": worker.runpod_config.get("refresh_worker") is True,
         "later_job_error_type": later[-1].get("error_type"),
-        "alive_30s_after": [_cmdline(pid)[:80] for pid in alive_after(processes, 30)],
+        "alive_30s_after": [cmdline(pid)[:80] for pid in alive_after(processes, 30)],
     }
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "CACHE_DIR",
     "alive_after",
     "boot_engine",
+    "cmdline",
     "descendants",
     "engine_settings",
     "free_port",
@@ -73,6 +74,14 @@ def descendants(pid: int) -> list[int]:
         found += children
         frontier += children
     return found
+
+
+def cmdline(pid: int) -> str:
+    """The process's command line as /proc shows it (a process title where one is set); "" once gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def is_alive(pid: int) -> bool:

@@ -26,6 +26,7 @@ import pytest
 from tests.helpers import (
     alive_after,
     boot_engine,
+    cmdline,
     descendants,
     engine_settings,
     free_port,
@@ -47,13 +48,8 @@ def report(name: str, **figures: Any) -> None:
 
 def _engine_core(pid: int, *, among: set[int] | None = None) -> int:
     for child in descendants(pid):
-        if among is not None and child not in among:
-            continue
-        try:
-            if "EngineCore" in Path(f"/proc/{child}/cmdline").read_text():
-                return child
-        except OSError:
-            continue
+        if (among is None or child in among) and "EngineCore" in cmdline(child):
+            return child
     raise AssertionError("no engine-core process found")
 
 

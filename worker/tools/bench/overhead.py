@@ -9,11 +9,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from worker.config import Settings
-from worker.tools.bench.spec import engine_spec_counters
+from worker.tools.bench.spec import engine_spec_counters, spec_counters_since
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, ratio, requests_for, run_concurrent, summarize
 
 if TYPE_CHECKING:
     from worker.engine import Engine
+    from worker.serverless import ServerlessWorker
 
 
 async def bench_overhead(
@@ -36,9 +37,8 @@ async def bench_overhead(
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from worker.runtime import EngineHolder, boot_engine
+    from worker.runtime import boot_engine
     from worker.schema import parse_request
-    from worker.serverless import ServerlessWorker
 
     stats_off_baseline = stats_off_baseline and settings.resolved_speculative_config() is not None
     num_engines = 1 + stats_off_baseline + aa_baseline
@@ -59,10 +59,7 @@ async def bench_overhead(
     job = {"prompt": PROMPT, "sampling_params": {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}}
 
     def handler_path(over: Engine) -> Callable[[int], Callable[[RequestTiming], Any]]:
-        async def factory(_: Settings) -> Engine:
-            return over
-
-        worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
+        worker = _worker_over(over, settings)
         return lambda i: handler_request(worker, i)
 
     def handler_request(worker: ServerlessWorker, i: int) -> Callable[[RequestTiming], Any]:
@@ -158,13 +155,7 @@ async def _spec_exactness(
 ) -> dict[str, Any]:
     """Concurrent handler jobs on a speculating engine: their per-request ``spec_decode`` summed,
     against vLLM's engine-wide counters over the same interval (nothing else runs on the engine)."""
-    from worker.runtime import EngineHolder
-    from worker.serverless import ServerlessWorker
-
-    async def factory(_: Settings) -> Engine:
-        return engine
-
-    worker = ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))
+    worker = _worker_over(engine, settings)
     before = engine_spec_counters()
 
     async def one(i: int) -> dict[str, Any]:
@@ -172,9 +163,7 @@ async def _spec_exactness(
         return dict(items[-1].get("spec_decode") or {})
 
     finals = await asyncio.gather(*(one(i) for i in range(requests)))
-    await asyncio.sleep(0.5)  # the frontend records a step's stats just after handing out its outputs
-    after = engine_spec_counters()
-    counters = {key.removeprefix("vllm:spec_decode_"): int(after[key] - before[key]) for key in after}
+    counters = await spec_counters_since(before)
     summed = {
         "num_drafts": sum(f.get("num_spec_steps", 0) for f in finals),
         "num_draft_tokens": sum(f.get("num_draft_tokens", 0) for f in finals),
@@ -187,3 +176,14 @@ async def _spec_exactness(
         "engine_counters": counters,
         "equal": summed == counters,
     }
+
+
+def _worker_over(engine: Engine, settings: Settings) -> ServerlessWorker:
+    """The serverless handler's worker over an engine already booted (shared by several paths)."""
+    from worker.runtime import EngineHolder
+    from worker.serverless import ServerlessWorker
+
+    async def factory(_: Settings) -> Engine:
+        return engine
+
+    return ServerlessWorker(EngineHolder(settings_loader=lambda: settings, engine_factory=factory))

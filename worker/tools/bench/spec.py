@@ -50,9 +50,7 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
                         drafted += chunk.spec_decode.num_draft_tokens
                         accepted += chunk.spec_decode.num_accepted_draft_tokens
                         steps += chunk.spec_decode.num_spec_steps
-        await asyncio.sleep(0.1)  # the frontend records a step's stats just after handing out its outputs
-        after = engine_spec_counters()
-        counted = {key.removeprefix("vllm:spec_decode_"): int(after[key] - counters_before[key]) for key in after}
+        counted = await spec_counters_since(counters_before)
         return {
             "decode_tok_s": tokens / decode_s if decode_s else None,
             "engine_counters": counted,
@@ -72,6 +70,14 @@ _SPEC_COUNTERS = (
     "vllm:spec_decode_num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens",
 )
+
+
+async def spec_counters_since(before: dict[str, float]) -> dict[str, int]:
+    """vLLM's spec-decode counters since ``before`` (an ``engine_spec_counters()`` reading), short
+    names: the frontend records a step's stats just after handing out its outputs, so wait first."""
+    await asyncio.sleep(0.5)
+    after = engine_spec_counters()
+    return {key.removeprefix("vllm:spec_decode_"): int(after[key] - before[key]) for key in after}
 
 
 def engine_spec_counters() -> dict[str, float]:
