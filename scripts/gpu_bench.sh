@@ -17,6 +17,10 @@
 #                     $POD_CONCURRENCY (default 1,8,64,256), 3 alternating runs
 #   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
 #   coldstart-server  handler and vLLM's server, warm compile cache
+#   coldstart-levers  real-size weights (16 GB of random bf16 safetensors, written first, then in the page
+#                     cache): handler with an empty compile cache, a warm one (and vLLM's server), eager,
+#                     MAX_NUM_SEQS=16 (fewer CUDA-graph sizes), no CUDA-graph memory estimate at profiling
+#   eager-decode      decode speed in eager mode (no CUDA graphs, no compile) at 1 and 64, 1 run
 #   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off
 #   ngram             n-gram speculation (k=4) vs none, single stream
 #   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
@@ -27,7 +31,7 @@
 # On two GPUs (TENSOR_PARALLEL_SIZE=2):
 #   tp2-70b           a Llama-3-70B shape in bf16, n-gram k=4: handler vs AsyncLLM at 1, 64, 256 (3 alternating
 #                     runs), then per-request spec_decode summed against vLLM's engine counters
-#   tp2-70b-fp8       the same in fp8
+#   tp2-70b-fp8       the same in fp8 (TP2_REPEATS: runs per point for both, default 3)
 #   tp2-8b            the 8B shape, no speculation, at 1 and 256 (against the bf16 stage's TP=1 figures)
 #   tp2-faults        scripts/gpu_faults.py on the 70B shape (eager: faults do not depend on CUDA graphs)
 # Stages can run side by side on two GPUs: give each its own CUDA_VISIBLE_DEVICES, OUT and ARCHIVE.
@@ -75,6 +79,17 @@ for stage in "$@"; do
       run cold-warm-cache --parts coldstart
       ENFORCE_EAGER=true run cold-eager --parts coldstart_handler ;;
     coldstart-server) run cold-server --parts coldstart ;;
+    coldstart-levers)
+      R=/tmp/llama8b-real
+      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-levers-$$
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-real-fresh --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-real-warm --parts coldstart
+      MODEL_NAME=$R LOAD_FORMAT=auto ENFORCE_EAGER=true run cold-real-eager --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run cold-real-seqs16 --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run cold-real-noest \
+        --parts coldstart_handler ;;
+    eager-decode) ENFORCE_EAGER=true run bf16-eager --parts overhead --concurrency 1,64 --repeats 1 ;;
     first-request)
       run first-request --parts first_request
       WARMUP_REQUEST=false run first-request-no-warmup --parts first_request ;;
@@ -93,7 +108,7 @@ for stage in "$@"; do
     tp2-70b | tp2-70b-fp8)
       q=bf16; [ $stage = tp2-70b-fp8 ] && q=fp8
       MODEL_NAME=/tmp/llama70b TENSOR_PARALLEL_SIZE=2 QUANTIZATION=${q/bf16/} SPECULATIVE_METHOD=ngram \
-        NUM_SPECULATIVE_TOKENS=4 run $stage --parts overhead --concurrency 1,64,256 --repeats 3 ;;
+        NUM_SPECULATIVE_TOKENS=4 run $stage --parts overhead --concurrency 1,64,256 --repeats "${TP2_REPEATS:-3}" ;;
     tp2-8b) TENSOR_PARALLEL_SIZE=2 run tp2-8b --parts overhead --concurrency 1,256 --repeats 3 ;;
     tp2-faults)
       echo "=== tp2-faults: $(date +%T)"

@@ -4,8 +4,10 @@ without pytest, on a GPU machine.
 
     TENSOR_PARALLEL_SIZE=2 MODEL_NAME=/tmp/llama8b LOAD_FORMAT=dummy python scripts/gpu_faults.py OUT.json
 
-1. pod, SIGTERM with a stream in flight: the stream completes, the server exits, and no process
-   it started (engine core, one worker per GPU) is alive 30 s later;
+1. pod: one streamed completion to its end, its ``metrics.speculative_decoding`` against vLLM's
+   spec-decode counters on ``/metrics`` over the same request (with speculation on); then SIGTERM
+   with a stream in flight: the stream completes, the server exits, and no process it started
+   (engine core, one worker per GPU) is alive 30 s later;
 2. pod, one tensor-parallel worker killed mid-stream: the stream ends with an error, /health turns
    503, the server exits 1, nothing left running;
 3. serverless (the handler's ServerlessWorker in this process), one worker killed while three jobs
@@ -74,9 +76,52 @@ def start_pod(log: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("pod not ready")
 
 
+def spec_counters(base: str) -> dict[str, float]:
+    """vLLM's engine-wide spec-decode counters from the pod's /metrics (summed over label sets)."""
+    names = {
+        "vllm:spec_decode_num_drafts_total": "num_drafts",
+        "vllm:spec_decode_num_draft_tokens_total": "num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens_total": "num_accepted_tokens",
+    }
+    found = dict.fromkeys(names.values(), 0.0)
+    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            found[names[name]] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def pod_stream_stats(base: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One streamed completion with usage: its per-request spec-decode counts against the engine's."""
+    before = spec_counters(base)
+    usage_event: dict[str, Any] = {}
+    with httpx.stream(
+        "POST", base + "/v1/completions", json={**body, "stream_options": {"include_usage": True}}, timeout=300
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"usage"' in line:
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    usage_event = event
+    time.sleep(1)  # the engine's counters reach the frontend with its next stats update
+    after = spec_counters(base)
+    engine = {key: after[key] - before[key] for key in after}
+    spec = (usage_event.get("metrics") or {}).get("speculative_decoding") or {}
+    return {
+        "completion_tokens": (usage_event.get("usage") or {}).get("completion_tokens"),
+        "response_spec_decode": spec,
+        "engine_counters": engine,
+        "exact": bool(spec)
+        and spec.get("num_draft_tokens") == engine["num_draft_tokens"]
+        and spec.get("num_accepted_draft_tokens") == engine["num_accepted_tokens"]
+        and spec.get("num_spec_steps") == engine["num_drafts"],
+    }
+
+
 def pod_sigterm(tmp: Path) -> dict[str, Any]:
     proc, base = start_pod(tmp / "pod-sigterm.log")
     body = {**BODY, "model": os.environ.get("SERVED_MODEL_NAME") or os.environ["MODEL_NAME"]}
+    stats = pod_stream_stats(base, body) if os.environ.get("SPECULATIVE_METHOD", "none") != "none" else None
     started = time.perf_counter()
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as response:
         lines = response.iter_lines()
@@ -88,6 +133,7 @@ def pod_sigterm(tmp: Path) -> dict[str, Any]:
     left = alive_after(processes, 30)
     code = proc.wait(timeout=60)
     return {
+        "spec_decode_check": stats,
         "first_line_ok": first.startswith("data: "),
         "stream_completed": bool(rest) and rest[-1] == "data: [DONE]" and not any('"error"' in x for x in rest),
         "processes_before": len(processes),

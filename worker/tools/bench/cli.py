@@ -9,6 +9,7 @@ import os
 import platform
 import signal
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from worker.tools.bench.overhead import bench_overhead
 from worker.tools.bench.report import render_markdown, render_saved, write_report
 from worker.tools.bench.roofline import bench_roofline
 from worker.tools.bench.servers import bench_pod
-from worker.tools.bench.shapes import LLAMA3_SHAPES, make_shape_model
+from worker.tools.bench.shapes import LLAMA3_SHAPES, make_shape_model, write_random_weights
 from worker.tools.bench.spec import bench_spec
 from worker.tools.sizing import GPUS
 
@@ -161,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         "--shape", choices=LLAMA3_SHAPES, default="llama-3-8b", help="with --make-llama8b: the model shape written"
     )
     parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="with --make-llama8b: also real-size bf16 safetensors of random values (to measure weight loading)",
+    )
+    parser.add_argument(
         "--stats-off-baseline",
         action="store_true",
         help="overhead part, speculating configs: also the handler over an engine without the exact-stats path",
@@ -183,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.make_llama8b:
         make_shape_model(args.make_llama8b, awq=args.awq, shape=args.shape)
+        if args.random_weights:
+            started = time.perf_counter()
+            written = write_random_weights(args.make_llama8b)
+            print(f"wrote {written / 1e9:.2f} GB of random weights in {time.perf_counter() - started:.1f} s")
         return 0
     plan = Plan(
         parts=[p for p in args.parts.split(",") if p],

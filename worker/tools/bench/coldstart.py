@@ -28,6 +28,36 @@ LOG_MARKERS = {
 }
 
 
+# Where the boot is, by the first log line that says so (vLLM 0.32's INFO lines and the worker's):
+# each phase ends when its marker's line arrives, seconds from process start by the bench's own
+# clock on every line, so the table needs no log timestamps (vLLM's have whole seconds).
+PHASE_MARKERS = [
+    ("engine_config", r"Initializing a V1 LLM engine"),
+    ("model_load", r"Model loading took"),
+    ("torch_compile", r"torch\.compile takes"),
+    ("kv_cache_profile", r"Available KV cache memory"),
+    ("cuda_graph_capture", r"Graph capturing finished"),
+    ("engine_init_done", r"init engine \(profile, create kv cache, warmup model\) took"),
+    ("worker_warmup", r"warm-up request done"),
+    ("engine_ready", r"engine ready in"),
+]
+_STAMP = re.compile(r"^\[\s*([\d.]+)\] ")
+
+
+def boot_phases(stamped_log: str) -> dict[str, float]:
+    """Seconds from process start at which each phase of ``PHASE_MARKERS`` ended (its marker's
+    first line), from a log whose lines carry ``[seconds] `` stamps (``bench_coldstart`` writes one)."""
+    found: dict[str, float] = {}
+    for line in stamped_log.splitlines():
+        stamp = _STAMP.match(line)
+        if not stamp:
+            continue
+        for name, pattern in PHASE_MARKERS:
+            if name not in found and re.search(pattern, line):
+                found[name] = float(stamp.group(1))
+    return found
+
+
 def parse_boot_log(text: str) -> dict[str, float]:
     found = {}
     for name, pattern in LOG_MARKERS.items():
@@ -61,7 +91,8 @@ def bench_coldstart(
     job = json.dumps({"input": {"prompt": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}}})
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "handler.py", "--test_input", job],
+        # --verbose: vLLM's INFO lines, which the phase table reads (a local run logs WARNING otherwise).
+        [sys.executable, "handler.py", "--verbose", "--test_input", job],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -72,14 +103,23 @@ def bench_coldstart(
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
-        lines.append(line)
+        now = time.perf_counter() - started
+        lines.append(f"[{now:8.3f}] {line}")
         if first_token_s is None and "] chunk " in line:
-            first_token_s = time.perf_counter() - started
+            first_token_s = now
     proc.wait()
     exit_s = time.perf_counter() - started
     log = "".join(lines)
     (out / "coldstart-handler.log").write_text(log)
-    handler = {"first_token_s": first_token_s, "process_exit_s": exit_s, "breakdown": parse_boot_log(log)}
+    phases = boot_phases(log)
+    if first_token_s is not None:
+        phases["first_token"] = first_token_s
+    handler = {
+        "first_token_s": first_token_s,
+        "process_exit_s": exit_s,
+        "breakdown": parse_boot_log(log),
+        "phases_end_s": phases,
+    }
     if not with_server:
         return {"handler": handler, "handler_import_s": import_seconds(env)}
 
@@ -89,7 +129,7 @@ def bench_coldstart(
     started = time.perf_counter()
     with server_process(
         vllm_server_args(settings, model_path=model_path, port=port), env=env, base=base, log_path=log_path
-    ) as ready_s:
+    ) as (ready_s, _):
         timing = RequestTiming(start=time.perf_counter())
 
         async def first() -> None:

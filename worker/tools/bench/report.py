@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from worker.tools.bench.coldstart import parse_boot_log
+from worker.tools.bench.coldstart import PHASE_MARKERS, parse_boot_log
 
 
 def boot_columns(found: dict[str, float]) -> str:
@@ -17,12 +17,46 @@ def boot_columns(found: dict[str, float]) -> str:
     return " | ".join(fmt(v) for v in (load, found.get("engine_init_s"), compile_s, found.get("graph_capture_s")))
 
 
+def phase_table(runs: dict[str, dict[str, float]]) -> list[str]:
+    """Boot phases, one column per run: each phase's seconds (from the previous phase found to its
+    marker), then first token from process start. ``runs``: label -> ``phases_end_s``."""
+    names = [name for name, _ in PHASE_MARKERS] + ["first_token"]
+    labels = list(runs)
+    lines = [
+        "| phase (ends at the line that says so) | " + " | ".join(f"{label} s" for label in labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for i, name in enumerate(names):
+        cells = []
+        for label in labels:
+            ends = runs[label]
+            if name not in ends:
+                cells.append("-")
+                continue
+            before = [ends[n] for n in names[:i] if n in ends]
+            cells.append(fmt(ends[name] - (before[-1] if before else 0.0), 1))
+        lines.append(f"| {name.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    total = [fmt(runs[label].get("first_token"), 1) for label in labels]
+    lines += ["| **process start to first token** | " + " | ".join(f"**{t}**" for t in total) + " |", ""]
+    return lines
+
+
+def _boot_runs(results: dict[str, Any], label: str) -> dict[str, dict[str, float]]:
+    runs = {}
+    for part in ("coldstart", "coldstart_handler"):
+        phases = (results.get(part) or {}).get("handler", {}).get("phases_end_s")
+        if phases:
+            runs[label] = phases
+    return runs
+
+
 def render_saved(paths: list[Path]) -> str:
     """Markdown from saved results: bench JSON files (one section each, then a quantization
     summary) and boot logs (a cold-start breakdown row each)."""
     sections: list[str] = []
     quant_rows = []
     log_rows = []
+    boots: dict[str, dict[str, float]] = {}
     for path in paths:
         if path.suffix == ".log":
             found = parse_boot_log(path.read_text(errors="replace"))
@@ -33,6 +67,7 @@ def render_saved(paths: list[Path]) -> str:
             continue
         results = json.loads(path.read_text())
         sections.append(f"#### {results.get('label') or path.stem} (`{path.name}`)\n\n" + render_markdown(results))
+        boots.update(_boot_runs(results, path.stem))
         overhead, roofline = results.get("overhead"), results.get("roofline")
         if overhead and roofline:
             by_c = {r["concurrency"]: r for r in overhead["rows"]}
@@ -59,6 +94,8 @@ def render_saved(paths: list[Path]) -> str:
             *quant_rows,
             "",
         ]
+    if boots:
+        out += phase_table(boots)
     if log_rows:
         out += [
             "| boot log | first item s | engine ready s | weights load s | engine init s | of which compile s | "
@@ -147,8 +184,8 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"{p['repeats']} runs per server.",
             "",
             "| concurrency | pod tok/s | vLLM server tok/s | throughput ratio | TTFT p50 ms (pod / vLLM) | "
-            "TTFT p99 ms (pod / vLLM) | ITL ms (pod / vLLM) |",
-            "|---|---|---|---|---|---|---|",
+            "TTFT p99 ms (pod / vLLM) | ITL ms (pod / vLLM) | API process CPU ms per token (pod / vLLM) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in p["rows"]:
             a, b = r["pod"], r["vllm_server"]
@@ -156,7 +193,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f"| {r['concurrency']} | {fmt(a['throughput_tok_s'], 1)} | {fmt(b['throughput_tok_s'], 1)} | "
                 f"{fmt(r['throughput_ratio'], 3)} | {fmt(a['ttft_p50_ms'], 1)} / {fmt(b['ttft_p50_ms'], 1)} | "
                 f"{fmt(a['ttft_p99_ms'], 1)} / {fmt(b['ttft_p99_ms'], 1)} | "
-                f"{fmt(a['itl_mean_ms'], 2)} / {fmt(b['itl_mean_ms'], 2)} |"
+                f"{fmt(a['itl_mean_ms'], 2)} / {fmt(b['itl_mean_ms'], 2)} | "
+                f"{fmt(a.get('api_cpu_ms_per_token'), 3)} / {fmt(b.get('api_cpu_ms_per_token'), 3)} |"
             )
         lines.append("")
     if "coldstart" in results:
@@ -176,6 +214,18 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"`import handler`: {fmt(c['handler_import_s'] * 1000, 0)} ms (median of 5).",
             "",
         ]
+    if "coldstart_handler" in results:
+        h = results["coldstart_handler"]["handler"]
+        lines += [
+            "### Cold start, handler only",
+            "",
+            f"`python handler.py --test_input`: first token {fmt(h['first_token_s'])} s after process start, "
+            f"engine ready at {fmt(h['breakdown'].get('worker_engine_ready_s'))} s.",
+            "",
+        ]
+    boot_runs = _boot_runs(results, results.get("label") or "handler")
+    if boot_runs:
+        lines += ["### Where the handler's boot goes", "", *phase_table(boot_runs)]
     if "first_request" in results:
         f = results["first_request"]
         lines += [

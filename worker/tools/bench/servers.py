@@ -66,8 +66,8 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[
 
 
 @contextlib.contextmanager
-def server_process(args: list[str], *, env: dict[str, str], base: str, log_path: Path) -> Iterator[float]:
-    """Start a server, yield its seconds to ready (/health 200); stop it (SIGTERM) afterwards."""
+def server_process(args: list[str], *, env: dict[str, str], base: str, log_path: Path) -> Iterator[tuple[float, int]]:
+    """Start a server, yield its seconds to ready (/health 200) and its pid; stop it (SIGTERM) afterwards."""
     import httpx
 
     started = time.perf_counter()
@@ -84,7 +84,7 @@ def server_process(args: list[str], *, env: dict[str, str], base: str, log_path:
                 if time.perf_counter() > deadline:
                     raise RuntimeError(f"server not ready in 600 s; see {log_path}")
                 time.sleep(0.1)
-            yield time.perf_counter() - started
+            yield time.perf_counter() - started, proc.pid
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -108,9 +108,34 @@ async def http_stream(client: Any, base: str, body: dict[str, Any], timing: Requ
     timing.end = time.perf_counter()
 
 
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) a server has used so far: its own process (the API server: HTTP,
+    tokenizing, detokenizing, the engine client) and its descendants (engine core, GPU workers)."""
+    import psutil
+
+    root = psutil.Process(pid)
+
+    def used(process: psutil.Process) -> float:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            return float(times.user + times.system)
+        return 0.0
+
+    return {"api": used(root), "engine": sum(used(child) for child in root.children(recursive=True))}
+
+
 async def drive_http(
-    base: str, *, model: str, concurrencies: list[int], num_requests: int, max_tokens: int, headers: dict[str, str]
+    base: str,
+    *,
+    model: str,
+    concurrencies: list[int],
+    num_requests: int,
+    max_tokens: int,
+    headers: dict[str, str],
+    server_pid: int | None = None,
 ) -> list[dict[str, Any]]:
+    """Streams at each concurrency; with ``server_pid``, each row also has the CPU seconds the
+    server's processes spent on it (``cpu_s``) and the API process's CPU milliseconds per token."""
     import httpx
 
     body = {
@@ -132,10 +157,17 @@ async def drive_http(
 
         await run_concurrent(make, num_requests=2, concurrency=2)  # warm-up
         for concurrency in concurrencies:
+            before = cpu_seconds(server_pid) if server_pid else None
             timings, wall = await run_concurrent(
                 make, num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
             )
-            rows.append({"concurrency": concurrency, **summarize(timings, wall)})
+            row = {"concurrency": concurrency, **summarize(timings, wall)}
+            if before is not None and server_pid:
+                after = cpu_seconds(server_pid)
+                row["cpu_s"] = {key: after[key] - before[key] for key in after}
+                row["api_cpu_ms_per_token"] = 1000 * row["cpu_s"]["api"] / max(row["tokens"], 1)
+                row["api_cpu_busy"] = row["cpu_s"]["api"] / wall if wall > 0 else None
+            rows.append(row)
     return rows
 
 
@@ -158,6 +190,7 @@ def bench_pod(
     half = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
     bases: dict[str, str] = {}
     ready: dict[str, float] = {}
+    pids: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
         for name in runs:
             port = free_port()
@@ -169,7 +202,7 @@ def bench_pod(
                 args = vllm_server_args(half, model_path=model_path, port=port)
                 server_env = env
             # One after the other: two engines profiling GPU memory at once would each see the other's.
-            ready[name] = stack.enter_context(
+            ready[name], pids[name] = stack.enter_context(
                 server_process(args, env=server_env, base=bases[name], log_path=out / f"{name}.log")
             )
             print(f"pod bench: {name} ready in {ready[name]:.1f} s", flush=True)
@@ -183,6 +216,7 @@ def bench_pod(
                         num_requests=num_requests,
                         max_tokens=max_tokens,
                         headers={},
+                        server_pid=pids[name],
                     )
                 )
                 runs[name].append(rows)
@@ -192,7 +226,9 @@ def bench_pod(
     for i, concurrency in enumerate(concurrencies):
         row: dict[str, Any] = {"concurrency": concurrency}
         for name, reps in runs.items():
-            row[name] = {key: median([r[i][key] for r in reps]) for key in reps[0][i] if key != "concurrency"}
+            row[name] = {
+                key: median([r[i][key] for r in reps]) for key in reps[0][i] if key not in ("concurrency", "cpu_s")
+            }
         row["throughput_ratio"] = ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
         row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
         row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])

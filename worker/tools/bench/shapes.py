@@ -55,3 +55,66 @@ def make_shape_model(path: Path, *, awq: bool = False, shape: str = "llama-3-8b"
         tokenizer_object=tokenizer, unk_token="w10", bos_token="w128000", eos_token="w128001"
     )
     fast.save_pretrained(path)
+
+
+def llama3_tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every weight of a Llama checkpoint in Hugging Face's names, with its shape."""
+    hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+    heads, kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+    head_dim = hidden // heads
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (int(config["vocab_size"]), hidden)}
+    for i in range(int(config["num_hidden_layers"])):
+        pre = f"model.layers.{i}."
+        shapes.update(
+            {
+                pre + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+                pre + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                pre + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                pre + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                pre + "mlp.gate_proj.weight": (inter, hidden),
+                pre + "mlp.up_proj.weight": (inter, hidden),
+                pre + "mlp.down_proj.weight": (hidden, inter),
+                pre + "input_layernorm.weight": (hidden,),
+                pre + "post_attention_layernorm.weight": (hidden,),
+            }
+        )
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.get("tie_word_embeddings"):
+        shapes["lm_head.weight"] = (int(config["vocab_size"]), hidden)
+    return shapes
+
+
+def write_random_weights(path: Path, *, shard_bytes: int = 5 * 2**30) -> int:
+    """Real-size bf16 safetensors shards of random values for the checkpoint at ``path`` (written
+    by ``make_shape_model``), with Hugging Face's index file: what a download leaves on disk, for
+    measuring weight loading (its time depends on bytes, not values). Values are drawn on the GPU
+    when there is one. Returns the bytes written."""
+    import torch
+    from safetensors.torch import save_file
+
+    config = json.loads((path / "config.json").read_text())
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shapes = llama3_tensor_shapes(config)
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    total = 0
+    for name, shape in shapes.items():
+        nbytes = 2 * int(torch.Size(shape).numel())
+        if size and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        if len(shape) == 1:  # norm weights: ones, as a trained model's are near
+            tensor = torch.ones(shape, dtype=torch.bfloat16)
+        else:
+            tensor = (torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02).cpu()
+        shards[-1][name] = tensor
+        size += nbytes
+        total += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / filename), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, filename))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    return total
