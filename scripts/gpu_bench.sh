@@ -20,6 +20,10 @@
 #   coldstart-levers  real-size weights (16 GB of random bf16 safetensors, written first, then in the page
 #                     cache): handler with an empty compile cache, a warm one (and vLLM's server), eager,
 #                     MAX_NUM_SEQS=16 (fewer CUDA-graph sizes), no CUDA-graph memory estimate at profiling
+#   coldstart-jit     the two largest phases of a warm boot (docs/benchmarks.md): main-process imports
+#                     (python -X importtime, twice) and vLLM's kernel warm-up before the CUDA-graph capture
+#                     (off through ENGINE_ARGS kernel_config), each boot after one that fills the caches,
+#                     then the first request's TTFT with that warm-up off
 #   eager-decode      decode speed in eager mode (no CUDA graphs, no compile) at 1 and 64, 1 run
 #   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off
 #   ngram             n-gram speculation (k=4) vs none, single stream
@@ -89,6 +93,16 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run cold-real-seqs16 --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run cold-real-noest \
         --parts coldstart_handler ;;
+    coldstart-jit)
+      R=/tmp/llama8b-real
+      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-jit-$$
+      for i in 1 2; do python3 -X importtime -c "import worker.engine" 2> "$OUT/importtime-$i.txt"; done
+      NOJIT='{"kernel_config": {"enable_jit_warmup": false}}'
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-jit-fill --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run cold-jit-off --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-jit-on --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run first-request-jit-off --parts first_request ;;
     eager-decode) ENFORCE_EAGER=true run bf16-eager --parts overhead --concurrency 1,64 --repeats 1 ;;
     first-request)
       run first-request --parts first_request

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.tools.bench.coldstart import parse_boot_log
-from worker.tools.bench.report import render_markdown, render_saved
+from worker.tools.bench.coldstart import boot_phases, parse_boot_log
+from worker.tools.bench.report import phase_table, render_markdown, render_saved
+from worker.tools.bench.servers import pod_table
 from worker.tools.bench.timing import RequestTiming, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +35,59 @@ def test_parse_boot_log() -> None:
         "x Loading weights took 1.25 seconds\ny init engine (profile, create kv cache, warmup model) took 7.50 seconds"
     )
     assert parse_boot_log(log) == {"weights_load_s": 1.25, "engine_init_s": 7.5}
+
+
+# The lines that end each boot phase, as vLLM 0.32 on the H200 and the worker print them (shortened),
+# stamped by the cold-start bench; the CUDA-graph lines come twice (memory estimate, then capture).
+COMPILED_BOOT = """\
+[   0.700] INFO worker.runtime: booting engine for model /tmp/llama8b-real
+[  28.784] (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
+[  39.258] (EngineCore pid=1) INFO [model_runner.py:424] Model loading took 14.96 GiB memory and 6.69 seconds
+[  46.343] (EngineCore pid=1) INFO [monitor.py:62] [backbone] torch.compile took 6.51 s in total
+[  50.067] Capturing CUDA graphs (PIECEWISE):   0%|          | 0/51
+[  56.459] (EngineCore pid=1) INFO [model_runner.py:1127] Graph capturing finished in 7 secs, took 0.48 GiB
+[  57.105] (EngineCore pid=1) INFO [gpu_worker.py:759] Available KV cache memory: 109.49 GiB
+[  91.356] Capturing CUDA graphs (PIECEWISE):   0%|          | 0/51
+[ 100.196] (EngineCore pid=1) INFO [model_runner.py:1127] Graph capturing finished in 10 secs, took 0.31 GiB
+[ 100.983] (EngineCore pid=1) INFO [core.py:395] init engine (profile, create kv cache, warmup model) took 61.69 s
+[ 101.097] 2026-11-30 10:04:49,999 INFO worker.engine: warm-up request done in 0.06 s
+[ 101.577] 2026-11-30 10:04:50,480 INFO worker.runtime: engine ready in 100.8 s
+[ 101.594] [ 100.84s] chunk {"text": " w70079"}
+[ 101.598] [ 100.84s] chunk {"text": " w3373"}
+"""
+
+
+def test_boot_phases_follow_the_log_in_order() -> None:
+    phases = boot_phases(COMPILED_BOOT)
+    assert phases["kv_cache_profile"] == 57.105
+    # The second capture, not the memory estimate's: those lines count only after the KV-cache line.
+    assert phases["kernel_warmup"] == 91.356 and phases["cuda_graph_capture"] == 100.196
+    assert phases["first_token"] == 101.594
+    eager = "\n".join(
+        line for line in COMPILED_BOOT.splitlines() if "Capturing" not in line and "Graph capturing" not in line
+    )
+    eager = eager.replace("torch.compile took", "nothing compiled")
+    assert set(boot_phases(eager)) == set(phases) - {"torch_compile", "kernel_warmup", "cuda_graph_capture"}
+    table = phase_table({"compiled": phases, "eager": boot_phases(eager)})
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table if line.startswith("| ")}
+    assert rows["kernel warm-up before the capture"] == "| kernel warm-up before the capture | 34.3 | - |"
+    # In eager mode the KV-cache phase runs from the weights load (no compile phase before it).
+    assert rows["profile run, CUDA-graph memory estimate"].endswith("| 10.8 | 17.8 |")
+    assert rows["**process start to first token**"].endswith("| **101.6** | **101.6** |")
+
+
+def test_pod_table_takes_the_runs_both_servers_finished() -> None:
+    """A pod bench cut short leaves one server with a run more than the other: the table compares
+    only the runs both finished."""
+
+    def run(tok_s: float) -> list[dict[str, float]]:
+        return [
+            {"concurrency": 1, "throughput_tok_s": tok_s, "ttft_p50_ms": 10.0, "ttft_p99_ms": 20.0, "itl_mean_ms": 5.0}
+        ]
+
+    runs = {"pod": [run(100.0), run(110.0)], "vllm_server": [run(100.0)]}
+    (row,) = pod_table(runs)
+    assert row["pod"]["throughput_tok_s"] == 100.0 and row["throughput_ratio"] == 1.0
 
 
 def test_render_saved_gpu_results(tmp_path: Path) -> None:
@@ -80,8 +134,13 @@ def test_smoke_run_produces_complete_results(tmp_path: Path, subprocess_env: dic
             assert positive(row["throughput_ratio"]) and positive(row["ttft_p50_ratio"])
             for side in [k for k in row if isinstance(row[k], dict)]:
                 assert row[side]["tokens"] == 4 * 16  # ignore_eos: every request ran to max_tokens
+    for row in results["pod"]["rows"]:  # the CPU time of each server's API process, per token
+        assert positive(row["pod"]["api_cpu_ms_per_token"]) and positive(row["vllm_server"]["api_cpu_ms_per_token"])
     cold = results["coldstart"]
     assert positive(cold["handler"]["first_token_s"]) and positive(cold["vllm_server"]["first_token_s"])
+    # The handler's boot, phase by phase, from its stamped log (vLLM's INFO lines: --verbose).
+    phases = cold["handler"]["phases_end_s"]
+    assert phases["engine_config"] < phases["engine_ready"] < phases["first_token"] <= cold["handler"]["first_token_s"]
     assert 0 < cold["handler_import_s"] < 5
     first = results["first_request"]
     assert positive(first["first_ttft_ms"]) and len(first["after_ttfts_ms"]) == 5 and first["warmup_request"]

@@ -28,32 +28,38 @@ LOG_MARKERS = {
 }
 
 
-# Where the boot is, by the first log line that says so (vLLM 0.32's INFO lines and the worker's):
-# each phase ends when its marker's line arrives, seconds from process start by the bench's own
-# clock on every line, so the table needs no log timestamps (vLLM's have whole seconds).
-PHASE_MARKERS = [
-    ("engine_config", r"Initializing a V1 LLM engine"),
-    ("model_load", r"Model loading took"),
-    ("torch_compile", r"torch\.compile takes"),
-    ("kv_cache_profile", r"Available KV cache memory"),
-    ("cuda_graph_capture", r"Graph capturing finished"),
-    ("engine_init_done", r"init engine \(profile, create kv cache, warmup model\) took"),
-    ("worker_warmup", r"warm-up request done"),
-    ("engine_ready", r"engine ready in"),
+# Where the boot is, by the log line that ends each phase (vLLM 0.32's INFO lines and the
+# worker's), in the order they come: name, what the phase is, the line's pattern, and the phase
+# whose line must come first (the CUDA-graph lines appear twice: memory profiling, then capture).
+# Seconds are the bench's own clock on every line, so the table needs no log timestamps (vLLM's
+# have whole seconds).
+PHASE_MARKERS: list[tuple[str, str, str, str | None]] = [
+    ("engine_config", "main process: imports, engine config", r"Initializing a V1 LLM engine", None),
+    ("model_load", "engine core start, weights load", r"Model loading took", None),
+    ("torch_compile", "torch.compile (or loading it from the cache)", r"torch\.compile (takes|took)", None),
+    ("kv_cache_profile", "profile run, CUDA-graph memory estimate", r"Available KV cache memory", None),
+    ("kernel_warmup", "kernel warm-up before the capture", r"Capturing CUDA graphs", "kv_cache_profile"),
+    ("cuda_graph_capture", "CUDA-graph capture", r"Graph capturing finished", "kv_cache_profile"),
+    ("engine_init_done", "rest of vLLM's engine init", r"init engine \(profile, create kv cache, warmup model\)", None),
+    ("worker_warmup", "worker's warm-up request", r"warm-up request done", None),
+    ("engine_ready", "engine ready", r"engine ready in", None),
+    ("first_token", "first token of the job", r"\] chunk ", None),
 ]
 _STAMP = re.compile(r"^\[\s*([\d.]+)\] ")
 
 
 def boot_phases(stamped_log: str) -> dict[str, float]:
-    """Seconds from process start at which each phase of ``PHASE_MARKERS`` ended (its marker's
-    first line), from a log whose lines carry ``[seconds] `` stamps (``bench_coldstart`` writes one)."""
+    """Seconds from process start at which each phase of ``PHASE_MARKERS`` ended (the first line
+    matching its pattern, after the line of the phase it waits for), from a log whose lines carry
+    ``[seconds] `` stamps (``bench_coldstart`` writes one). Phases a boot skips (eager mode: no
+    compile, no capture) are absent."""
     found: dict[str, float] = {}
     for line in stamped_log.splitlines():
         stamp = _STAMP.match(line)
         if not stamp:
             continue
-        for name, pattern in PHASE_MARKERS:
-            if name not in found and re.search(pattern, line):
+        for name, _, pattern, after in PHASE_MARKERS:
+            if name not in found and (after is None or after in found) and re.search(pattern, line):
                 found[name] = float(stamp.group(1))
     return found
 
@@ -112,8 +118,6 @@ def bench_coldstart(
     log = "".join(lines)
     (out / "coldstart-handler.log").write_text(log)
     phases = boot_phases(log)
-    if first_token_s is not None:
-        phases["first_token"] = first_token_s
     handler = {
         "first_token_s": first_token_s,
         "process_exit_s": exit_s,

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from worker.tools.bench.coldstart import PHASE_MARKERS, parse_boot_log
+from worker.tools.bench.coldstart import PHASE_MARKERS, boot_phases, parse_boot_log
+from worker.tools.bench.servers import pod_table
 
 
 def boot_columns(found: dict[str, float]) -> str:
@@ -18,24 +19,21 @@ def boot_columns(found: dict[str, float]) -> str:
 
 
 def phase_table(runs: dict[str, dict[str, float]]) -> list[str]:
-    """Boot phases, one column per run: each phase's seconds (from the previous phase found to its
-    marker), then first token from process start. ``runs``: label -> ``phases_end_s``."""
-    names = [name for name, _ in PHASE_MARKERS] + ["first_token"]
+    """Boot phases, one column per run: each phase's seconds (from the end of the previous phase
+    found to its own line), then process start to first token. ``runs``: label -> ``phases_end_s``."""
     labels = list(runs)
     lines = [
-        "| phase (ends at the line that says so) | " + " | ".join(f"{label} s" for label in labels) + " |",
+        "| phase (ends at the log line that says so) | " + " | ".join(f"{label} s" for label in labels) + " |",
         "|---|" + "---|" * len(labels),
     ]
-    for i, name in enumerate(names):
+    names = [name for name, *_ in PHASE_MARKERS]
+    for i, (name, description, *_) in enumerate(PHASE_MARKERS):
         cells = []
         for label in labels:
             ends = runs[label]
-            if name not in ends:
-                cells.append("-")
-                continue
             before = [ends[n] for n in names[:i] if n in ends]
-            cells.append(fmt(ends[name] - (before[-1] if before else 0.0), 1))
-        lines.append(f"| {name.replace('_', ' ')} | " + " | ".join(cells) + " |")
+            cells.append(fmt(ends[name] - (before[-1] if before else 0.0), 1) if name in ends else "-")
+        lines.append(f"| {description} | " + " | ".join(cells) + " |")
     total = [fmt(runs[label].get("first_token"), 1) for label in labels]
     lines += ["| **process start to first token** | " + " | ".join(f"**{t}**" for t in total) + " |", ""]
     return lines
@@ -59,13 +57,31 @@ def render_saved(paths: list[Path]) -> str:
     boots: dict[str, dict[str, float]] = {}
     for path in paths:
         if path.suffix == ".log":
-            found = parse_boot_log(path.read_text(errors="replace"))
+            text = path.read_text(errors="replace")
+            phases = boot_phases(text)
+            if phases:  # a log the cold-start bench stamped
+                boots[path.stem] = phases
+                continue
+            found = parse_boot_log(text)
             log_rows.append(
                 f"| `{path.name}` | {fmt(found.get('first_item_s'))} | {fmt(found.get('worker_engine_ready_s'))} | "
                 f"{boot_columns(found)} |"
             )
             continue
         results = json.loads(path.read_text())
+        if set(results) == {"pod", "vllm_server"}:  # pod-runs.json: the runs of a pod bench, perhaps cut short
+            runs = min(len(results["pod"]), len(results["vllm_server"]))
+            first = results["pod"][0][0]
+            results = {
+                "command": "scripts/gpu_bench.sh pod (its runs file, pod-runs.json)",
+                "machine": "not recorded in a runs file",
+                "pod": {
+                    "num_requests": "auto",
+                    "max_tokens": first["tokens"] // max(first["requests"], 1),
+                    "repeats": runs,
+                    "rows": pod_table(results),
+                },
+            }
         sections.append(f"#### {results.get('label') or path.stem} (`{path.name}`)\n\n" + render_markdown(results))
         boots.update(_boot_runs(results, path.stem))
         overhead, roofline = results.get("overhead"), results.get("roofline")
@@ -155,6 +171,17 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f"{fmt(h['itl_mean_ms'], 2)} / {fmt(v['itl_mean_ms'], 2)} | {fmt(r['itl_mean_ratio'], 3)} |"
             )
         lines.append("")
+        exact = o.get("spec_exact")
+        if exact:
+            summed, counters = exact["per_request_sum"], exact["engine_counters"]
+            lines += [
+                f"Exactness: {exact['requests']} concurrent handler jobs ({exact['with_spec_decode']} with "
+                f"`spec_decode`), summed: {summed['num_drafts']} drafts / {summed['num_draft_tokens']} drafted / "
+                f"{summed['num_accepted_tokens']} accepted; vLLM's engine counters over the same interval: "
+                f"{counters['num_drafts']} / {counters['num_draft_tokens']} / {counters['num_accepted_tokens']}: "
+                + ("**equal**." if exact["equal"] else "**not equal**."),
+                "",
+            ]
         if o.get("stats_off_baseline"):
             lines += _engine_pair_table(
                 o["rows"],

@@ -171,6 +171,29 @@ async def drive_http(
     return rows
 
 
+def pod_table(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Per concurrency: each server's medians over its runs, and the pod / vLLM ratios. ``runs``:
+    server name -> one list of rows per run (as ``pod-runs.json`` keeps them, also of a bench
+    cut short)."""
+    table = []
+    pod_runs, server_runs = runs["pod"], runs["vllm_server"]
+    num_runs = min(len(pod_runs), len(server_runs))
+    for i, first in enumerate(pod_runs[0] if num_runs else []):
+        row: dict[str, Any] = {"concurrency": first["concurrency"]}
+        for name, reps in (("pod", pod_runs[:num_runs]), ("vllm_server", server_runs[:num_runs])):
+            row[name] = {
+                key: median([r[i][key] for r in reps if i < len(r)])
+                for key in reps[0][i]
+                if key not in ("concurrency", "cpu_s")
+            }
+        row["throughput_ratio"] = ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
+        row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
+        row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
+        row["itl_mean_ratio"] = ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])
+        table.append(row)
+    return table
+
+
 def bench_pod(
     settings: Settings,
     env: dict[str, str],
@@ -222,18 +245,7 @@ def bench_pod(
                 runs[name].append(rows)
                 print(f"pod bench: {name} rep {rep} done", flush=True)
                 (out / "pod-runs.json").write_text(json.dumps(runs, indent=1))  # kept if a later run is cut short
-    table = []
-    for i, concurrency in enumerate(concurrencies):
-        row: dict[str, Any] = {"concurrency": concurrency}
-        for name, reps in runs.items():
-            row[name] = {
-                key: median([r[i][key] for r in reps]) for key in reps[0][i] if key not in ("concurrency", "cpu_s")
-            }
-        row["throughput_ratio"] = ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
-        row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
-        row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
-        row["itl_mean_ratio"] = ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])
-        table.append(row)
+    table = pod_table(runs)
     return {
         "num_requests": num_requests or "auto",
         "max_tokens": max_tokens,
