@@ -24,9 +24,16 @@
 #                     (python -X importtime, twice) and vLLM's kernel warm-up before the CUDA-graph capture
 #                     (off through ENGINE_ARGS kernel_config), each boot after one that fills the caches,
 #                     then the first request's TTFT with that warm-up off
+#   runner-v1         vLLM 0.32's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) against its default V2, which
+#                     captures no CUDA graphs for a draft model (its standalone speculator says so) and spends
+#                     ~33 s of every compiled boot warming kernels: boot with warm caches, draft-model
+#                     speculation (self-draft and 1B, k=4), and decode without speculation at 1, 64, 256
 #   eager-decode      decode speed in eager mode (no CUDA graphs, no compile) at 1 and 64, 1 run
-#   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off
+#   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off;
+#                     the same for the first request using the sampler's features (penalties, top-k/p, min-p, seed)
 #   ngram             n-gram speculation (k=4) vs none, single stream
+#   spec              n-gram at k=2/4/8, the target as its own draft and a 1B-shaped draft at k=4, single stream,
+#                     with the acceptance watchdog's verdict per point (5 requests each)
 #   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
 #                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
 #   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler), 64 tokens
@@ -103,6 +110,17 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run cold-jit-off --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-jit-on --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run first-request-jit-off --parts first_request ;;
+    runner-v1)
+      R=/tmp/llama8b-real
+      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-v1-$$
+      VLLM_USE_V2_MODEL_RUNNER=0 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-fill --parts coldstart_handler
+      VLLM_USE_V2_MODEL_RUNNER=0 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-warm --parts coldstart_handler
+      VLLM_USE_V2_MODEL_RUNNER=0 run spec-draft-v1 --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4
+      VLLM_USE_V2_MODEL_RUNNER=0 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 1 ;;
+    spec)
+      run spec-ngram --parts spec --drafts ngram --ks 2,4,8 --spec-requests 4
+      run spec-draft --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4 ;;
     eager-decode) ENFORCE_EAGER=true run bf16-eager --parts overhead --concurrency 1,64 --repeats 1 ;;
     first-request)
       run first-request --parts first_request

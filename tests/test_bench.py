@@ -145,6 +145,7 @@ def test_smoke_run_produces_complete_results(tmp_path: Path, subprocess_env: dic
     first = results["first_request"]
     assert positive(first["first_ttft_ms"]) and len(first["after_ttfts_ms"]) == 5 and first["warmup_request"]
     assert first["ratio"] == pytest.approx(first["first_ttft_ms"] / first["steady_ttft_ms"])
+    assert positive(first["first_featured_ttft_ms"]) and positive(first["featured_ratio"])
     (row,) = results["spec"]["rows"]
     assert row["draft"] == "tiny:noisy" and row["k"] == 2
     assert row["num_accepted_draft_tokens"] <= row["num_draft_tokens"] and row["num_spec_steps"] > 0
@@ -181,3 +182,22 @@ def test_render_shows_the_aa_control_beside_the_stats_cost() -> None:
     text = render_markdown({"command": "python -m worker bench", "machine": "test", "overhead": overhead})
     assert "| 8 | 1,000.0 | 1,010.0 | 0.990 |" in text  # stats on vs off
     assert "| 8 | 1,000.0 | 990.0 | 1.010 | 2.00 / 2.02 | 0.990 |" in text  # the A/A pair
+
+
+@pytest.mark.timeout(600)
+def test_spec_part_shows_the_watchdog_firing_for_a_draft_that_accepts_nothing(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """The spec part feeds each point's requests to the worker's acceptance watchdog (its default
+    settings): the unrelated tiny draft (acceptance ~0) trips it, the target as its own draft does not."""
+    out = tmp_path / "spec"
+    command = [sys.executable, "-m", "worker", "bench", "--parts", "spec", "--drafts", "tiny:target,tiny:unrelated"]
+    command += ["--ks", "2", "--spec-requests", "4", "--max-tokens", "24", "--out", str(out)]
+    proc = subprocess.run(command, cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["draft"]: r for r in json.loads((out / "bench.json").read_text())["spec"]["rows"]}
+    assert rows["tiny:target"]["mean_acceptance_length"] > 2.5 and rows["tiny:target"]["watchdog_low"] is False
+    assert rows["tiny:unrelated"]["mean_acceptance_length"] < 1.5 and rows["tiny:unrelated"]["watchdog_low"] is True
+    for row in rows.values():
+        assert row["ms_per_token"] == pytest.approx(1000 / row["decode_tok_s"])
+    assert "**fired**" in (out / "bench.md").read_text()

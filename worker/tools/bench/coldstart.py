@@ -147,35 +147,62 @@ def bench_coldstart(
     return {"handler": handler, "vllm_server": server, "handler_import_s": import_seconds(env)}
 
 
+# Sampling features a request can ask for beyond greedy/temperature: each runs kernels of its own
+# in vLLM's sampler (penalties, top-k/top-p, min-p, seeded sampling), which vLLM 0.32 warms at
+# boot (kernel_config.enable_jit_warmup) and the worker's warm-up request does not use.
+FEATURED_SAMPLING = {
+    "temperature": 0.8,
+    "top_k": 20,
+    "top_p": 0.9,
+    "min_p": 0.05,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.1,
+    "seed": 7,
+}
+
+
 async def bench_first_request(settings: Settings, *, num_after: int = 5, idle_s: float = 1.0) -> dict[str, Any]:
     """TTFT of the first request after the engine boots against that of the next ``num_after``,
     each sent after ``idle_s`` of idle (serverless traffic arrives after gaps, and an idle engine
-    takes a moment to wake): what lazy initialisation is left for the first user."""
+    takes a moment to wake): what lazy initialisation is left for the first user. The same for
+    the first request that uses the sampler's features (``FEATURED_SAMPLING``), sent right after."""
     from worker.runtime import boot_engine
     from worker.schema import parse_request
 
     engine = await boot_engine(settings, mode="serverless")
+
+    async def ttft_ms(i: int, extra: dict[str, Any]) -> float:
+        await asyncio.sleep(idle_s)
+        sampling = {"max_tokens": 16, "ignore_eos": True, **extra}
+        request = parse_request({"prompt": f"{PROMPT} {i}", "sampling_params": sampling})
+        started = time.perf_counter()
+        first: float | None = None
+        async for chunk in engine.generate(request):
+            if chunk.num_tokens and first is None:
+                first = time.perf_counter() - started
+        return (first or 0.0) * 1000
+
     try:
-        ttfts_ms: list[float] = []
-        for i in range(1 + num_after):
-            await asyncio.sleep(idle_s)
-            request = parse_request(
-                {"prompt": f"{PROMPT} {i}", "sampling_params": {"max_tokens": 16, "ignore_eos": True}}
-            )
-            started = time.perf_counter()
-            first: float | None = None
-            async for chunk in engine.generate(request):
-                if chunk.num_tokens and first is None:
-                    first = time.perf_counter() - started
-            ttfts_ms.append((first or 0.0) * 1000)
+        plain = [await ttft_ms(0, {})]
+        featured = [await ttft_ms(1, FEATURED_SAMPLING)]
+        for i in range(num_after):
+            plain.append(await ttft_ms(2 + 2 * i, {}))
+            featured.append(await ttft_ms(3 + 2 * i, FEATURED_SAMPLING))
     finally:
         engine.shutdown()
-    steady = statistics.median(ttfts_ms[1:])
+    steady = statistics.median(plain[1:])
+    featured_steady = statistics.median(featured[1:])
     return {
-        "first_ttft_ms": ttfts_ms[0],
+        "first_ttft_ms": plain[0],
         "steady_ttft_ms": steady,
-        "ratio": ttfts_ms[0] / steady if steady else None,
-        "after_ttfts_ms": ttfts_ms[1:],
+        "ratio": plain[0] / steady if steady else None,
+        "after_ttfts_ms": plain[1:],
+        "first_featured_ttft_ms": featured[0],
+        "steady_featured_ttft_ms": featured_steady,
+        "featured_ratio": featured[0] / featured_steady if featured_steady else None,
+        "featured_sampling": FEATURED_SAMPLING,
         "idle_s": idle_s,
         "warmup_request": settings.warmup_request,
+        "engine_args": settings.engine_args,
     }

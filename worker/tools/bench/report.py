@@ -261,9 +261,18 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"TTFT of the first request {fmt(f['first_ttft_ms'], 1)} ms; of the next "
             f"{len(f['after_ttfts_ms'])}, each after {f['idle_s']} s idle, {fmt(f['steady_ttft_ms'], 1)} ms "
             f"(median): ratio {fmt(f['ratio'])} (goal <= 2). Warm-up request during boot: "
-            f"{'on' if f['warmup_request'] else 'off'}.",
+            f"{'on' if f['warmup_request'] else 'off'}"
+            + (f"; `ENGINE_ARGS` {json.dumps(f['engine_args'])}" if f.get("engine_args") else "")
+            + ".",
             "",
         ]
+        if f.get("first_featured_ttft_ms") is not None:
+            lines += [
+                f"The first request using the sampler's features ({', '.join(sorted(f['featured_sampling']))}): "
+                f"TTFT {fmt(f['first_featured_ttft_ms'], 1)} ms against {fmt(f['steady_featured_ttft_ms'], 1)} ms "
+                f"for the same request later: ratio {fmt(f['featured_ratio'])}.",
+                "",
+            ]
     if "spec" in results:
         sp = results["spec"]
         lines += [
@@ -272,15 +281,17 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"Baseline without speculation: {fmt(sp['baseline']['decode_tok_s'], 1)} decode tok/s; "
             f"{sp['num_requests']} requests x {sp['max_tokens']} tokens per point.",
             "",
-            "| draft | k | decode tok/s | speedup | acceptance rate | mean acceptance length | "
-            "accepted per step | pays off |",
-            "|---|---|---|---|---|---|---|---|",
+            "| draft | k | decode tok/s | ms per token | speedup | acceptance rate | mean acceptance length | "
+            "accepted per step | pays off | acceptance watchdog |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in sp["rows"]:
+            low = r.get("watchdog_low")
+            watchdog = "-" if low is None else ("**fired**" if low else "quiet")
             lines.append(
-                f"| {r['draft']} | {r['k']} | {fmt(r['decode_tok_s'], 1)} | {fmt(r['speedup'])} | "
-                f"{fmt(r['draft_acceptance_rate'], 3)} | {fmt(r['mean_acceptance_length'])} | "
-                f"{fmt(r['accepted_per_step'])} | {'yes' if r['pays_off'] else 'no'} |"
+                f"| {r['draft']} | {r['k']} | {fmt(r['decode_tok_s'], 1)} | {fmt(r.get('ms_per_token'))} | "
+                f"{fmt(r['speedup'])} | {fmt(r['draft_acceptance_rate'], 3)} | {fmt(r['mean_acceptance_length'])} | "
+                f"{fmt(r['accepted_per_step'])} | {'yes' if r['pays_off'] else 'no'} | {watchdog} |"
             )
         lines.append("")
     if "roofline" in results:

@@ -12,9 +12,16 @@ from worker.tools.bench.timing import PROMPT, ratio
 
 # ------------------------------------------------------------------------------ speculative
 async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int) -> dict[str, Any]:
+    from worker.metrics import AcceptanceWatchdog
     from worker.runtime import boot_engine
     from worker.schema import parse_request
 
+    # The worker's acceptance watchdog with the worker's settings, fed every request of the point
+    # (warm-up included): whether a deployment of this draft would be flagged as not paying.
+    watchdog = AcceptanceWatchdog(
+        threshold=settings.acceptance_watchdog_threshold, window=settings.acceptance_watchdog_window
+    )
+    is_speculating = settings.resolved_speculative_config() is not None
     engine = await boot_engine(settings, mode="serverless")
     try:
         prompts = [
@@ -32,7 +39,12 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
             )
             for i in range(num_requests)
         ]
-        [c async for c in engine.generate(requests[0])]  # warm-up
+        warm_up = [c async for c in engine.generate(requests[0])]
+        if warm_up[-1].spec_decode is not None:
+            watchdog.observe(
+                num_steps=warm_up[-1].spec_decode.num_spec_steps,
+                num_accepted=warm_up[-1].spec_decode.num_accepted_draft_tokens,
+            )
         counters_before = engine_spec_counters()
         drafted = accepted = steps = tokens = 0
         decode_s = 0.0
@@ -50,6 +62,10 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
                         drafted += chunk.spec_decode.num_draft_tokens
                         accepted += chunk.spec_decode.num_accepted_draft_tokens
                         steps += chunk.spec_decode.num_spec_steps
+                        watchdog.observe(
+                            num_steps=chunk.spec_decode.num_spec_steps,
+                            num_accepted=chunk.spec_decode.num_accepted_draft_tokens,
+                        )
         counted = await spec_counters_since(counters_before)
         return {
             "decode_tok_s": tokens / decode_s if decode_s else None,
@@ -60,6 +76,9 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
             "draft_acceptance_rate": accepted / drafted if drafted else None,
             "mean_acceptance_length": 1 + accepted / steps if steps else None,
             "accepted_per_step": accepted / steps if steps else None,
+            "ms_per_token": 1000 * decode_s / tokens if tokens else None,
+            "watchdog_low": watchdog.is_low if is_speculating else None,
+            "watchdog_requests": len(requests) + 1 if is_speculating else None,
         }
     finally:
         engine.shutdown()
