@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import boot_engine
+from worker.schema import parse_request
+from worker.tiny_models import TinyModels
 from worker.tools.bench.coldstart import boot_phases, parse_boot_log
 from worker.tools.bench.report import phase_table, render_markdown, render_saved
 from worker.tools.bench.servers import pod_table
+from worker.tools.bench.shapes import llama3_config, llama3_tensor_shapes, write_random_weights
 from worker.tools.bench.timing import RequestTiming, summarize
+from worker.tools.fit import PRESETS
+from worker.tools.sizing import ModelShape
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,3 +208,37 @@ def test_spec_part_shows_the_watchdog_firing_for_a_draft_that_accepts_nothing(
     for row in rows.values():
         assert row["ms_per_token"] == pytest.approx(1000 / row["decode_tok_s"])
     assert "**fired**" in (out / "bench.md").read_text()
+
+
+@pytest.mark.parametrize("shape", ["llama-3-8b", "llama-3.2-1b", "llama-3-70b"])
+def test_checkpoint_shapes_hold_the_planners_parameter_count(shape: str) -> None:
+    """The random-weight checkpoints measure loading at real size: their tensors add up to the
+    parameters the fit planner counts for the same shape."""
+    numel = sum(math.prod(dims) for dims in llama3_tensor_shapes(llama3_config(shape)).values())
+    assert numel == ModelShape.from_config(PRESETS[shape]).num_params
+
+
+async def test_random_weights_load_in_vllm_under_their_own_names(tiny_models: TinyModels, tmp_path: Path) -> None:
+    """``write_random_weights`` writes what vLLM's default loader reads: every tensor of a Llama
+    under Hugging Face's names, in shards with an index (a missing or misnamed tensor fails the
+    load). Shown on the tiny model's shape, with its tokenizer."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models.path("target"), model, ignore=shutil.ignore_patterns("*.safetensors"))
+    written = write_random_weights(model, shard_bytes=2**19)
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1 and index["metadata"]["total_size"] == written
+    engine = await boot_engine(
+        tiny_models,
+        MODEL_NAME=model,
+        LOAD_FORMAT="auto",
+        ENFORCE_EAGER="true",
+        MAX_MODEL_LEN=256,
+        KV_CACHE_MEMORY_BYTES=64 * 2**20,
+        WARMUP_REQUEST="false",
+    )
+    try:
+        request = parse_request({"prompt": "Once upon", "sampling_params": {"max_tokens": 4, "ignore_eos": True}})
+        chunks = [chunk async for chunk in engine.generate(request)]
+    finally:
+        engine.shutdown()
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4

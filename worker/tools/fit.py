@@ -30,6 +30,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "vocab_size": 128256,
+        "tie_word_embeddings": True,  # as the released model: no separate lm_head
     },
     "llama-3-70b": {
         "hidden_size": 8192,

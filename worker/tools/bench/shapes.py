@@ -25,7 +25,7 @@ def llama3_config(shape: str = "llama-3-8b") -> dict[str, Any]:
         "torch_dtype": "bfloat16",
         "bos_token_id": 128000,
         "eos_token_id": 128001,
-        "tie_word_embeddings": shape == "llama-3.2-1b",
+        "tie_word_embeddings": bool(PRESETS[shape].get("tie_word_embeddings", False)),
     }
 
 
@@ -61,7 +61,7 @@ def llama3_tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every weight of a Llama checkpoint in Hugging Face's names, with its shape."""
     hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
     heads, kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
-    head_dim = hidden // heads
+    head_dim = int(config.get("head_dim") or hidden // heads)
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (int(config["vocab_size"]), hidden)}
     for i in range(int(config["num_hidden_layers"])):
         pre = f"model.layers.{i}."
