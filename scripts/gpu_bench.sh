@@ -55,6 +55,12 @@ M=/tmp/llama8b
 [ -f $M/config.json ] || python3 -m worker bench --make-llama8b $M
 [ -f $M-awq/config.json ] || python3 -m worker bench --make-llama8b $M-awq --awq
 [ -f $M-1b/config.json ] || python3 -m worker bench --make-llama8b $M-1b --shape llama-3.2-1b
+# Real-size random weights (16 GB) for the cold-start stages; stages running side by side must not
+# both write them, so a first call without stages makes them: REAL_WEIGHTS=1 scripts/gpu_bench.sh
+R=/tmp/llama8b-real
+if [ -n "${REAL_WEIGHTS:-}" ] && [ ! -f $R/model.safetensors.index.json ]; then
+  python3 -m worker bench --make-llama8b $R --random-weights
+fi
 case " $* " in *" tp2-70b"* | *" tp2-faults "*)
   [ -f /tmp/llama70b/config.json ] || python3 -m worker bench --make-llama8b /tmp/llama70b --shape llama-3-70b ;;
 esac
@@ -91,7 +97,6 @@ for stage in "$@"; do
       ENFORCE_EAGER=true run cold-eager --parts coldstart_handler ;;
     coldstart-server) run cold-server --parts coldstart ;;
     coldstart-levers)
-      R=/tmp/llama8b-real
       [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-levers-$$
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-real-fresh --parts coldstart_handler
@@ -101,7 +106,6 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run cold-real-noest \
         --parts coldstart_handler ;;
     coldstart-jit)
-      R=/tmp/llama8b-real
       [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-jit-$$
       for i in 1 2; do python3 -X importtime -c "import worker.engine" 2> "$OUT/importtime-$i.txt"; done
@@ -111,7 +115,6 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-jit-on --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run first-request-jit-off --parts first_request ;;
     runner-v1)
-      R=/tmp/llama8b-real
       [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-v1-$$
       VLLM_USE_V2_MODEL_RUNNER=0 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-fill --parts coldstart_handler
