@@ -17,6 +17,17 @@ from worker.tools.quantize import linear_bytes
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def cpu_has_4bit_gemm() -> bool:
+    """vLLM's CPU build serves 4-bit weights with its ``cpu_gemm_wna16`` kernel, which exists in
+    its AVX-512 library only: on a CPU without AVX-512 vLLM loads the AVX2 library, and the first
+    forward pass of a 4-bit model kills the engine."""
+    import torch
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    return hasattr(torch.ops._C, "cpu_gemm_wna16")
+
+
 @pytest.fixture(scope="module")
 def awq_model(tiny_models: Any, tmp_path_factory: pytest.TempPathFactory, subprocess_env: dict[str, str]) -> Path:
     out = tmp_path_factory.mktemp("quant") / "tiny-awq"
@@ -45,6 +56,8 @@ def test_awq_shrinks_the_linear_weights_to_about_a_quarter(awq_model: Path, tiny
 
 
 async def test_the_worker_serves_the_awq_checkpoint(awq_model: Path, tiny_models: Any) -> None:
+    if not cpu_has_4bit_gemm():
+        pytest.skip("this CPU has no AVX-512, so vLLM's CPU build has no 4-bit GEMM kernel to serve AWQ with")
     engine = await boot_engine(
         tiny_models,
         MODEL_NAME=str(awq_model),
