@@ -88,32 +88,34 @@ def write_random_weights(path: Path, *, shard_bytes: int = 5 * 2**30) -> int:
     """Real-size bf16 safetensors shards of random values for the checkpoint at ``path`` (written
     by ``make_shape_model``), with Hugging Face's index file: what a download leaves on disk, for
     measuring weight loading (its time depends on bytes, not values). Values are drawn on the GPU
-    when there is one. Returns the bytes written."""
+    when there is one; one shard is in memory at a time. Returns the bytes written."""
     import torch
     from safetensors.torch import save_file
 
     config = json.loads((path / "config.json").read_text())
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shapes = llama3_tensor_shapes(config)
-    shards: list[dict[str, Any]] = [{}]
+    shards: list[dict[str, tuple[int, ...]]] = [{}]
     size = 0
-    total = 0
-    for name, shape in shapes.items():
+    for name, shape in llama3_tensor_shapes(config).items():
         nbytes = 2 * int(torch.Size(shape).numel())
         if size and size + nbytes > shard_bytes:
             shards.append({})
             size = 0
-        if len(shape) == 1:  # norm weights: ones, as a trained model's are near
-            tensor = torch.ones(shape, dtype=torch.bfloat16)
-        else:
-            tensor = (torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02).cpu()
-        shards[-1][name] = tensor
+        shards[-1][name] = shape
         size += nbytes
-        total += nbytes
-    weight_map = {}
+    weight_map: dict[str, str] = {}
+    total = 0
     for i, shard in enumerate(shards, start=1):
+        tensors = {
+            # Norm weights are ones, as a trained model's are near; matrices small random values.
+            name: torch.ones(shape, dtype=torch.bfloat16)
+            if len(shape) == 1
+            else (torch.randn(shape, device=device, dtype=torch.bfloat16) * 0.02).cpu()
+            for name, shape in shard.items()
+        }
         filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(path / filename), metadata={"format": "pt"})
+        save_file(tensors, str(path / filename), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
         weight_map.update(dict.fromkeys(shard, filename))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
