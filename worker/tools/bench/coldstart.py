@@ -105,21 +105,17 @@ def bench_coldstart(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    first_token_s = None
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
-        now = time.perf_counter() - started
-        lines.append(f"[{now:8.3f}] {line}")
-        if first_token_s is None and "] chunk " in line:
-            first_token_s = now
+        lines.append(f"[{time.perf_counter() - started:8.3f}] {line}")
     proc.wait()
     exit_s = time.perf_counter() - started
     log = "".join(lines)
     (out / "coldstart-handler.log").write_text(log)
     phases = boot_phases(log)
     handler = {
-        "first_token_s": first_token_s,
+        "first_token_s": phases.get("first_token"),  # the line of the job's first chunk
         "process_exit_s": exit_s,
         "breakdown": parse_boot_log(log),
         "phases_end_s": phases,
