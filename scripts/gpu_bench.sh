@@ -27,7 +27,8 @@
 #   runner-v1         vLLM 0.32's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) against its default V2, which
 #                     captures no CUDA graphs for a draft model (its standalone speculator says so) and spends
 #                     ~33 s of every compiled boot warming kernels: boot with warm caches, draft-model
-#                     speculation (self-draft and 1B, k=4), and decode without speculation at 1, 64, 256
+#                     speculation (self-draft and 1B, k=4), and decode without speculation at 1, 64, 256;
+#                     its two halves run alone as runner-v1-spec and runner-v1-boot
 #   eager-decode      decode speed in eager mode (no CUDA graphs, no compile) at 1 and 64, 1 run
 #   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off;
 #                     the same for the first request using the sampler's features (penalties, top-k/p, min-p, seed)
@@ -114,13 +115,15 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run cold-jit-off --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-jit-on --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run first-request-jit-off --parts first_request ;;
-    runner-v1)
+    runner-v1) bash scripts/gpu_bench.sh runner-v1-spec runner-v1-boot ;;
+    runner-v1-spec)
+      VLLM_USE_V2_MODEL_RUNNER=0 run spec-draft-v1 --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4
+      VLLM_USE_V2_MODEL_RUNNER=0 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 1 ;;
+    runner-v1-boot)
       [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-v1-$$
       VLLM_USE_V2_MODEL_RUNNER=0 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-fill --parts coldstart_handler
-      VLLM_USE_V2_MODEL_RUNNER=0 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-warm --parts coldstart_handler
-      VLLM_USE_V2_MODEL_RUNNER=0 run spec-draft-v1 --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4
-      VLLM_USE_V2_MODEL_RUNNER=0 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 1 ;;
+      VLLM_USE_V2_MODEL_RUNNER=0 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-warm --parts coldstart_handler ;;
     spec)
       run spec-ngram --parts spec --drafts ngram --ks 2,4,8 --spec-requests 4
       run spec-draft --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4 ;;
