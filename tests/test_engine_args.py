@@ -120,3 +120,20 @@ def test_engine_environment_picks_the_awq_kernel_per_mode_and_keeps_the_users_li
     assert disabled("serverless", VLLM_DISABLED_KERNELS="CutlassFP8ScaledMMLinearKernel") == (
         "CutlassFP8ScaledMMLinearKernel,MacheteLinearKernel"
     )
+
+
+def test_engine_environment_picks_the_model_runner_per_mode_and_speculation() -> None:
+    def flag(mode: DeploymentMode, **env: str) -> str | None:
+        return engine_environment(load_settings(env), mode=mode)["VLLM_USE_V2_MODEL_RUNNER"]
+
+    real = {"MODEL_NAME": "org/model"}  # not the tiny default, which drafts with a noisy copy
+    assert flag("serverless", **real) == "0"  # V1: a shorter boot, equal single-stream decode
+    assert flag("pod", **real) is None  # vLLM's default (V2) for large batches
+    draft = {**real, "SPECULATIVE_MODEL": "org/draft", "NUM_SPECULATIVE_TOKENS": "4"}
+    assert flag("pod", **draft) == "0"  # V2 runs a draft model without CUDA graphs
+    assert flag("pod", **real, SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") is None
+    assert flag("serverless", **real, MODEL_RUNNER="v2") == "1"
+    assert flag("pod", **real, MODEL_RUNNER="v1") == "0"
+    # Under auto, vLLM's own variable set by the user is kept; MODEL_RUNNER set explicitly wins.
+    assert flag("serverless", **real, VLLM_USE_V2_MODEL_RUNNER="1") == "1"
+    assert flag("pod", **real, VLLM_USE_V2_MODEL_RUNNER="0", MODEL_RUNNER="v2") == "1"

@@ -220,3 +220,28 @@ async def test_with_a_stream_interval_token_counts_and_stats_survive_merged_outp
         assert items[-1]["spec_decode"]["num_draft_tokens"] == spec.num_draft_tokens
     finally:
         engine.shutdown()
+
+
+async def test_warm_up_runs_the_samplers_optional_kernels_once(
+    plain_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Boot's warm-up sends a request with every optional sampling feature (penalties, top-k/p,
+    min-p, seed), so the first user who asks for them does not pay their lazy kernels."""
+    from worker.engine import WARMUP_SAMPLING_FEATURES
+
+    sent: list[dict[str, Any]] = []
+    generate = plain_engine.generate
+
+    async def recording(request: Any, **kwargs: Any) -> Any:
+        params = request.sampling_params.model_dump()
+        sent.append(params)
+        tokens = 0
+        async for chunk in generate(request, **kwargs):
+            tokens += chunk.num_tokens
+            yield chunk
+        sent[-1] = {**params, "tokens": tokens}
+
+    monkeypatch.setattr(plain_engine, "generate", recording)
+    await plain_engine.warm_up()
+    featured = [p for p in sent if all(p.get(k) == v for k, v in WARMUP_SAMPLING_FEATURES.items())]
+    assert len(featured) == 1 and featured[0]["tokens"] == 8, sent

@@ -76,6 +76,13 @@ class Settings(BaseSettings):
     awq_kernel: Literal["auto", "marlin", "machete"] = Field(
         "auto", description="4-bit GEMM kernel on Hopper; auto: marlin for serverless (latency), machete for pods"
     )
+    model_runner: Literal["auto", "v1", "v2"] = Field(
+        "auto",
+        description="vLLM's GPU model runner; auto: v1 for serverless and draft models, else vLLM's (v2)",
+    )
+    vllm_use_v2_model_runner: str | None = Field(
+        None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"
+    )
     warmup_request: bool = Field(
         True, description="one short request during boot, so that the first user's does not pay lazy initialisation"
     )

@@ -143,26 +143,14 @@ def bench_coldstart(
     return {"handler": handler, "vllm_server": server, "handler_import_s": import_seconds(env)}
 
 
-# Sampling features a request can ask for beyond greedy/temperature: each runs kernels of its own
-# in vLLM's sampler (penalties, top-k/top-p, min-p, seeded sampling), which vLLM 0.32 warms at
-# boot (kernel_config.enable_jit_warmup) and the worker's warm-up request does not use.
-FEATURED_SAMPLING = {
-    "temperature": 0.8,
-    "top_k": 20,
-    "top_p": 0.9,
-    "min_p": 0.05,
-    "presence_penalty": 0.5,
-    "frequency_penalty": 0.5,
-    "repetition_penalty": 1.1,
-    "seed": 7,
-}
-
-
 async def bench_first_request(settings: Settings, *, num_after: int = 5, idle_s: float = 1.0) -> dict[str, Any]:
     """TTFT of the first request after the engine boots against that of the next ``num_after``,
     each sent after ``idle_s`` of idle (serverless traffic arrives after gaps, and an idle engine
     takes a moment to wake): what lazy initialisation is left for the first user. The same for
-    the first request that uses the sampler's features (``FEATURED_SAMPLING``), sent right after."""
+    the first request that uses the sampler's optional kernels (penalties, top-k/top-p, min-p,
+    seeded sampling; vLLM 0.32 warms them at boot only with ``kernel_config.enable_jit_warmup``
+    on, the worker's warm-up request runs them), sent right after."""
+    from worker.engine import WARMUP_SAMPLING_FEATURES as FEATURED
     from worker.runtime import boot_engine
     from worker.schema import parse_request
 
@@ -181,10 +169,10 @@ async def bench_first_request(settings: Settings, *, num_after: int = 5, idle_s:
 
     try:
         plain = [await ttft_ms(0, {})]
-        featured = [await ttft_ms(1, FEATURED_SAMPLING)]
+        featured = [await ttft_ms(1, FEATURED)]
         for i in range(num_after):
             plain.append(await ttft_ms(2 + 2 * i, {}))
-            featured.append(await ttft_ms(3 + 2 * i, FEATURED_SAMPLING))
+            featured.append(await ttft_ms(3 + 2 * i, FEATURED))
     finally:
         engine.shutdown()
     steady = statistics.median(plain[1:])
@@ -197,7 +185,7 @@ async def bench_first_request(settings: Settings, *, num_after: int = 5, idle_s:
         "first_featured_ttft_ms": featured[0],
         "steady_featured_ttft_ms": featured_steady,
         "featured_ratio": featured[0] / featured_steady if featured_steady else None,
-        "featured_sampling": FEATURED_SAMPLING,
+        "featured_sampling": FEATURED,
         "idle_s": idle_s,
         "warmup_request": settings.warmup_request,
         "engine_args": settings.engine_args,
