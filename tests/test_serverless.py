@@ -222,15 +222,10 @@ async def test_with_a_stream_interval_token_counts_and_stats_survive_merged_outp
         engine.shutdown()
 
 
-async def test_warm_up_runs_the_samplers_optional_kernels_once(
-    plain_engine: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Boot's warm-up sends a request with every optional sampling feature (penalties, top-k/p,
-    min-p, seed), so the first user who asks for them does not pay their lazy kernels."""
-    from worker.engine import WARMUP_SAMPLING_FEATURES
-
+async def _featured_warm_up_requests(engine: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The sampling parameters (and tokens generated) of each request ``engine.warm_up`` sends."""
     sent: list[dict[str, Any]] = []
-    generate = plain_engine.generate
+    generate = engine.generate
 
     async def recording(request: Any, **kwargs: Any) -> Any:
         params = request.sampling_params.model_dump()
@@ -241,7 +236,22 @@ async def test_warm_up_runs_the_samplers_optional_kernels_once(
             yield chunk
         sent[-1] = {**params, "tokens": tokens}
 
-    monkeypatch.setattr(plain_engine, "generate", recording)
-    await plain_engine.warm_up()
-    featured = [p for p in sent if all(p.get(k) == v for k, v in WARMUP_SAMPLING_FEATURES.items())]
-    assert len(featured) == 1 and featured[0]["tokens"] == 8, sent
+    monkeypatch.setattr(engine, "generate", recording)
+    await engine.warm_up()
+    return sent
+
+
+async def test_warm_up_runs_the_samplers_optional_kernels_once(
+    plain_engine: Any, default_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Boot's warm-up sends a request with every optional sampling feature (penalties, top-k/p,
+    min-p, seed) the engine accepts, so the first user who asks for them does not pay their lazy
+    kernels; with speculation (the default engine drafts) what vLLM refuses is left out."""
+    from worker.engine import WARMUP_SAMPLING_FEATURES
+
+    # With speculation: no min_p (vLLM refuses it), and on this CPU no top-k/top-p (engine.warm_up says why).
+    speculating = {k: v for k, v in WARMUP_SAMPLING_FEATURES.items() if k not in ("min_p", "top_k", "top_p")}
+    for engine, expected in ((plain_engine, WARMUP_SAMPLING_FEATURES), (default_engine, speculating)):
+        sent = await _featured_warm_up_requests(engine, monkeypatch)
+        featured = [p for p in sent if all(p.get(k) == v for k, v in expected.items())]
+        assert len(featured) == 1 and featured[0]["tokens"] == 8, sent

@@ -31,6 +31,7 @@ from vllm import SamplingParams, TokensPrompt
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
+from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -185,11 +186,25 @@ class Engine:
         jobs: list[dict[str, Any]] = [{"prompt": "Hi", "sampling_params": params}]
         if getattr(self._tokenizer, "chat_template", None):
             jobs.append({"messages": [{"role": "user", "content": "Hi"}], "sampling_params": params})
-        jobs.append({"prompt": "Hi", "sampling_params": {**params, **WARMUP_SAMPLING_FEATURES}})
+        featured = dict(WARMUP_SAMPLING_FEATURES)
+        if self.served.speculative_method is not None:
+            featured.pop("min_p")  # vLLM 0.32 refuses min_p with speculative decoding
+            if current_platform.is_cpu():
+                # vLLM 0.32's CPU build (no Triton) expands top-k/top-p for its rejection sampler
+                # with a Triton kernel it cannot run, and its engine died on such a request.
+                featured.pop("top_k")
+                featured.pop("top_p")
         started = time.perf_counter()
         for job in jobs:
             async for _ in self.generate(parse_request(job), request_id=f"warmup-{uuid.uuid4().hex}"):
                 pass
+        # Best effort: a feature this engine refuses is refused to users too, and must not fail the boot.
+        try:
+            job = {"prompt": "Hi", "sampling_params": {**params, **featured}}
+            async for _ in self.generate(parse_request(job), request_id=f"warmup-{uuid.uuid4().hex}"):
+                pass
+        except InvalidRequest as exc:
+            log.warning("warm-up request with the sampler's optional features refused: %s", exc.message)
         await self._llm.reset_prefix_cache()  # the first user finds the cache as a cold boot leaves it
         log.info("warm-up request done in %.2f s", time.perf_counter() - started)
 
