@@ -255,3 +255,19 @@ async def test_warm_up_runs_the_samplers_optional_kernels_once(
         sent = await _featured_warm_up_requests(engine, monkeypatch)
         featured = [p for p in sent if all(p.get(k) == v for k, v in expected.items())]
         assert len(featured) == 1 and featured[0]["tokens"] == 8, sent
+
+
+async def test_top_k_with_speculation_on_cpu_is_refused_and_the_engine_keeps_serving(
+    worker: ServerlessWorker, default_engine: Any
+) -> None:
+    """vLLM's CPU build died on top-k sampling with speculation (engine.unsupported_sampling):
+    both entrypoints refuse it with a readable error, and the engine serves the next job."""
+    sampling = {"temperature": 0.8, "top_k": 20, "max_tokens": 4, "ignore_eos": True}
+    (native,) = await run_job(worker, {"prompt": "The sun", "sampling_params": sampling})
+    assert native["error_type"] == "invalid_request_error" and "top_k" in native["error"]
+    body = {"model": "tiny:target", "prompt": "The sun", "max_tokens": 4, "temperature": 0.8, "top_p": 0.5}
+    routed = await run_job(worker, {"openai_route": "/v1/completions", "openai_input": body})
+    assert isinstance(routed[-1]["error"], str) and "top_k / top_p" in routed[-1]["error"], routed
+    assert not default_engine.is_dead
+    ok = await run_job(worker, {"prompt": "The sun", "sampling_params": {**sampling, "top_k": 0}})
+    assert ok[-1]["usage"]["completion_tokens"] == 4

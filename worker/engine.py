@@ -109,6 +109,7 @@ class Engine:
             spec_decode_available=bool(spec) and settings.per_request_spec_decode_metrics != "none",
         )
         self._tokenizer = llm.get_tokenizer()
+        self._refuses_top_k_top_p = bool(spec) and current_platform.is_cpu()
         self.observers: list[Callable[[RequestEnd], None]] = []
         # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
         # same list, so that both entrypoints share one adapter slot per name.
@@ -189,11 +190,9 @@ class Engine:
         featured = dict(WARMUP_SAMPLING_FEATURES)
         if self.served.speculative_method is not None:
             featured.pop("min_p")  # vLLM 0.32 refuses min_p with speculative decoding
-            if current_platform.is_cpu():
-                # vLLM 0.32's CPU build (no Triton) expands top-k/top-p for its rejection sampler
-                # with a Triton kernel it cannot run, and its engine died on such a request.
-                featured.pop("top_k")
-                featured.pop("top_p")
+        if self._refuses_top_k_top_p:  # see unsupported_sampling
+            featured.pop("top_k")
+            featured.pop("top_p")
         started = time.perf_counter()
         for job in jobs:
             async for _ in self.generate(parse_request(job), request_id=f"warmup-{uuid.uuid4().hex}"):
@@ -265,7 +264,7 @@ class Engine:
                 grammar=so.grammar,
             )
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 **values,
                 max_tokens=max_tokens,
                 structured_outputs=structured,
@@ -273,6 +272,22 @@ class Engine:
             )
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(f"sampling_params: {_one_line(exc)}") from None
+        problem = self.unsupported_sampling(params)
+        if problem is not None:
+            raise InvalidRequest(problem, param="sampling_params.top_k")
+        return params
+
+    def unsupported_sampling(self, params: SamplingParams) -> str | None:
+        """Why the engine cannot survive this sampling, if it cannot: vLLM 0.32's CPU build (no
+        Triton) expands top-k/top-p for its rejection sampler with a Triton kernel it cannot run,
+        so a speculating CPU engine read uninitialised memory for them and died on top-k (a GPU
+        has Triton). Checked on both paths: the native one and vLLM's OpenAI layer."""
+        if self._refuses_top_k_top_p and params.temperature > 0 and (params.top_k > 0 or params.top_p < 1):
+            return (
+                "top_k / top_p are not supported with speculative decoding on vLLM's CPU build; "
+                "leave them unset or use temperature 0"
+            )
+        return None
 
     async def generate(
         self, request: GenerateRequest, *, request_id: str | None = None

@@ -28,6 +28,7 @@ from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.exceptions import VLLMValidationError
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.utils.gc_utils import freeze_gc_heap
 
@@ -82,6 +83,9 @@ class _ObservedClient:
         return getattr(self._llm, name)
 
     def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
+        problem = self._engine.unsupported_sampling(sampling_params)
+        if problem is not None:
+            raise VLLMValidationError(problem, parameter="top_k")  # vLLM's layer answers 400
         return self._engine.observe(self._llm.generate(prompt, sampling_params, request_id, **kwargs), request_id)
 
 
