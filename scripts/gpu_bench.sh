@@ -7,6 +7,9 @@
 #
 #   scripts/gpu_bench.sh overhead fp8       # then: POD_CONCURRENCY=8,256 scripts/gpu_bench.sh pod coldstart-server ngram
 #
+# Engines follow MODEL_RUNNER=auto (V1 for the handler path and for draft models, vLLM's V2 for the pod and
+# vLLM's own server) unless a stage sets it.
+#
 # Stages:
 #   overhead          handler path vs raw AsyncLLM, bf16, concurrency 1, 8, 64, 256 (3 alternating runs)
 #   overhead-ids      the same at 64 and 256, AsyncLLM given token ids made once (tokenization charged to the handler)
@@ -24,11 +27,13 @@
 #                     (python -X importtime, twice) and vLLM's kernel warm-up before the CUDA-graph capture
 #                     (off through ENGINE_ARGS kernel_config), each boot after one that fills the caches,
 #                     then the first request's TTFT with that warm-up off
-#   runner-v1         vLLM 0.32's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0) against its default V2, which
+#   runner-v1         vLLM 0.32's V1 model runner (MODEL_RUNNER=v1) against its default V2, which
 #                     captures no CUDA graphs for a draft model (its standalone speculator says so) and spends
 #                     ~33 s of every compiled boot warming kernels: boot with warm caches, draft-model
 #                     speculation (self-draft and 1B, k=4), and decode without speculation at 1, 64, 256;
 #                     its two halves run alone as runner-v1-spec and runner-v1-boot
+#   runner-decode     decode without speculation on the V2 runner, then on V1 (3 runs each at 1, 64, 256): the
+#                     trade behind MODEL_RUNNER=auto (V1 for serverless, V2 for pods)
 #   eager-decode      decode speed in eager mode (no CUDA graphs, no compile) at 1 and 64, 1 run
 #   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off;
 #                     the same for the first request using the sampler's features (penalties, top-k/p, min-p, seed)
@@ -117,16 +122,19 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run first-request-jit-off --parts first_request ;;
     runner-v1) bash scripts/gpu_bench.sh runner-v1-spec runner-v1-boot ;;
     runner-v1-spec)
-      VLLM_USE_V2_MODEL_RUNNER=0 run spec-draft-v1 --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4
-      VLLM_USE_V2_MODEL_RUNNER=0 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 1 ;;
+      MODEL_RUNNER=v1 run spec-draft-v1 --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4
+      MODEL_RUNNER=v1 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 1 ;;
     runner-v1-boot)
       [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-v1-$$
-      VLLM_USE_V2_MODEL_RUNNER=0 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-fill --parts coldstart_handler
-      VLLM_USE_V2_MODEL_RUNNER=0 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-warm --parts coldstart_handler ;;
+      MODEL_RUNNER=v1 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-fill --parts coldstart_handler
+      MODEL_RUNNER=v1 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-warm --parts coldstart_handler ;;
     spec)
       run spec-ngram --parts spec --drafts ngram --ks 2,4,8 --spec-requests 4
       run spec-draft --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4 ;;
+    runner-decode)
+      MODEL_RUNNER=v2 run bf16-v2 --parts overhead --concurrency 1,64,256 --repeats 3
+      MODEL_RUNNER=v1 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 3 ;;
     eager-decode) ENFORCE_EAGER=true run bf16-eager --parts overhead --concurrency 1,64 --repeats 1 ;;
     first-request)
       run first-request --parts first_request

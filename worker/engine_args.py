@@ -90,7 +90,7 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode) -> str | Non
     first token in 47.6 s with warm caches against 77.6 s for V2, which spends 24-34 s of every
     compiled boot warming kernels, caches or not; single-stream decode was equal (203.6 vs 204
     tok/s), and 1.9% / 6.3% lower at 64 / 256 streams (one run). With a draft model V1 decoded
-    1.8x-2.2x faster (V2 runs the draft without CUDA graphs). Serverless pays every boot and
+    1.8x-2.3x faster (V2 runs the draft without CUDA graphs). Serverless pays every boot and
     serves small batches: V1. Pods boot once and run large batches: V2, unless a draft model.
     """
     if settings.model_runner != "auto":
