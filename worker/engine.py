@@ -274,7 +274,7 @@ class Engine:
             raise InvalidRequest(f"sampling_params: {_one_line(exc)}") from None
         problem = self.unsupported_sampling(params)
         if problem is not None:
-            raise InvalidRequest(problem, param="sampling_params.top_k")
+            raise InvalidRequest(problem, param=f"sampling_params.{'top_k' if params.top_k > 0 else 'top_p'}")
         return params
 
     def unsupported_sampling(self, params: SamplingParams) -> str | None:
