@@ -84,7 +84,9 @@ class Settings(BaseSettings):
         None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"
     )
     warmup_request: bool = Field(
-        True, description="one short request during boot, so that the first user's does not pay lazy initialisation"
+        True,
+        description="short requests during boot (prompt, chat, the sampler's optional kernels), so that the "
+        "first user's request does not pay lazy initialisation",
     )
     vllm_disabled_kernels: str | None = Field(
         None, description="vLLM's own variable, read here so that the AWQ_KERNEL choice can extend it"
