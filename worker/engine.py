@@ -274,19 +274,21 @@ class Engine:
             raise InvalidRequest(f"sampling_params: {_one_line(exc)}") from None
         problem = self.unsupported_sampling(params)
         if problem is not None:
-            raise InvalidRequest(problem, param=f"sampling_params.{'top_k' if params.top_k > 0 else 'top_p'}")
+            name, message = problem
+            raise InvalidRequest(message, param=f"sampling_params.{name}")
         return params
 
-    def unsupported_sampling(self, params: SamplingParams) -> str | None:
-        """Why the engine cannot survive this sampling, if it cannot: vLLM 0.32's CPU build (no
-        Triton) expands top-k/top-p for its rejection sampler with a Triton kernel it cannot run,
-        so a speculating CPU engine read uninitialised memory for them and died on top-k (a GPU
-        has Triton). Checked on both paths: the native one and vLLM's OpenAI layer."""
+    def unsupported_sampling(self, params: SamplingParams) -> tuple[str, str] | None:
+        """The parameter at fault and why, if the engine cannot survive this sampling: vLLM 0.32's
+        CPU build (no Triton) expands top-k/top-p for its rejection sampler with a Triton kernel it
+        cannot run, so a speculating CPU engine read uninitialised memory for them and died on
+        top-k (a GPU has Triton). Checked on both paths: the native one and vLLM's OpenAI layer."""
         if self._refuses_top_k_top_p and params.temperature > 0 and (params.top_k > 0 or params.top_p < 1):
-            return (
+            message = (
                 "top_k / top_p are not supported with speculative decoding on vLLM's CPU build; "
                 "leave them unset or use temperature 0"
             )
+            return ("top_k" if params.top_k > 0 else "top_p"), message
         return None
 
     async def generate(

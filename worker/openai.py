@@ -85,8 +85,8 @@ class _ObservedClient:
     def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
         problem = self._engine.unsupported_sampling(sampling_params)
         if problem is not None:
-            # vLLM's layer answers 400
-            raise VLLMValidationError(problem, parameter="top_k" if sampling_params.top_k > 0 else "top_p")
+            name, message = problem
+            raise VLLMValidationError(message, parameter=name)  # vLLM's layer answers 400
         return self._engine.observe(self._llm.generate(prompt, sampling_params, request_id, **kwargs), request_id)
 
 
