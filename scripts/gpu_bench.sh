@@ -23,6 +23,8 @@
 #   coldstart-levers  real-size weights (16 GB of random bf16 safetensors, written first, then in the page
 #                     cache): handler with an empty compile cache, a warm one (and vLLM's server), eager,
 #                     MAX_NUM_SEQS=16 (fewer CUDA-graph sizes), no CUDA-graph memory estimate at profiling
+#   coldstart-server-real  real-size weights, both on vLLM's default V2 runner: a handler boot that fills an
+#                     empty compile cache, then the handler and vLLM's own server each with that warm cache
 #   coldstart-jit     the two largest phases of a warm boot (docs/benchmarks.md): main-process imports
 #                     (python -X importtime, twice) and vLLM's kernel warm-up before the CUDA-graph capture
 #                     (off through ENGINE_ARGS kernel_config), each boot after one that fills the caches,
@@ -111,6 +113,11 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run cold-real-seqs16 --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run cold-real-noest \
         --parts coldstart_handler ;;
+    coldstart-server-real)
+      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-srv-$$
+      MODEL_RUNNER=v2 MODEL_NAME=$R LOAD_FORMAT=auto run cold-srv-fill --parts coldstart_handler
+      MODEL_RUNNER=v2 MODEL_NAME=$R LOAD_FORMAT=auto run cold-srv-warm --parts coldstart ;;
     coldstart-jit)
       [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-jit-$$
