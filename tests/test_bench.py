@@ -242,3 +242,50 @@ async def test_random_weights_load_in_vllm_under_their_own_names(tiny_models: Ti
     finally:
         engine.shutdown()
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+def test_stats_off_baseline_keeps_the_exactness_check_on_the_measured_engine(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """With a second engine in the process (the stats-off baseline), the per-request sums are still
+    checked against the measured engine's own counters: vLLM keeps only the last booted engine's
+    Prometheus metrics, so the measured engine boots last. The report is written as the run goes
+    and ends unmarked once complete."""
+    out = tmp_path / "overhead"
+    command = [sys.executable, "-m", "worker", "bench", "--parts", "overhead", "--concurrency", "1"]
+    command += [
+        "--repeats",
+        "1",
+        "--num-requests",
+        "2",
+        "--max-tokens",
+        "16",
+        "--stats-off-baseline",
+        "--out",
+        str(out),
+    ]
+    env = {
+        **subprocess_env,
+        "SPECULATIVE_METHOD": "draft_model",
+        "SPECULATIVE_MODEL": "tiny:noisy",
+        "NUM_SPECULATIVE_TOKENS": "2",
+    }
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    overhead = json.loads((out / "bench.json").read_text())["overhead"]
+    assert overhead["partial"] is False and [r["concurrency"] for r in overhead["rows"]] == [1]
+    assert overhead["rows"][0]["handler_stats_off"]["tokens"] == 2 * 16
+    exact = overhead["spec_exact"]
+    assert exact["with_spec_decode"] == exact["requests"] and exact["per_request_sum"]["num_draft_tokens"] > 0
+    assert exact["equal"], exact
+
+
+def test_a_partial_overhead_run_says_so() -> None:
+    side = {"throughput_tok_s": 1000.0, "ttft_p50_ms": 5.0, "itl_mean_ms": 2.0}
+    row = {"concurrency": 1, "handler": side, "vllm_asyncllm": side, "throughput_ratio": 1.0, "itl_mean_ratio": 1.0}
+    overhead = {"rows": [row], "num_requests": 8, "max_tokens": 32, "repeats": 3, "partial": True}
+    text = render_markdown({"command": "python -m worker bench", "machine": "test", "overhead": overhead})
+    assert "**Partial**: the run ended after 1 concurrency level(s)." in text
+    assert "Partial" not in render_markdown(
+        {**{"command": "c", "machine": "m"}, "overhead": {**overhead, "partial": False}}
+    )

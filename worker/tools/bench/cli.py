@@ -76,6 +76,11 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         "repeats": plan.repeats,
     }
     if "overhead" in plan.parts:
+
+        def progress(overhead: dict[str, Any]) -> None:
+            results["overhead"] = overhead
+            write_report(results, out)
+
         results["overhead"] = asyncio.run(
             bench_overhead(
                 settings,
@@ -83,6 +88,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
                 raw_input=plan.raw_input,
                 stats_off_baseline=plan.stats_off_baseline,
                 aa_baseline=plan.aa_baseline,
+                on_progress=progress,
             )
         )
         write_report(results, out)

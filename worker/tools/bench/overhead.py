@@ -27,13 +27,18 @@ async def bench_overhead(
     raw_input: str = "text",
     stats_off_baseline: bool = False,
     aa_baseline: bool = False,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Handler vs raw AsyncLLM on one engine; with ``stats_off_baseline`` (a speculating config)
     also the handler over a second engine, identical but for the worker's exact-stats path
     (``PER_REQUEST_SPEC_DECODE_METRICS=none``: vLLM's plain scheduler), both engines booted side
     by side (half the GPU memory each) so that the paths can alternate within each repeat. With
     ``aa_baseline``, a second engine identical in every way (an A/A control): the spread between
-    two equal engines side by side, against which the stats-off difference can be judged."""
+    two equal engines side by side, against which the stats-off difference can be judged.
+
+    ``on_progress`` gets the result so far after each concurrency level and once more before the
+    engines shut down (marked ``"partial": True`` until then): a run cut short by a time limit,
+    even during the shutdown of several engines, keeps what it measured."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -45,14 +50,17 @@ async def bench_overhead(
     if num_engines > 1:
         share = settings.gpu_memory_utilization / num_engines
         settings = settings.model_copy(update={"gpu_memory_utilization": share})
-    engine = await boot_engine(settings, mode="serverless")
-    engines = {"handler": engine}
+    # The measured engine boots last: each AsyncLLM's Prometheus logger unregisters vLLM's metrics
+    # of the engines before it, and the exactness check below reads that engine's counters.
+    engines: dict[str, Engine] = {}
     if stats_off_baseline:
         engines["handler_stats_off"] = await boot_engine(
             settings.model_copy(update={"per_request_spec_decode_metrics": "none"}), mode="serverless"
         )
     if aa_baseline:
         engines["handler_aa"] = await boot_engine(settings, mode="serverless")
+    engine = await boot_engine(settings, mode="serverless")
+    engines = {"handler": engine, **engines}
     served = engine.served.model_dump()
     # Both paths share the engine, hence its stream interval (tokens per engine output).
     stream_interval = engine.llm.vllm_config.scheduler_config.stream_interval
@@ -103,6 +111,19 @@ async def bench_overhead(
         if name != "handler":
             paths[name] = handler_path(second)
     results: list[dict[str, Any]] = []
+    report: dict[str, Any] = {
+        "num_requests": num_requests or "auto",
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "baseline_input": raw_input,
+        "stream_interval": stream_interval,
+        "stats_off_baseline": stats_off_baseline,
+        "aa_baseline": aa_baseline,
+        "served": served,
+        "spec_exact": None,
+        "rows": results,
+        "partial": True,
+    }
     try:
         for path in paths.values():  # warm-up: compile, prefix cache
             await run_concurrent(path, num_requests=2, concurrency=2)
@@ -132,22 +153,17 @@ async def bench_overhead(
                 row["aa_itl_ratio"] = ratio(ours["itl_mean_ms"], twin["itl_mean_ms"])
             results.append(row)
             print(f"overhead c={concurrency}: throughput ratio {row['throughput_ratio']:.3f}", flush=True)
-        spec_exact = await _spec_exactness(engine, settings, job) if settings.resolved_speculative_config() else None
+            if on_progress:
+                on_progress(report)
+        if settings.resolved_speculative_config():
+            report["spec_exact"] = await _spec_exactness(engine, settings, job)
+        report["partial"] = False
+        if on_progress:
+            on_progress(report)
     finally:
         for booted in engines.values():
             booted.shutdown()
-    return {
-        "num_requests": num_requests or "auto",
-        "max_tokens": max_tokens,
-        "repeats": repeats,
-        "baseline_input": raw_input,
-        "stream_interval": stream_interval,
-        "stats_off_baseline": stats_off_baseline,
-        "aa_baseline": aa_baseline,
-        "served": served,
-        "spec_exact": spec_exact,
-        "rows": results,
-    }
+    return report
 
 
 async def _spec_exactness(

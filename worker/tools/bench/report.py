@@ -157,7 +157,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                 f" Engine stream interval: {o['stream_interval']} token(s) per output, for both paths."
                 if o.get("stream_interval")
                 else ""
-            ),
+            )
+            + (f" **Partial**: the run ended after {len(o['rows'])} concurrency level(s)." if o.get("partial") else ""),
             "",
             "| concurrency | handler tok/s | AsyncLLM tok/s | throughput ratio | TTFT p50 ms (handler / raw) | "
             "ITL ms (handler / raw) | ITL ratio |",
