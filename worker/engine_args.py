@@ -88,8 +88,8 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode) -> str | Non
 
     Measured on an H200 with vLLM 0.32, 8B shape (docs/benchmarks.md): the V1 runner booted to the
     first token in 47.6 s with warm caches against 77.6 s for V2, which spends 24-34 s of every
-    compiled boot warming kernels, caches or not; single-stream decode was equal (203.6 vs 204
-    tok/s), and 1.9% / 6.3% lower at 64 / 256 streams (one run). With a draft model V1 decoded
+    compiled boot warming kernels, caches or not; decode through AsyncLLM was +1.4% / +0.7% /
+    -2.1% at 1 / 64 / 256 streams (3 runs), the handler path -6.7% at 256. With a draft model V1 decoded
     1.8x-2.3x faster (V2 runs the draft without CUDA graphs). Serverless pays every boot and
     serves small batches: V1. Pods boot once and run large batches: V2, unless a draft model.
     """
