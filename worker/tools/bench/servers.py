@@ -124,6 +124,25 @@ def cpu_seconds(pid: int) -> dict[str, float]:
     return {"api": used(root), "engine": sum(used(child) for child in root.children(recursive=True))}
 
 
+@contextlib.contextmanager
+def py_spy(pid: int | None, path: Path | None) -> Iterator[None]:
+    """A py-spy profile (collapsed stacks) of process ``pid`` while the block runs, when the
+    ``POD_BENCH_PY_SPY`` variable names a py-spy binary; nothing otherwise. Non-blocking
+    sampling: the server is never paused, so the figures measured meanwhile stay comparable."""
+    binary = os.environ.get("POD_BENCH_PY_SPY")
+    if not (binary and pid and path):
+        yield
+        return
+    command = [binary, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format", "raw"]
+    spy = subprocess.Popen([*command, "-o", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.wait(timeout=30)
+
+
 async def drive_http(
     base: str,
     *,
@@ -133,9 +152,11 @@ async def drive_http(
     max_tokens: int,
     headers: dict[str, str],
     server_pid: int | None = None,
+    profile_prefix: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Streams at each concurrency; with ``server_pid``, each row also has the CPU seconds the
-    server's processes spent on it (``cpu_s``) and the API process's CPU milliseconds per token."""
+    server's processes spent on it (``cpu_s``) and the API process's CPU milliseconds per token;
+    with ``profile_prefix`` too, its py-spy profile per concurrency (see :func:`py_spy`)."""
     import httpx
 
     body = {
@@ -158,9 +179,11 @@ async def drive_http(
         await run_concurrent(make, num_requests=2, concurrency=2)  # warm-up
         for concurrency in concurrencies:
             before = cpu_seconds(server_pid) if server_pid else None
-            timings, wall = await run_concurrent(
-                make, num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
-            )
+            profile = Path(f"{profile_prefix}-c{concurrency}.txt") if profile_prefix else None
+            with py_spy(server_pid, profile):
+                timings, wall = await run_concurrent(
+                    make, num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
+                )
             row = {"concurrency": concurrency, **summarize(timings, wall)}
             if before is not None and server_pid:
                 after = cpu_seconds(server_pid)
@@ -240,6 +263,7 @@ def bench_pod(
                         max_tokens=max_tokens,
                         headers={},
                         server_pid=pids[name],
+                        profile_prefix=out / f"py-spy-{name}-r{rep}",
                     )
                 )
                 runs[name].append(rows)
