@@ -18,6 +18,8 @@
 #   quant             AWQ with the Marlin kernel, then Machete, at concurrency 1 and 256 (1 run each)
 #   pod               pod server vs vLLM's OpenAI server booted side by side, concurrency
 #                     $POD_CONCURRENCY (default 1,8,64,256), 3 alternating runs
+#   pod-spawn         the pod stage with the pod's engine core spawned as vLLM's server spawns its own (its CLI
+#                     sets VLLM_WORKER_MULTIPROC_METHOD=spawn; vLLM's default, which the pod gets, is fork)
 #   pod-profile       the pod stage at 1 and 64 streams, 2 runs, with a py-spy profile of each server's API
 #                     process per run and concurrency (PY_SPY: a py-spy binary; pod/py-spy-*.txt, collapsed stacks)
 #   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
@@ -99,6 +101,8 @@ for stage in "$@"; do
     quant)
       MODEL_NAME=$M-awq AWQ_KERNEL=marlin run awq-marlin --parts overhead,roofline --concurrency 1,256 --repeats 1
       MODEL_NAME=$M-awq AWQ_KERNEL=machete run awq-machete --parts overhead,roofline --concurrency 1,256 --repeats 1 ;;
+    pod-spawn) VLLM_WORKER_MULTIPROC_METHOD=spawn run pod-spawn --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" \
+      --repeats 3 ;;
     pod-profile)
       POD_BENCH_PY_SPY=${PY_SPY:?PY_SPY must name a py-spy binary} run pod-profile --parts pod --concurrency 1,64 \
         --repeats 2 ;;
