@@ -27,6 +27,14 @@
 #   coldstart-levers  real-size weights (16 GB of random bf16 safetensors, written first, then in the page
 #                     cache): handler with an empty compile cache, a warm one (and vLLM's server), eager,
 #                     MAX_NUM_SEQS=16 (fewer CUDA-graph sizes), no CUDA-graph memory estimate at profiling
+#   coldstart-levers-v1  the handler's default runner (V1), real-size weights: an empty compile cache, a warm
+#                     one, then warm with MAX_NUM_SEQS=16 and without the CUDA-graph memory estimate
+#   coldstart-loaders real-size weights, warm caches: vLLM's default loader against fastsafetensors, Run:ai's
+#                     streamer and instanttensor (LOAD_FORMAT). The loaders are not in the vLLM carry: their
+#                     wheels (pip download --no-deps --only-binary :all: --python-version 3.12
+#                     --platform manylinux_2_28_x86_64 fastsafetensors runai-model-streamer instanttensor
+#                     typer humanize shellingham py-spy) travel beside it and
+#                     `python3 scripts/unpack_wheels.py /tmp/extra <wheels>` unpacks them there (py-spy too)
 #   coldstart-server-real  real-size weights, both on vLLM's default V2 runner: a handler boot that fills an
 #                     empty compile cache, then the handler and vLLM's own server each with that warm cache
 #   coldstart-jit     the two largest phases of a warm boot (docs/benchmarks.md): main-process imports
@@ -121,6 +129,22 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto ENFORCE_EAGER=true run cold-real-eager --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run cold-real-seqs16 --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run cold-real-noest \
+        --parts coldstart_handler ;;
+    coldstart-loaders)
+      # Needs the loaders' wheels unpacked into /tmp/extra (scripts/unpack_wheels.py, see the header).
+      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-loaders-$$ PYTHONPATH=$PYTHONPATH:/tmp/extra
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-load-fill --parts coldstart_handler
+      for format in auto fastsafetensors runai_streamer instanttensor; do
+        MODEL_NAME=$R LOAD_FORMAT=$format run cold-load-$format --parts coldstart_handler
+      done ;;
+    coldstart-levers-v1)
+      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-levers-v1-$$
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-lv1-fill --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-lv1-warm --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run cold-lv1-seqs16 --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run cold-lv1-noest \
         --parts coldstart_handler ;;
     coldstart-server-real)
       [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
