@@ -78,9 +78,8 @@ M=/tmp/llama8b
 # Real-size random weights (16 GB) for the cold-start stages; stages running side by side must not
 # both write them, so a first call without stages makes them: REAL_WEIGHTS=1 scripts/gpu_bench.sh
 R=/tmp/llama8b-real
-if [ -n "${REAL_WEIGHTS:-}" ] && [ ! -f $R/model.safetensors.index.json ]; then
-  python3 -m worker bench --make-llama8b $R --random-weights
-fi
+real_weights() { [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights; }
+if [ -n "${REAL_WEIGHTS:-}" ]; then real_weights; fi
 case " $* " in *" tp2-70b"* | *" tp2-faults "*)
   [ -f /tmp/llama70b/config.json ] || python3 -m worker bench --make-llama8b /tmp/llama70b --shape llama-3-70b ;;
 esac
@@ -99,6 +98,10 @@ run() {  # label, then bench arguments
   [ -n "$left" ] && kill -9 $left 2>/dev/null && sleep 5
   cp "$OUT/$label/bench.json" "$OUT/$label.json" 2>/dev/null
   if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi
+}
+lever_boots() {  # label prefix: warm boots with fewer CUDA-graph sizes, then without the graph memory estimate
+  MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run "$1-seqs16" --parts coldstart_handler
+  MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run "$1-noest" --parts coldstart_handler
 }
 for stage in "$@"; do
   case $stage in
@@ -122,37 +125,33 @@ for stage in "$@"; do
       ENFORCE_EAGER=true run cold-eager --parts coldstart_handler ;;
     coldstart-server) run cold-server --parts coldstart ;;
     coldstart-levers)
-      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-levers-$$
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-real-fresh --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-real-warm --parts coldstart
       MODEL_NAME=$R LOAD_FORMAT=auto ENFORCE_EAGER=true run cold-real-eager --parts coldstart_handler
-      MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run cold-real-seqs16 --parts coldstart_handler
-      MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run cold-real-noest \
-        --parts coldstart_handler ;;
+      lever_boots cold-real ;;
     coldstart-loaders)
       # Needs the loaders' wheels unpacked into /tmp/extra (scripts/unpack_wheels.py, see the header).
-      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-loaders-$$ PYTHONPATH=$PYTHONPATH:/tmp/extra
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-load-fill --parts coldstart_handler
       for format in auto fastsafetensors runai_streamer instanttensor; do
         MODEL_NAME=$R LOAD_FORMAT=$format run cold-load-$format --parts coldstart_handler
       done ;;
     coldstart-levers-v1)
-      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-levers-v1-$$
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-lv1-fill --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-lv1-warm --parts coldstart_handler
-      MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run cold-lv1-seqs16 --parts coldstart_handler
-      MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run cold-lv1-noest \
-        --parts coldstart_handler ;;
+      lever_boots cold-lv1 ;;
     coldstart-server-real)
-      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-srv-$$
       MODEL_RUNNER=v2 MODEL_NAME=$R LOAD_FORMAT=auto run cold-srv-fill --parts coldstart_handler
       MODEL_RUNNER=v2 MODEL_NAME=$R LOAD_FORMAT=auto run cold-srv-warm --parts coldstart ;;
     coldstart-jit)
-      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-jit-$$
       for i in 1 2; do python3 -X importtime -c "import worker.engine" 2> "$OUT/importtime-$i.txt"; done
       NOJIT='{"kernel_config": {"enable_jit_warmup": false}}'
@@ -165,7 +164,7 @@ for stage in "$@"; do
       MODEL_RUNNER=v1 run spec-draft-v1 --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4
       MODEL_RUNNER=v1 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 1 ;;
     runner-v1-boot)
-      [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights
+      real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-v1-$$
       MODEL_RUNNER=v1 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-fill --parts coldstart_handler
       MODEL_RUNNER=v1 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-warm --parts coldstart_handler ;;
