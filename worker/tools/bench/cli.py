@@ -88,10 +88,9 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
                 raw_input=plan.raw_input,
                 stats_off_baseline=plan.stats_off_baseline,
                 aa_baseline=plan.aa_baseline,
-                on_progress=progress,
+                on_progress=progress,  # its last call wrote the complete report
             )
         )
-        write_report(results, out)
     if "pod" in plan.parts:
         results["pod"] = bench_pod(settings, env, model_path=model_path, out=out, **load)
         write_report(results, out)
