@@ -18,8 +18,8 @@
 #   quant             AWQ with the Marlin kernel, then Machete, at concurrency 1 and 256 (1 run each)
 #   pod               pod server vs vLLM's OpenAI server booted side by side, concurrency
 #                     $POD_CONCURRENCY (default 1,8,64,256), 3 alternating runs
-#   pod-spawn         the pod stage with the pod's engine core spawned as vLLM's server spawns its own (its CLI
-#                     sets VLLM_WORKER_MULTIPROC_METHOD=spawn; vLLM's default, which the pod gets, is fork)
+#   pod-spawn         the pod stage with VLLM_WORKER_MULTIPROC_METHOD=spawn given to both servers: what measured
+#                     the pod's switch from vLLM's library default (fork) to spawn, now the pod's own default
 #   pod-profile       the pod stage at 1 and 64 streams, 2 runs, with a py-spy profile of each server's API
 #                     process per run and concurrency (PY_SPY: a py-spy binary; pod/py-spy-*.txt, collapsed stacks)
 #   coldstart         handler cold start: fresh compile cache, warm compile cache, eager
