@@ -164,8 +164,12 @@ def test_smoke_run_produces_complete_results(tmp_path: Path, subprocess_env: dic
         "num_accepted_tokens": row["num_accepted_draft_tokens"],
     }
     assert positive(results["roofline"]["weight_bytes_per_step"])
+    # The stats path's own cost per step (a difference of timings: at smoke sizes it may be noise).
+    assert [r["batch"] for r in results["stats_path"]["rows"]] == [1, 2]
+    assert all(positive(r["all_stop"]["observe_us"]) for r in results["stats_path"]["rows"])
     markdown = (out / "bench.md").read_text()
     assert "Handler overhead" in markdown and "python -m worker bench --smoke" in markdown
+    assert "Cost of the exact-stats path per engine step" in markdown
     assert (out / "throughput.png").stat().st_size > 0 and (out / "speculative.png").stat().st_size > 0
 
 

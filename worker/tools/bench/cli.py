@@ -22,6 +22,7 @@ from worker.tools.bench.roofline import bench_roofline
 from worker.tools.bench.servers import bench_pod
 from worker.tools.bench.shapes import LLAMA3_SHAPES, make_shape_model, write_random_weights
 from worker.tools.bench.spec import bench_spec
+from worker.tools.bench.stats_path import bench_stats_path
 from worker.tools.sizing import GPUS
 
 
@@ -108,6 +109,15 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
             env, drafts=plan.drafts, ks=plan.ks, num_requests=plan.spec_requests, max_tokens=plan.max_tokens
         )
         write_report(results, out)
+    if "stats_path" in plan.parts:
+        smoke = plan.max_tokens < 64  # --smoke: checks the part runs, not its figures
+        results["stats_path"] = bench_stats_path(
+            plan.concurrencies,
+            k=settings.num_speculative_tokens or 4,
+            steps=80 if smoke else 800,
+            repeats=1 if smoke else 7,
+        )
+        write_report(results, out)
     if "roofline" in plan.parts:
         measured = None
         if "overhead" in results and results["overhead"]["rows"][0]["concurrency"] == 1:
@@ -127,7 +137,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
     return results
 
 
-ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "first_request", "spec", "roofline"]
+ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "first_request", "spec", "stats_path", "roofline"]
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

@@ -203,6 +203,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                 intro="A/A control: the handler over this engine vs over a second, identical engine booted "
                 "beside it: the spread two equal engines show, against which the stats-off difference is judged.",
             )
+    if "stats_path" in results:
+        lines += stats_path_table(results["stats_path"], results.get("overhead"))
     if "pod" in results:
         p = results["pod"]
         lines += [
@@ -385,5 +387,33 @@ def _engine_pair_table(
             f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(o['throughput_tok_s'], 1)} | "
             f"{fmt(r[prefix + '_throughput_ratio'], 3)} | {fmt(h['itl_mean_ms'], 2)} / "
             f"{fmt(o['itl_mean_ms'], 2)} | {fmt(r[prefix + '_itl_ratio'], 3)} |"
+        )
+    return [*lines, ""]
+
+
+def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> list[str]:
+    """What the exact-stats path adds to an engine step, per batch size, against the step when the
+    same run measured one (the handler's mean inter-token latency at that concurrency: a step
+    yields at least one token per request, so the share is an upper bound)."""
+    itl_ms = {r["concurrency"]: r["handler"]["itl_mean_ms"] for r in (overhead or {}).get("rows", [])}
+    lines = [
+        "### Cost of the exact-stats path per engine step (CPU time, timed directly)",
+        "",
+        f"vLLM's types and serialiser, {stats['steps']} steps, minimum of {stats['repeats']} alternating runs, "
+        f"k={stats['k']}; stats on minus stats off. Without stop strings a request gets a snapshot every "
+        "8 steps; with them, every step.",
+        "",
+        "| batch | vLLM's per-request tracking µs | worker's hook µs | snapshots' transport µs | total µs "
+        "| share of a step | total with stop strings µs | share of a step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in stats["rows"]:
+        plain, stop = r["no_stop"], r["all_stop"]
+        step_us = itl_ms[r["batch"]] * 1000 if itl_ms.get(r["batch"]) else None
+        shares = [f"{100 * t / step_us:.2f}%" if step_us else "-" for t in (plain["total_us"], stop["total_us"])]
+        lines.append(
+            f"| {r['batch']} | {fmt(plain['observe_us'], 1)} | {fmt(plain['hook_us'], 1)} | "
+            f"{fmt(plain['transport_us'], 1)} | {fmt(plain['total_us'], 1)} | {shares[0]} | "
+            f"{fmt(stop['total_us'], 1)} | {shares[1]} |"
         )
     return [*lines, ""]
