@@ -57,6 +57,9 @@
 #   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
 #                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
 #   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler), 64 tokens
+#   stats-path        the stats path's own CPU time per engine step on this host (bench part stats_path: vLLM's
+#                     per-request tracking, the worker's hook, the snapshots' msgpack transport; stats on minus
+#                     off), against the step of an n-gram k=4 engine measured in the same run, 1 run
 #   stats-ngram-aa    stats-ngram with an A/A control: a third engine identical to the first (a third of the
 #                     memory each), so the stats-off difference can be judged against two equal engines' spread
 # On two GPUs (TENSOR_PARALLEL_SIZE=2):
@@ -182,6 +185,9 @@ for stage in "$@"; do
     stats-ngram)
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-ngram4 --parts overhead \
         --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline ;;
+    stats-path)
+      SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-path --parts overhead,stats_path \
+        --concurrency 1,8,64,256 --repeats 1 ;;
     stats-ngram-aa)
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-ngram4-aa --parts overhead \
         --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline --aa-baseline ;;
