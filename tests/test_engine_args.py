@@ -137,3 +137,22 @@ def test_engine_environment_picks_the_model_runner_per_mode_and_speculation() ->
     # Under auto, vLLM's own variable set by the user is kept; MODEL_RUNNER set explicitly wins.
     assert flag("serverless", **real, VLLM_USE_V2_MODEL_RUNNER="1") == "1"
     assert flag("pod", **real, VLLM_USE_V2_MODEL_RUNNER="0", MODEL_RUNNER="v2") == "1"
+
+
+def test_engine_environment_spawns_the_pods_engine_core_unless_told() -> None:
+    def method(mode: DeploymentMode, **env: str) -> str | None:
+        return engine_environment(load_settings(env), mode=mode)["VLLM_WORKER_MULTIPROC_METHOD"]
+
+    assert method("pod") == "spawn"  # as vLLM's own server starts its engine core
+    assert method("serverless") is None  # vLLM's default (fork on a GPU): no re-import at boot
+    assert method("pod", VLLM_WORKER_MULTIPROC_METHOD="fork") == "fork"
+    assert method("serverless", VLLM_WORKER_MULTIPROC_METHOD="spawn") == "spawn"
+
+
+def test_engine_environment_keeps_tritons_cache_beside_vllms_compile_cache() -> None:
+    def triton(**env: str) -> str | None:
+        return engine_environment(load_settings(env), mode="serverless")["TRITON_CACHE_DIR"]
+
+    assert triton(VLLM_CACHE_ROOT="/runpod-volume/vllm-cache") == "/runpod-volume/vllm-cache/triton_cache"
+    assert triton(VLLM_CACHE_ROOT="/v", TRITON_CACHE_DIR="/elsewhere") == "/elsewhere"
+    assert triton() is None  # neither set: Triton's default, beside vLLM's default cache

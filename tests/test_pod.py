@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -276,25 +275,3 @@ async def test_parity_native_handler_openai_route_and_pod(pod: PodServer, defaul
     assert models[0]["data"][0]["id"] == MODEL
     bad = await run({"openai_route": "/v1/chat/completions", "openai_input": {"model": MODEL}})
     assert bad[0]["error_type"] == "invalid_request_error" and "messages" in bad[0]["error"]
-
-
-@pytest.mark.parametrize(("preset", "expected"), [(None, "spawn"), ("fork", "fork")])
-def test_serve_spawns_the_engine_core_as_vllms_server_does_unless_told(
-    monkeypatch: pytest.MonkeyPatch, preset: str | None, expected: str
-) -> None:
-    # On CPU vLLM always spawns, so the served pod cannot show this: the entry is called with
-    # uvicorn's run replaced, which is where the process would start serving.
-    import uvicorn
-
-    from worker import cli
-
-    if preset is None:
-        monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
-    else:
-        monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", preset)
-    seen: list[str | None] = []
-    monkeypatch.setattr(
-        uvicorn, "run", lambda *args, **kwargs: seen.append(os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
-    )
-    assert cli.main(["serve", "--port", str(free_port())]) == 0
-    assert seen == [expected]

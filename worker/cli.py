@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from worker.config import load_settings
@@ -49,13 +48,6 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("LISTENING ON %s WITHOUT AN API KEY: anyone who can reach this port can use the GPU", settings.host)
         log.warning("set API_KEY to require 'Authorization: Bearer <key>'")
         log.warning("=" * 72)
-    # Start vLLM's engine core as vLLM's own server does: its CLI sets `spawn` before anything else
-    # (`cli_env_setup`, not called here because importing it imports vLLM, ~10 s before /health
-    # could answer); the library default on a GPU, which the pod got before, is `fork`. On an H200
-    # the pod with a forked engine core answered the first token of one stream 13-22% later than
-    # vLLM's server in three runs, 1-6% later spawned in two (docs/benchmarks.md). A value set by
-    # the user wins.
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     holder = EngineHolder(settings_loader=lambda: settings, mode="pod")
     app = create_app(holder)
     uvicorn.run(

@@ -83,6 +83,17 @@ class Settings(BaseSettings):
     vllm_use_v2_model_runner: str | None = Field(
         None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"
     )
+    vllm_worker_multiproc_method: Literal["fork", "spawn"] | None = Field(
+        None,
+        description="vLLM's own variable: how its engine core starts; unset: spawn for pods (as vLLM's server "
+        "does), vLLM's default for serverless (fork on a GPU: a shorter boot)",
+    )
+    vllm_cache_root: str | None = Field(
+        None, description="vLLM's own variable (its compile cache): Triton's kernel cache goes beside it"
+    )
+    triton_cache_dir: str | None = Field(
+        None, description="Triton's kernel cache; unset: VLLM_CACHE_ROOT/triton_cache when that is set"
+    )
     warmup_request: bool = Field(
         True,
         description="short requests during boot (prompt, chat, the sampler's optional kernels), so that the "
