@@ -9,6 +9,8 @@
 ARG VLLM_VERSION=0.32.0
 FROM vllm/vllm-openai:v${VLLM_VERSION}
 
+# vLLM's compile cache on the network volume: only an endpoint's first worker compiles (the worker
+# keeps Triton's kernel cache beside it, TRITON_CACHE_DIR).
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

@@ -35,6 +35,8 @@
 #                     --platform manylinux_2_28_x86_64 fastsafetensors runai-model-streamer instanttensor
 #                     typer humanize shellingham py-spy) travel beside it and
 #                     `python3 scripts/unpack_wheels.py /tmp/extra <wheels>` unpacks them there (py-spy too)
+#   coldstart-fresh-home  real-size weights, V1: a boot that fills an empty cache root, then one with that cache
+#                     root and an empty HOME (a fresh container on a warm network volume: ~/.triton empty)
 #   coldstart-server-real  real-size weights, both on vLLM's default V2 runner: a handler boot that fills an
 #                     empty compile cache, then the handler and vLLM's own server each with that warm cache
 #   coldstart-jit     the two largest phases of a warm boot (docs/benchmarks.md): main-process imports
@@ -148,6 +150,11 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-lv1-fill --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-lv1-warm --parts coldstart_handler
       lever_boots cold-lv1 ;;
+    coldstart-fresh-home)
+      real_weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-fresh-$$
+      MODEL_NAME=$R LOAD_FORMAT=auto HOME=/tmp/home-fill-$$ run cold-fresh-fill --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto HOME=/tmp/home-new-$$ run cold-fresh-home --parts coldstart_handler ;;
     coldstart-server-real)
       real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-srv-$$
