@@ -41,6 +41,7 @@ class Plan:
     raw_input: str = "text"
     stats_off_baseline: bool = False
     aa_baseline: bool = False
+    smoke: bool = False
 
 
 def _machine() -> str:
@@ -110,12 +111,11 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         )
         write_report(results, out)
     if "stats_path" in plan.parts:
-        smoke = plan.max_tokens < 64  # --smoke: checks the part runs, not its figures
         results["stats_path"] = bench_stats_path(
             plan.concurrencies,
             k=settings.num_speculative_tokens or 4,
-            steps=80 if smoke else 800,
-            repeats=1 if smoke else 7,
+            steps=80 if plan.smoke else 800,  # --smoke checks the part runs, not its figures
+            repeats=1 if plan.smoke else 7,
         )
         write_report(results, out)
     if "roofline" in plan.parts:
@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             label=plan.label,
             stats_off_baseline=plan.stats_off_baseline,
             aa_baseline=plan.aa_baseline,
+            smoke=True,
         )
     unknown = set(plan.parts) - set(ALL_PARTS)
     if unknown:

@@ -400,8 +400,9 @@ def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> 
         "### Cost of the exact-stats path per engine step (CPU time, timed directly)",
         "",
         f"vLLM's types and serialiser, {stats['steps']} steps, minimum of {stats['repeats']} alternating runs, "
-        f"k={stats['k']}; stats on minus stats off. Without stop strings a request gets a snapshot every "
-        "8 steps; with them, every step.",
+        f"k={stats['k']}; stats on minus stats off. Without stop strings a request gets a snapshot "
+        + (f"every {stats['snapshot_every_steps']} steps" if stats.get("snapshot_every_steps") else "periodically")
+        + "; with them, every step.",
         "",
         "| batch | vLLM's per-request tracking µs | worker's hook µs | snapshots' transport µs | total µs "
         "| share of a step | total with stop strings µs | share of a step |",

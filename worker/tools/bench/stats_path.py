@@ -111,10 +111,12 @@ def bench_stats_path(
     batch_sizes: list[int], *, k: int = 4, steps: int = 800, stop_fraction: float = 0.0, repeats: int = 5
 ) -> dict[str, Any]:
     """Per batch size, what the stats path adds to an engine step (µs), with and without stop strings."""
+    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
+
     rows = []
     for size in batch_sizes:
         row: dict[str, Any] = {"batch": size}
         for label, fraction in (("no_stop", stop_fraction), ("all_stop", 1.0)):
             row[label] = _time_steps(size, k=k, steps=steps, stop_fraction=fraction, repeats=repeats)
         rows.append(row)
-    return {"k": k, "steps": steps, "repeats": repeats, "rows": rows}
+    return {"k": k, "steps": steps, "repeats": repeats, "snapshot_every_steps": SNAPSHOT_EVERY_STEPS, "rows": rows}
