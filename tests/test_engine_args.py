@@ -156,3 +156,30 @@ def test_engine_environment_keeps_tritons_cache_beside_vllms_compile_cache() -> 
     assert triton(VLLM_CACHE_ROOT="/runpod-volume/vllm-cache") == "/runpod-volume/vllm-cache/triton_cache"
     assert triton(VLLM_CACHE_ROOT="/v", TRITON_CACHE_DIR="/elsewhere") == "/elsewhere"
     assert triton() is None  # neither set: Triton's default, beside vLLM's default cache
+
+
+def test_a_pod_takes_vllms_server_defaults_and_serverless_the_librarys(
+    tiny_models: TinyModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM's defaults by usage context as it sets them on an H100 / H200 (on CPU the two
+    # contexts happen to agree, so they are what vLLM returns there, put in place here).
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    from tests.helpers import CACHE_DIR
+    from worker.engine import Engine
+
+    h200 = (
+        {UsageContext.LLM_CLASS: 16384, UsageContext.OPENAI_API_SERVER: 8192},
+        {UsageContext.LLM_CLASS: 1024, UsageContext.OPENAI_API_SERVER: 1024},
+    )
+    monkeypatch.setattr(EngineArgs, "get_batch_defaults", classmethod(lambda cls, world_size: h200))
+
+    def scheduler(mode: DeploymentMode, **env: str) -> tuple[int, int]:
+        settings = load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR), **env})
+        config = Engine.build_config(settings, mode=mode).scheduler_config
+        return config.max_num_batched_tokens, config.max_num_seqs
+
+    assert scheduler("pod") == (8192, 1024)  # what `vllm serve` would run
+    assert scheduler("serverless") == (2048, 128)  # MAX_CONCURRENCY follows max_num_seqs
+    assert scheduler("pod", MAX_NUM_SEQS="16", MAX_NUM_BATCHED_TOKENS="4096") == (4096, 16)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -28,16 +29,18 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
+from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.usage.usage_lib import UsageContext
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from worker.config import Settings
+from worker.config import DeploymentMode, Settings
 from worker.draft_check import check_draft_compatible
 from worker.engine_args import build_engine_kwargs
 from worker.errors import ContextLengthExceeded, EngineBootError, EngineDead, InvalidRequest, WorkerError
@@ -142,17 +145,30 @@ class Engine:
         return AsyncEngineArgs(**kwargs)
 
     @classmethod
-    def create(cls, settings: Settings) -> Engine:
+    def build_config(cls, settings: Settings, *, mode: DeploymentMode = "serverless") -> VllmConfig:
+        """vLLM's config for ``settings``, with the stats scheduler where it applies.
+
+        What the settings leave unset takes vLLM's defaults for the deployment: a pod, vLLM's own
+        server's (``vllm serve``: on an H100 / H200, ``max_num_batched_tokens`` 8192 and
+        ``max_num_seqs`` 1024), so that a pod is configured as the server it is measured
+        against; serverless, vLLM's library defaults (2048 and 128), since ``MAX_CONCURRENCY``,
+        the jobs a worker takes at once, follows ``max_num_seqs``.
+        """
+        context = UsageContext.OPENAI_API_SERVER if mode == "pod" else UsageContext.ENGINE_CONTEXT
+        vllm_config = cls.build_args(settings).create_engine_config(usage_context=context)
+        if vllm_config.speculative_config is not None and settings.per_request_spec_decode_metrics != "none":
+            sched = vllm_config.scheduler_config
+            if sched.scheduler_cls is None:
+                # vLLM turns async scheduling off for n-gram drafts and keeps it for draft models.
+                sched.scheduler_cls = SpecMetricsAsyncScheduler if sched.async_scheduling else SpecMetricsScheduler
+        return vllm_config
+
+    @classmethod
+    def create(cls, settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
         """Build and start the engine (blocking; call it off the event loop). The process
         environment vLLM reads (``engine_args.engine_environment``) is set by the caller."""
-        engine_args = cls.build_args(settings)
         try:
-            vllm_config = engine_args.create_engine_config()
-            if vllm_config.speculative_config is not None and settings.per_request_spec_decode_metrics != "none":
-                sched = vllm_config.scheduler_config
-                if sched.scheduler_cls is None:
-                    # vLLM turns async scheduling off for n-gram drafts and keeps it for draft models.
-                    sched.scheduler_cls = SpecMetricsAsyncScheduler if sched.async_scheduling else SpecMetricsScheduler
+            vllm_config = cls.build_config(settings, mode=mode)
             llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False)
         except WorkerError:
             raise
@@ -163,8 +179,8 @@ class Engine:
         return cls(llm, settings=settings, model_label=settings.target_ref)
 
     @classmethod
-    async def boot(cls, settings: Settings) -> Engine:
-        engine = await asyncio.to_thread(cls.create, settings)
+    async def boot(cls, settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
+        engine = await asyncio.to_thread(functools.partial(cls.create, settings, mode=mode))
         if settings.warmup_request:
             await engine.warm_up()
         # What vLLM's own server does once it has started: move everything allocated so far

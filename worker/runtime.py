@@ -45,7 +45,7 @@ async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    return await Engine.boot(settings)
+    return await Engine.boot(settings, mode=mode)
 
 
 class EngineProtocol(Protocol):
