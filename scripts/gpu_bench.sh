@@ -17,7 +17,7 @@
 #   fp8-si8           fp8 again with STREAM_INTERVAL=8 (an engine output per 8 tokens) for both paths
 #   quant             AWQ with the Marlin kernel, then Machete, at concurrency 1 and 256 (1 run each)
 #   pod               pod server vs vLLM's OpenAI server booted side by side, concurrency
-#                     $POD_CONCURRENCY (default 1,8,64,256), 3 alternating runs
+#                     $POD_CONCURRENCY (default 1,8,64,256), $POD_REPEATS (default 3) alternating runs
 #   pod-spawn         the pod stage with VLLM_WORKER_MULTIPROC_METHOD=spawn given to both servers: what measured
 #                     the pod's switch from vLLM's library default (fork) to spawn, now the pod's own default
 #   pod-profile       the pod stage at 1 and 64 streams, 2 runs, with a py-spy profile of each server's API
@@ -122,7 +122,7 @@ for stage in "$@"; do
     pod-profile)
       POD_BENCH_PY_SPY=${PY_SPY:?PY_SPY must name a py-spy binary} run pod-profile --parts pod --concurrency 1,64 \
         --repeats 2 ;;
-    pod) run pod --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" --repeats 3 ;;
+    pod) run pod --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" --repeats "${POD_REPEATS:-3}" ;;
     coldstart)
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-$$
       run cold-fresh-cache --parts coldstart_handler
