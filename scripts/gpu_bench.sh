@@ -37,6 +37,12 @@
 #                     `python3 scripts/unpack_wheels.py /tmp/extra <wheels>` unpacks them there (py-spy too)
 #   coldstart-fresh-home  real-size weights, V1: a boot that fills an empty cache root, then one with that cache
 #                     root and an empty HOME (a fresh container on a warm network volume: ~/.triton empty)
+#   coldstart-container  dummy weights, V1: a boot that fills an empty cache root, then one with that root and an
+#                     empty HOME and TMPDIR (a fresh container on a warm network volume), then one with every cache
+#                     warm; made the cold-container-* files (the same three boots, run by hand)
+#   coldstart-triton-ab  real-size weights, V1: a boot that fills an empty cache root, then four boots with that
+#                     root, each with an empty HOME, alternating the worker's TRITON_CACHE_DIR default and the old
+#                     behaviour (Triton's cache in HOME); made the cold-ab* files (one cache root, same loop)
 #   coldstart-server-real  real-size weights, both on vLLM's default V2 runner: a handler boot that fills an
 #                     empty compile cache, then the handler and vLLM's own server each with that warm cache
 #   coldstart-jit     the two largest phases of a warm boot (docs/benchmarks.md): main-process imports
@@ -155,6 +161,33 @@ for stage in "$@"; do
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-fresh-$$
       MODEL_NAME=$R LOAD_FORMAT=auto HOME=/tmp/home-fill-$$ run cold-fresh-fill --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto HOME=/tmp/home-new-$$ run cold-fresh-home --parts coldstart_handler ;;
+    coldstart-container)
+      # A fresh container on a warm cache root: after a boot that fills an empty one, a boot with an
+      # empty HOME and an empty TMPDIR (inductor's default cache is under the temp folder), then one
+      # with the fill's HOME and TMPDIR (every cache warm). Dummy weights: caches, not bytes.
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-ctr-$$
+      for l in fill fresh warm; do
+        h=/tmp/ctr-$l-$$
+        [ $l = warm ] && h=/tmp/ctr-fill-$$
+        mkdir -p $h/home $h/tmp
+        HOME=$h/home TMPDIR=$h/tmp run cold-container-$l --parts coldstart_handler
+      done ;;
+    coldstart-triton-ab)
+      # What the TRITON_CACHE_DIR default changed, on one cache root: after a boot that fills it,
+      # boots in fresh containers (each its own empty HOME) alternate between the worker's default
+      # (Triton's cache beside the compile cache) and the old behaviour (Triton's cache in HOME).
+      real_weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-tab-$$
+      MODEL_NAME=$R LOAD_FORMAT=auto HOME=/tmp/home-tab-fill-$$ run cold-tab-fill --parts coldstart_handler
+      for i in 1 2 3 4; do
+        h=/tmp/home-tab-$i-$$
+        if [ $((i % 2)) = 1 ]; then
+          MODEL_NAME=$R LOAD_FORMAT=auto HOME=$h run cold-tab-$i-new --parts coldstart_handler
+        else
+          MODEL_NAME=$R LOAD_FORMAT=auto HOME=$h TRITON_CACHE_DIR=$h/.triton/cache run cold-tab-$i-old \
+            --parts coldstart_handler
+        fi
+      done ;;
     coldstart-server-real)
       real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-srv-$$
