@@ -97,6 +97,39 @@ def test_pod_table_takes_the_runs_both_servers_finished() -> None:
     assert row["pod"]["throughput_tok_s"] == 100.0 and row["throughput_ratio"] == 1.0
 
 
+def test_pooled_pod_runs_take_each_levels_runs_from_every_file(tmp_path: Path) -> None:
+    """Pod runs files pooled (``--render --pool``): a level's medians come from every run that
+    measured it, in files that cover different levels, and a run only one server finished is left out."""
+
+    def point(concurrency: int, tok_s: float, ttft: float) -> dict[str, float]:
+        return {
+            "concurrency": concurrency,
+            "requests": 8,
+            "tokens": 2048,
+            "throughput_tok_s": tok_s,
+            "ttft_p50_ms": ttft,
+            "ttft_p99_ms": ttft,
+            "itl_mean_ms": 5.0,
+        }
+
+    both = {  # levels 1 and 256, the pod's third run cut short before vLLM's server ran it
+        "pod": [[point(1, 100.0, 10.0), point(256, 1000.0, 300.0)]] * 2 + [[point(1, 1.0, 99.0)]],
+        "vllm_server": [[point(1, 100.0, 10.0), point(256, 1000.0, 200.0)]] * 2,
+    }
+    only_256 = {"pod": [[point(256, 2000.0, 100.0)]], "vllm_server": [[point(256, 1000.0, 200.0)]]}
+    files = []
+    for name, runs in (("a-runs.json", both), ("b-runs.json", only_256)):
+        (tmp_path / name).write_text(json.dumps(runs))
+        files.append(tmp_path / name)
+    text = render_saved(files, pool=True)
+    assert text.count("####") == 1 and "median of 2-3 runs per server" in text
+    lines = [line.split(" | ") for line in text.splitlines() if line[:3] in ("| 1", "| 2")]
+    rows = {cells[0].lstrip("| "): cells for cells in lines}
+    assert rows["1"][1:4] == ["100.0", "100.0", "1.000"]  # the cut-short run is not in it
+    assert rows["256"][1:5] == ["1,000.0", "1,000.0", "1.000", "300.0 / 200.0"]  # medians of 1000, 1000, 2000
+    assert "median of 2 runs per server" in render_saved(files[:1])  # unpooled, one file as before
+
+
 def test_render_saved_gpu_results(tmp_path: Path) -> None:
     """Saved results render to tables whose cells are the JSON's own figures (read here, not copied)."""
     results = ROOT / "docs" / "gpu-results"

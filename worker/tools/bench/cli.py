@@ -198,9 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="print Markdown for saved bench.json files and boot logs, and exit",
     )
+    parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="with --render: pool the pod runs files given (pod-runs.json) into one table, each server's "
+        "medians over all their runs",
+    )
     args = parser.parse_args(argv)
     if args.render:
-        print(render_saved(args.render))
+        print(render_saved(args.render, pool=args.pool))
         return 0
     if args.make_llama8b:
         make_shape_model(args.make_llama8b, awq=args.awq, shape=args.shape)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.tools.bench.coldstart import PHASE_MARKERS, boot_phases, parse_boot_log
-from worker.tools.bench.servers import pod_table
+from worker.tools.bench.servers import pod_table, pool_pod_runs
 
 
 def boot_columns(found: dict[str, float]) -> str:
@@ -48,10 +48,18 @@ def _boot_runs(results: dict[str, Any], label: str) -> dict[str, dict[str, float
     return runs
 
 
-def render_saved(paths: list[Path]) -> str:
+def render_saved(paths: list[Path], *, pool: bool = False) -> str:
     """Markdown from saved results: bench JSON files (one section each, then a quantization
-    summary) and boot logs (a cold-start breakdown row each)."""
+    summary) and boot logs (a cold-start breakdown row each). With ``pool``, the pod runs files
+    among them (``pod-runs.json``) make one section: each server's medians over all their runs."""
     sections: list[str] = []
+    if pool:
+        pooled = [p for p in paths if p.suffix == ".json" and _is_pod_runs(json.loads(p.read_text()))]
+        if pooled:
+            paths = [p for p in paths if p not in pooled]
+            runs = pool_pod_runs([json.loads(p.read_text()) for p in pooled])
+            names = ", ".join(f"`{p.name}`" for p in pooled)
+            sections.append(f"#### pooled: {names}\n\n" + render_markdown(_pod_results(runs)))
     quant_rows = []
     log_rows = []
     boots: dict[str, dict[str, float]] = {}
@@ -69,19 +77,8 @@ def render_saved(paths: list[Path]) -> str:
             )
             continue
         results = json.loads(path.read_text())
-        if set(results) == {"pod", "vllm_server"}:  # pod-runs.json: the runs of a pod bench, perhaps cut short
-            runs = min(len(results["pod"]), len(results["vllm_server"]))
-            first = results["pod"][0][0]
-            results = {
-                "command": "scripts/gpu_bench.sh pod (its runs file, pod-runs.json)",
-                "machine": "not recorded in a runs file",
-                "pod": {
-                    "num_requests": "auto",
-                    "max_tokens": first["tokens"] // max(first["requests"], 1),
-                    "repeats": runs,
-                    "rows": pod_table(results),
-                },
-            }
+        if _is_pod_runs(results):  # pod-runs.json: the runs of a pod bench, perhaps cut short
+            results = _pod_results(results)
         sections.append(f"#### {results.get('label') or path.stem} (`{path.name}`)\n\n" + render_markdown(results))
         boots.update(_boot_runs(results, path.stem))
         overhead, roofline = results.get("overhead"), results.get("roofline")
@@ -121,6 +118,28 @@ def render_saved(paths: list[Path]) -> str:
             "",
         ]
     return "\n".join(out + sections)
+
+
+def _is_pod_runs(results: Any) -> bool:
+    return isinstance(results, dict) and set(results) == {"pod", "vllm_server"}
+
+
+def _pod_results(runs: dict[str, Any]) -> dict[str, Any]:
+    """A pod section's results from runs alone (a runs file records no machine or command)."""
+    first = runs["pod"][0][0]
+    rows = pod_table(runs)
+    counts = sorted({row["runs"] for row in rows})
+    return {
+        "command": "scripts/gpu_bench.sh pod (its runs file, pod-runs.json)",
+        "machine": "not recorded in a runs file",
+        "pod": {
+            "num_requests": "auto",
+            "max_tokens": first["tokens"] // max(first["requests"], 1),
+            # Pooled files may cover different concurrencies: a row's median is over its own runs.
+            "repeats": counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}",
+            "rows": rows,
+        },
+    }
 
 
 # ------------------------------------------------------------------------------ report

@@ -197,24 +197,37 @@ async def drive_http(
 def pod_table(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """Per concurrency: each server's medians over its runs, and the pod / vLLM ratios. ``runs``:
     server name -> one list of rows per run (as ``pod-runs.json`` keeps them, also of a bench
-    cut short)."""
+    cut short; or several such files pooled by :func:`pool_pod_runs`, whose runs may cover
+    different concurrencies)."""
     table = []
-    pod_runs, server_runs = runs["pod"], runs["vllm_server"]
-    num_runs = min(len(pod_runs), len(server_runs))
-    for i, first in enumerate(pod_runs[0] if num_runs else []):
-        row: dict[str, Any] = {"concurrency": first["concurrency"]}
-        for name, reps in (("pod", pod_runs[:num_runs]), ("vllm_server", server_runs[:num_runs])):
-            row[name] = {
-                key: median([r[i][key] for r in reps if i < len(r)])
-                for key in reps[0][i]
-                if key not in ("concurrency", "cpu_s")
-            }
+    num_runs = min(len(runs["pod"]), len(runs["vllm_server"]))
+    servers = {name: runs[name][:num_runs] for name in ("pod", "vllm_server")}
+    concurrencies = dict.fromkeys(row["concurrency"] for run in servers["pod"] for row in run)
+    for concurrency in concurrencies:
+        points = {
+            name: [r for run in reps for r in run if r["concurrency"] == concurrency] for name, reps in servers.items()
+        }
+        if not all(points.values()):  # a run cut short after the pod's turn at this level
+            continue
+        row: dict[str, Any] = {"concurrency": concurrency, "runs": len(points["pod"])}
+        for name, rows in points.items():
+            row[name] = {key: median([r[key] for r in rows]) for key in rows[0] if key not in ("concurrency", "cpu_s")}
         row["throughput_ratio"] = ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
         row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
         row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
         row["itl_mean_ratio"] = ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])
         table.append(row)
     return table
+
+
+def pool_pod_runs(files: list[dict[str, list[list[dict[str, Any]]]]]) -> dict[str, list[list[dict[str, Any]]]]:
+    """Several ``pod-runs.json`` files as one: each file's runs that both servers finished, together."""
+    pooled: dict[str, list[list[dict[str, Any]]]] = {"pod": [], "vllm_server": []}
+    for runs in files:
+        num_runs = min(len(runs["pod"]), len(runs["vllm_server"]))
+        for name in pooled:
+            pooled[name] += runs[name][:num_runs]
+    return pooled
 
 
 def bench_pod(
