@@ -236,15 +236,19 @@ def test_spec_part_shows_the_watchdog_firing_for_a_draft_that_accepts_nothing(
     settings): the unrelated tiny draft (acceptance ~0) trips it, the target as its own draft does not."""
     out = tmp_path / "spec"
     command = [sys.executable, "-m", "worker", "bench", "--parts", "spec", "--drafts", "tiny:target,tiny:unrelated"]
-    command += ["--ks", "2", "--spec-requests", "4", "--max-tokens", "24", "--out", str(out)]
+    command += ["--ks", "2", "--spec-requests", "4", "--spec-rounds", "2", "--max-tokens", "24", "--out", str(out)]
     proc = subprocess.run(command, cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {r["draft"]: r for r in json.loads((out / "bench.json").read_text())["spec"]["rows"]}
+    spec = json.loads((out / "bench.json").read_text())["spec"]
+    rows = {r["draft"]: r for r in spec["rows"]}
     assert rows["tiny:target"]["mean_acceptance_length"] > 2.5 and rows["tiny:target"]["watchdog_low"] is False
     assert rows["tiny:unrelated"]["mean_acceptance_length"] < 1.5 and rows["tiny:unrelated"]["watchdog_low"] is True
-    for row in rows.values():
+    for row in [spec["baseline"], *rows.values()]:  # two rounds of the four requests, the median of their speeds
+        assert len(row["round_tok_s"]) == 2 and row["decode_tok_s"] == pytest.approx(sum(row["round_tok_s"]) / 2)
         assert row["ms_per_token"] == pytest.approx(1000 / row["decode_tok_s"])
-    assert "**fired**" in (out / "bench.md").read_text()
+    assert rows["tiny:target"]["watchdog_requests"] == 2 * 4 + 1
+    report = (out / "bench.md").read_text()
+    assert "**fired**" in report and "median of 2 rounds" in report
 
 
 @pytest.mark.parametrize("shape", ["llama-3-8b", "llama-3.2-1b", "llama-3-70b"])

@@ -38,6 +38,7 @@ class Plan:
     drafts: list[str] = field(default_factory=lambda: ["tiny:target", "tiny:noisy", "tiny:unrelated", "ngram"])
     ks: list[int] = field(default_factory=lambda: [2, 4, 8])
     spec_requests: int = 4
+    spec_rounds: int = 1
     raw_input: str = "text"
     stats_off_baseline: bool = False
     aa_baseline: bool = False
@@ -107,7 +108,12 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         write_report(results, out)
     if "spec" in plan.parts:
         results["spec"] = bench_spec(
-            env, drafts=plan.drafts, ks=plan.ks, num_requests=plan.spec_requests, max_tokens=plan.max_tokens
+            env,
+            drafts=plan.drafts,
+            ks=plan.ks,
+            num_requests=plan.spec_requests,
+            max_tokens=plan.max_tokens,
+            rounds=plan.spec_rounds,
         )
         write_report(results, out)
     if "stats_path" in plan.parts:
@@ -163,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drafts", default="tiny:target,tiny:noisy,tiny:unrelated,ngram")
     parser.add_argument("--ks", default="2,4,8")
     parser.add_argument("--spec-requests", type=int, default=4)
+    parser.add_argument(
+        "--spec-rounds",
+        type=int,
+        default=1,
+        help="spec part: rounds of the requests per point on its engine; decode speed is the rounds' median",
+    )
     parser.add_argument("--gpu", choices=sorted(GPUS), help="the GPU this runs on, for the roofline fraction")
     parser.add_argument("--label", default="", help="a name for this configuration, kept in the results")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the harness, not speed")
@@ -224,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         drafts=args.drafts.split(","),
         ks=[int(k) for k in args.ks.split(",")],
         spec_requests=args.spec_requests,
+        spec_rounds=args.spec_rounds,
         label=args.label,
         raw_input=args.raw_input,
         stats_off_baseline=args.stats_off_baseline,

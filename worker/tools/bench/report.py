@@ -301,7 +301,8 @@ def render_markdown(results: dict[str, Any]) -> str:
             "### Speculative decoding (single stream, temperature 0)",
             "",
             f"Baseline without speculation: {fmt(sp['baseline']['decode_tok_s'], 1)} decode tok/s; "
-            f"{sp['num_requests']} requests x {sp['max_tokens']} tokens per point.",
+            f"{sp['num_requests']} requests x {sp['max_tokens']} tokens per point"
+            + (f", median of {sp['rounds']} rounds." if sp.get("rounds", 1) > 1 else "."),
             "",
             "| draft | k | decode tok/s | ms per token | speedup | acceptance rate | mean acceptance length | "
             "accepted per step | pays off | acceptance watchdog |",

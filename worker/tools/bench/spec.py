@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from typing import Any
 
@@ -11,7 +12,10 @@ from worker.tools.bench.timing import PROMPT, ratio
 
 
 # ------------------------------------------------------------------------------ speculative
-async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int) -> dict[str, Any]:
+async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int, rounds: int = 1) -> dict[str, Any]:
+    """One engine: a warm-up request, then ``rounds`` rounds of the same requests one at a time.
+    Decode speed is the median of the rounds' (a round's: its tokens over its decode time); the
+    acceptance counts are over every round."""
     from worker.metrics import AcceptanceWatchdog
     from worker.runtime import boot_engine
     from worker.schema import parse_request
@@ -48,27 +52,33 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
         counters_before = engine_spec_counters()
         drafted = accepted = steps = tokens = 0
         decode_s = 0.0
-        for request in requests:
-            first = None
-            async for chunk in engine.generate(request):
-                if chunk.num_tokens and first is None:
-                    first = time.perf_counter()
-                if chunk.is_final:
-                    end = time.perf_counter()
-                    assert chunk.usage is not None
-                    tokens += chunk.usage.completion_tokens - 1
-                    decode_s += end - (first or end)
-                    if chunk.spec_decode is not None:
-                        drafted += chunk.spec_decode.num_draft_tokens
-                        accepted += chunk.spec_decode.num_accepted_draft_tokens
-                        steps += chunk.spec_decode.num_spec_steps
-                        watchdog.observe(
-                            num_steps=chunk.spec_decode.num_spec_steps,
-                            num_accepted=chunk.spec_decode.num_accepted_draft_tokens,
-                        )
+        round_tok_s: list[float] = []
+        for _ in range(rounds):
+            round_tokens, round_s = tokens, decode_s
+            for request in requests:
+                first = None
+                async for chunk in engine.generate(request):
+                    if chunk.num_tokens and first is None:
+                        first = time.perf_counter()
+                    if chunk.is_final:
+                        end = time.perf_counter()
+                        assert chunk.usage is not None
+                        tokens += chunk.usage.completion_tokens - 1
+                        decode_s += end - (first or end)
+                        if chunk.spec_decode is not None:
+                            drafted += chunk.spec_decode.num_draft_tokens
+                            accepted += chunk.spec_decode.num_accepted_draft_tokens
+                            steps += chunk.spec_decode.num_spec_steps
+                            watchdog.observe(
+                                num_steps=chunk.spec_decode.num_spec_steps,
+                                num_accepted=chunk.spec_decode.num_accepted_draft_tokens,
+                            )
+            if decode_s > round_s:
+                round_tok_s.append((tokens - round_tokens) / (decode_s - round_s))
         counted = await spec_counters_since(counters_before)
         return {
-            "decode_tok_s": tokens / decode_s if decode_s else None,
+            "decode_tok_s": statistics.median(round_tok_s) if round_tok_s else None,
+            "round_tok_s": round_tok_s,
             "engine_counters": counted,
             "num_draft_tokens": drafted,
             "num_accepted_draft_tokens": accepted,
@@ -76,9 +86,9 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int)
             "draft_acceptance_rate": accepted / drafted if drafted else None,
             "mean_acceptance_length": 1 + accepted / steps if steps else None,
             "accepted_per_step": accepted / steps if steps else None,
-            "ms_per_token": 1000 * decode_s / tokens if tokens else None,
+            "ms_per_token": 1000 / statistics.median(round_tok_s) if round_tok_s else None,
             "watchdog_low": watchdog.is_low if is_speculating else None,
-            "watchdog_requests": len(requests) + 1 if is_speculating else None,
+            "watchdog_requests": rounds * len(requests) + 1 if is_speculating else None,
         }
     finally:
         engine.shutdown()
@@ -111,10 +121,11 @@ def engine_spec_counters() -> dict[str, float]:
 
 
 def bench_spec(
-    env: dict[str, str], *, drafts: list[str], ks: list[int], num_requests: int, max_tokens: int
+    env: dict[str, str], *, drafts: list[str], ks: list[int], num_requests: int, max_tokens: int, rounds: int = 1
 ) -> dict[str, Any]:
     base_env = {**env, "SPECULATIVE_METHOD": "none"}
-    baseline = asyncio.run(_spec_point(load_settings(base_env), num_requests=num_requests, max_tokens=max_tokens))
+    point_args = {"num_requests": num_requests, "max_tokens": max_tokens, "rounds": rounds}
+    baseline = asyncio.run(_spec_point(load_settings(base_env), **point_args))
     print(f"spec baseline: {baseline['decode_tok_s']:.1f} tok/s", flush=True)
     rows = []
     for draft in drafts:
@@ -125,7 +136,7 @@ def bench_spec(
                 point_env["SPECULATIVE_METHOD"] = "ngram"
             else:
                 point_env["SPECULATIVE_MODEL"] = draft
-            point = asyncio.run(_spec_point(load_settings(point_env), num_requests=num_requests, max_tokens=max_tokens))
+            point = asyncio.run(_spec_point(load_settings(point_env), **point_args))
             point.update(draft=draft, k=k, speedup=ratio(point["decode_tok_s"], baseline["decode_tok_s"]))
             point["pays_off"] = bool(point["speedup"] and point["speedup"] > 1.0)
             rows.append(point)
@@ -134,4 +145,4 @@ def bench_spec(
                 f"{point['mean_acceptance_length'] or 0:.2f}",
                 flush=True,
             )
-    return {"num_requests": num_requests, "max_tokens": max_tokens, "baseline": baseline, "rows": rows}
+    return {**point_args, "baseline": baseline, "rows": rows}
