@@ -54,10 +54,11 @@ def render_saved(paths: list[Path], *, pool: bool = False) -> str:
     among them (``pod-runs.json``) make one section: each server's medians over all their runs."""
     sections: list[str] = []
     if pool:
-        pooled = [p for p in paths if p.suffix == ".json" and _is_pod_runs(json.loads(p.read_text()))]
+        json_files = {p: json.loads(p.read_text()) for p in paths if p.suffix == ".json"}
+        pooled = {p: runs for p, runs in json_files.items() if _is_pod_runs(runs)}
         if pooled:
             paths = [p for p in paths if p not in pooled]
-            runs = pool_pod_runs([json.loads(p.read_text()) for p in pooled])
+            runs = pool_pod_runs(list(pooled.values()))
             names = ", ".join(f"`{p.name}`" for p in pooled)
             sections.append(f"#### pooled: {names}\n\n" + render_markdown(_pod_results(runs)))
     quant_rows = []
