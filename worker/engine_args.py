@@ -83,8 +83,9 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str,
         "VLLM_USE_V2_MODEL_RUNNER": _model_runner_flag(settings, mode=mode),
         # vLLM's own server starts its engine core with spawn (its CLI sets this); the library
         # default on a GPU is fork. On an H200 the pod with a forked engine core answered the
-        # first token of one stream 13-22% later than vLLM's server in three runs, 1-6% later
-        # spawned in two (docs/benchmarks.md). Serverless keeps fork: no re-import, a shorter boot.
+        # first token of one stream later than vLLM's server in all 8 paired runs (+0.6 to
+        # +4.9 ms); spawned, the pairs split both ways, median +0.3 ms over 14 (docs/benchmarks.md).
+        # Serverless keeps fork: no re-import, a shorter boot.
         "VLLM_WORKER_MULTIPROC_METHOD": settings.vllm_worker_multiproc_method or ("spawn" if mode == "pod" else None),
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
     }
@@ -95,9 +96,10 @@ def _triton_cache_dir(settings: Settings) -> str | None:
 
     vLLM points Triton at a folder of its compile cache only while it compiles; a boot that loads
     the compiled graphs from that cache leaves Triton at its default, ``~/.triton/cache``, which a
-    fresh container does not have. On an H200 (V1 runner, 8B) such a boot ran the kernel JIT
-    warm-up again, 29.8 s, where a boot that found ``~/.triton`` filled spent 0.4 s
-    (docs/benchmarks.md). Naming the folder makes both kinds of boot share one cache.
+    fresh container does not have. On an H200 (V1 runner, 8B, one warm cache root) fresh
+    containers booted in 26.6-28.6 s with this folder and in 43.5-54.5 s without it, re-running
+    V1's kernel JIT warm-up (docs/benchmarks.md). Naming the folder makes both kinds of boot
+    share one cache.
     """
     if settings.triton_cache_dir is not None:
         return settings.triton_cache_dir
