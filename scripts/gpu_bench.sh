@@ -15,7 +15,8 @@
 #   overhead-ids      the same at 64 and 256, AsyncLLM given token ids made once (tokenization charged to the handler)
 #   fp8               the same for fp8 at concurrency 1, 64 and 256 (3 alternating runs)
 #   fp8-si8           fp8 again with STREAM_INTERVAL=8 (an engine output per 8 tokens) for both paths
-#   quant             AWQ with the Marlin kernel, then Machete, at concurrency 1 and 256 ($QUANT_REPEATS runs, default 3)
+#   quant             AWQ with the Marlin kernel, then Machete, at concurrency 1 and 256 ($QUANT_REPEATS runs, default 3);
+#                     each kernel alone: quant-marlin, quant-machete
 #   pod               pod server vs vLLM's OpenAI server booted side by side, concurrency
 #                     $POD_CONCURRENCY (default 1,8,64,256), $POD_REPEATS (default 3) alternating runs
 #   pod-spawn         the pod stage with VLLM_WORKER_MULTIPROC_METHOD=spawn given to both servers: what measured
@@ -61,7 +62,8 @@
 #                     the same for the first request using the sampler's features (penalties, top-k/p, min-p, seed)
 #   ngram             n-gram speculation (k=4) vs none, single stream
 #   spec              n-gram at k=2/4/8, the target as its own draft and a 1B-shaped draft at k=4, single stream,
-#                     with the acceptance watchdog's verdict per point (4 requests, $SPEC_ROUNDS rounds of them, default 3)
+#                     with the acceptance watchdog's verdict per point (4 requests, $SPEC_ROUNDS rounds of them, default 3);
+#                     its two halves run alone as spec-ngram and spec-draft
 #   stats-ngram       n-gram k=4 (vLLM's sync scheduler): handler vs AsyncLLM, and the exact-stats path
 #                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
 #   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler), 64 tokens
@@ -120,11 +122,10 @@ for stage in "$@"; do
     overhead-ids) run bf16-ids --parts overhead --concurrency 64,256 --repeats 3 --raw-input ids ;;
     fp8) QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,64,256 --repeats 3 ;;
     fp8-si8) QUANTIZATION=fp8 STREAM_INTERVAL=8 run fp8-si8 --parts overhead --concurrency 1,64,256 --repeats 3 ;;
-    quant)
-      MODEL_NAME=$M-awq AWQ_KERNEL=marlin run awq-marlin --parts overhead,roofline --concurrency 1,256 \
-        --repeats "${QUANT_REPEATS:-3}"
-      MODEL_NAME=$M-awq AWQ_KERNEL=machete run awq-machete --parts overhead,roofline --concurrency 1,256 \
-        --repeats "${QUANT_REPEATS:-3}" ;;
+    quant) bash scripts/gpu_bench.sh quant-marlin quant-machete ;;
+    quant-marlin | quant-machete)
+      MODEL_NAME=$M-awq AWQ_KERNEL=${stage#quant-} run "awq-${stage#quant-}" --parts overhead,roofline \
+        --concurrency 1,256 --repeats "${QUANT_REPEATS:-3}" ;;
     pod-spawn) VLLM_WORKER_MULTIPROC_METHOD=spawn run pod-spawn --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" \
       --repeats 3 ;;
     pod-profile)
@@ -213,9 +214,9 @@ for stage in "$@"; do
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-v1-$$
       MODEL_RUNNER=v1 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-fill --parts coldstart_handler
       MODEL_RUNNER=v1 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-warm --parts coldstart_handler ;;
-    spec)
-      run spec-ngram --parts spec --drafts ngram --ks 2,4,8 --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}"
-      run spec-draft --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
+    spec) bash scripts/gpu_bench.sh spec-ngram spec-draft ;;
+    spec-ngram) run spec-ngram --parts spec --drafts ngram --ks 2,4,8 --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
+    spec-draft) run spec-draft --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
     runner-decode)
       MODEL_RUNNER=v2 run bf16-v2 --parts overhead --concurrency 1,64,256 --repeats 3
       MODEL_RUNNER=v1 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 3 ;;
