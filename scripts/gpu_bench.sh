@@ -55,6 +55,9 @@
 #                     ~33 s of every compiled boot warming kernels: boot with warm caches, draft-model
 #                     speculation (self-draft and 1B, k=4), and decode without speculation at 1, 64, 256;
 #                     its two halves run alone as runner-v1-spec and runner-v1-boot
+#   runner-ngram      n-gram speculation on the V2 model runner (spec-ngram's table, $SPEC_KS default 2,4,8:
+#                     runner-ngram-spec), then n-gram k=4 handler vs AsyncLLM at 1, 64, 256 on V1 and on V2
+#                     (runner-ngram-v1, runner-ngram-v2; $NGRAM_REPEATS runs, default 1)
 #   runner-decode     decode without speculation on the V2 runner, then on V1 (3 runs each at 1, 64, 256): the
 #                     trade behind MODEL_RUNNER=auto (V1 for serverless, V2 for pods)
 #   eager-decode      decode speed in eager mode (no CUDA graphs, no compile) at 1 and 64, 1 run
@@ -217,6 +220,12 @@ for stage in "$@"; do
     spec) bash scripts/gpu_bench.sh spec-ngram spec-draft ;;
     spec-ngram) run spec-ngram --parts spec --drafts ngram --ks 2,4,8 --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
     spec-draft) run spec-draft --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
+    runner-ngram) bash scripts/gpu_bench.sh runner-ngram-spec runner-ngram-v1 runner-ngram-v2 ;;
+    runner-ngram-spec) MODEL_RUNNER=v2 run spec-ngram-v2 --parts spec --drafts ngram --ks "${SPEC_KS:-2,4,8}" \
+      --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
+    runner-ngram-v1 | runner-ngram-v2)
+      SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 MODEL_RUNNER=${stage#runner-ngram-} \
+        run "ngram4-${stage#runner-ngram-}" --parts overhead --concurrency 1,64,256 --repeats "${NGRAM_REPEATS:-1}" ;;
     runner-decode)
       MODEL_RUNNER=v2 run bf16-v2 --parts overhead --concurrency 1,64,256 --repeats 3
       MODEL_RUNNER=v1 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 3 ;;
