@@ -117,6 +117,10 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode) -> str | Non
     -2.1% at 1 / 64 / 256 streams (3 runs), the handler path -6.7% at 256. With a draft model V1 decoded
     1.8x-2.3x faster (V2 runs the draft without CUDA graphs). Serverless pays every boot and
     serves small batches: V1. Pods boot once and run large batches: V2, unless a draft model.
+    n-gram stays on V2 in pods: on output that loops, V2's GPU proposer (drafting from the latest
+    earlier match) drafted only the loop's period and decoded 1.4-1.6x slower than V1 (drafting from
+    the earliest), but where a span occurs once earlier both draft the same and V2's step was ~7%
+    cheaper at 256 streams; ``MODEL_RUNNER=v1`` is the setting for looping output.
     """
     if settings.model_runner != "auto":
         return "1" if settings.model_runner == "v2" else "0"
