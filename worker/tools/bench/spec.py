@@ -50,11 +50,10 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int,
                 num_accepted=warm_up[-1].spec_decode.num_accepted_draft_tokens,
             )
         counters_before = engine_spec_counters()
-        drafted = accepted = steps = tokens = 0
-        decode_s = 0.0
+        drafted = accepted = steps = 0
         round_tok_s: list[float] = []
         for _ in range(rounds):
-            round_tokens, round_s = tokens, decode_s
+            tokens, decode_s = 0, 0.0
             for request in requests:
                 first = None
                 async for chunk in engine.generate(request):
@@ -73,8 +72,8 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int,
                                 num_steps=chunk.spec_decode.num_spec_steps,
                                 num_accepted=chunk.spec_decode.num_accepted_draft_tokens,
                             )
-            if decode_s > round_s:
-                round_tok_s.append((tokens - round_tokens) / (decode_s - round_s))
+            if decode_s:
+                round_tok_s.append(tokens / decode_s)
         counted = await spec_counters_since(counters_before)
         return {
             "decode_tok_s": statistics.median(round_tok_s) if round_tok_s else None,
