@@ -1,6 +1,6 @@
 import pytest
 
-from worker.config import is_on_runpod, load_settings
+from worker.config import drafts_with_model, is_on_runpod, load_settings
 from worker.errors import ConfigError
 
 
@@ -73,3 +73,58 @@ def test_environment_is_read_from_the_given_mapping_only(monkeypatch: pytest.Mon
 def test_is_on_runpod() -> None:
     assert is_on_runpod({"RUNPOD_WEBHOOK_GET_JOB": "https://api.runpod.ai/v2/x/job-take/$ID"})
     assert not is_on_runpod({})
+
+
+@pytest.mark.parametrize(
+    ("env", "is_draft"),
+    [
+        ({}, True),  # the embedded default: the noisy copy drafts
+        ({"SPECULATIVE_METHOD": "none"}, False),
+        ({"MODEL_NAME": "m", "SPECULATIVE_MODEL": "org/d", "NUM_SPECULATIVE_TOKENS": "2"}, True),
+        (
+            {
+                "MODEL_NAME": "m",
+                "SPECULATIVE_METHOD": "draft_model",
+                "SPECULATIVE_MODEL": "org/d",
+                "NUM_SPECULATIVE_TOKENS": "2",
+            },
+            True,
+        ),
+        ({"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}, False),
+        (
+            {
+                "MODEL_NAME": "m",
+                "SPECULATIVE_METHOD": "eagle3",
+                "SPECULATIVE_MODEL": "org/h",
+                "NUM_SPECULATIVE_TOKENS": "3",
+            },
+            False,
+        ),
+        # vLLM infers draft_model from a model without a method ...
+        ({"MODEL_NAME": "m", "SPECULATIVE_CONFIG": '{"model": "org/draft", "num_speculative_tokens": 4}'}, True),
+        ({"MODEL_NAME": "m", "SPECULATIVE_CONFIG": '{"model": "tiny:noisy", "num_speculative_tokens": 3}'}, True),
+        # ... except ngram, a proposer class path, or a name that marks an EAGLE head (even under draft_model)
+        ({"MODEL_NAME": "m", "SPECULATIVE_CONFIG": '{"model": "ngram", "num_speculative_tokens": 4}'}, False),
+        ({"MODEL_NAME": "m", "SPECULATIVE_CONFIG": '{"model": "pkg.MyProposer", "num_speculative_tokens": 4}'}, False),
+        ({"MODEL_NAME": "m", "SPECULATIVE_CONFIG": '{"model": "org/EAGLE3-x", "num_speculative_tokens": 3}'}, False),
+        (
+            {
+                "MODEL_NAME": "m",
+                "SPECULATIVE_CONFIG": '{"method": "draft_model", "model": "y/EAGLE-LLaMA3", "num_speculative_tokens": 1}',  # noqa: E501
+            },
+            False,
+        ),
+        ({"MODEL_NAME": "m", "SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 4}'}, False),
+        ({"MODEL_NAME": "m", "SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 1}'}, False),
+    ],
+)
+def test_one_answer_to_is_this_a_draft_model(env: dict[str, str], is_draft: bool) -> None:
+    settings = load_settings(env)
+    assert drafts_with_model(settings.resolved_speculative_config()) is is_draft
+    assert (settings.draft_ref is not None) is is_draft
+
+
+def test_the_drafts_revision_is_the_one_vllm_reads() -> None:
+    spec = '{"model": "org/draft", "revision": "abc123", "num_speculative_tokens": 4}'
+    settings = load_settings({"MODEL_NAME": "m", "MODEL_REVISION": "main", "SPECULATIVE_CONFIG": spec})
+    assert settings.draft_ref == "org/draft" and settings.draft_revision == "abc123"

@@ -131,6 +131,12 @@ def test_engine_environment_picks_the_model_runner_per_mode_and_speculation() ->
     assert flag("pod", **real) is None  # vLLM's default (V2) for large batches
     draft = {**real, "SPECULATIVE_MODEL": "org/draft", "NUM_SPECULATIVE_TOKENS": "4"}
     assert flag("pod", **draft) == "0"  # V2 runs a draft model without CUDA graphs
+    # The same draft through vLLM's JSON, with the method left for vLLM to infer.
+    assert flag("pod", **real, SPECULATIVE_CONFIG='{"model": "org/draft", "num_speculative_tokens": 4}') == "0"
+    assert (
+        flag("pod", **real, SPECULATIVE_CONFIG='{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 3}')
+        is None
+    )
     assert flag("pod", **real, SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") is None
     assert flag("serverless", **real, MODEL_RUNNER="v2") == "1"
     assert flag("pod", **real, MODEL_RUNNER="v1") == "0"

@@ -23,7 +23,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.errors import ConfigError
 
-__all__ = ["TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "is_on_runpod", "load_settings"]
+__all__ = [
+    "TINY_PREFIX",
+    "DeploymentMode",
+    "LoraModule",
+    "Settings",
+    "drafts_with_model",
+    "is_on_runpod",
+    "load_settings",
+]
 
 TINY_PREFIX = "tiny:"
 # Serverless traffic is latency-bound (small batches); pods run large batches.
@@ -31,6 +39,33 @@ DeploymentMode = Literal["serverless", "pod"]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
 # Where RunPod's cached-models feature puts models: <dir>/models--ORG--NAME/snapshots/<HASH>/
 RUNPOD_MODEL_CACHE_DIR = Path("/runpod-volume/huggingface-cache/hub")
+
+
+# Substrings of a draft's name from which vLLM 0.32 infers another method than a separate draft
+# model, even under method "draft_model" (``SpeculativeConfig.__post_init__``).
+_VLLM_NAME_INFERRED_METHODS = ("eagle-", "eagle3", "dflash", "dspark")
+
+
+def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
+    """Whether vLLM runs this speculative config as a separate draft model (its method
+    ``draft_model``): the one answer for the draft check, the model-runner choice and validation.
+
+    vLLM's own inference rule: no ``method`` and a ``model`` that is neither ``ngram`` nor a dotted
+    proposer class path means ``draft_model``; a draft whose name marks an EAGLE, DFlash or DSpark
+    head is run as that, whatever the method says. (vLLM also recognises MTP, Medusa and MLP
+    speculator heads by their config's ``model_type``, which the draft check reads.)
+    """
+    if not spec:
+        return False
+    model, method = spec.get("model"), spec.get("method")
+    if not isinstance(model, str) or not model:
+        return False
+    if method is None:
+        is_class_path = "." in model and "/" not in model and all(part.isidentifier() for part in model.split("."))
+        if model in ("ngram", "[ngram]") or is_class_path:
+            return False
+        method = "draft_model"
+    return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
 
 
 class LoraModule(BaseModel):
@@ -265,10 +300,17 @@ class Settings(BaseSettings):
 
     @property
     def draft_ref(self) -> str | None:
-        """The draft model as the user named it (``SPECULATIVE_MODEL`` or the config's ``model``), if any."""
+        """The draft model as the user named it (``SPECULATIVE_MODEL`` or the config's ``model``),
+        when speculation drafts with a separate model (:func:`drafts_with_model`)."""
         spec = self.resolved_speculative_config()
-        model = spec.get("model") if spec else None
-        return model if isinstance(model, str) else None
+        return spec["model"] if spec is not None and drafts_with_model(spec) else None
+
+    @property
+    def draft_revision(self) -> str | None:
+        """The draft's revision: ``SPECULATIVE_CONFIG``'s ``revision`` (the field vLLM reads)."""
+        spec = self.resolved_speculative_config()
+        revision = spec.get("revision") if spec else None
+        return revision if isinstance(revision, str) else None
 
     def resolved_speculative_config(self) -> dict[str, Any] | None:
         """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs.

@@ -129,13 +129,14 @@ class Engine:
         kwargs = build_engine_kwargs(settings, resolve=resolve)
         check_local_paths(kwargs)
         spec = kwargs.get("speculative_config")
-        if spec and spec.get("method", "draft_model") == "draft_model" and spec.get("model"):
+        if spec is not None and settings.draft_ref is not None:
             check_draft_compatible(
                 target=kwargs["model"],
                 draft=spec["model"],
                 target_label=settings.target_ref,
-                draft_label=settings.draft_ref or spec["model"],
+                draft_label=settings.draft_ref,
                 target_revision=settings.model_revision,
+                draft_revision=settings.draft_revision,
                 trust_remote_code=settings.trust_remote_code,
             )
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}

@@ -126,7 +126,6 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode) -> str | Non
         return "1" if settings.model_runner == "v2" else "0"
     if settings.vllm_use_v2_model_runner is not None:
         return settings.vllm_use_v2_model_runner  # the user's own choice, through vLLM's variable
-    spec = settings.resolved_speculative_config()
-    if mode == "serverless" or (spec is not None and spec.get("method") == "draft_model"):
+    if mode == "serverless" or settings.draft_ref is not None:
         return "0"
     return None

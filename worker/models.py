@@ -49,6 +49,8 @@ def resolver(settings: Settings) -> Callable[[str], str]:
 
             return str(ensure_tiny_models(settings.worker_cache_dir).path(ref.removeprefix(TINY_PREFIX)))
         revision = settings.model_revision if ref == settings.model_name else None
+        if ref == settings.draft_ref:
+            revision = settings.draft_revision
         cached = cached_snapshot(ref, revision=revision, cache_dir=settings.runpod_model_cache_dir)
         if cached is not None:
             log.info("%s: serving RunPod's cached copy at %s", ref, cached)
