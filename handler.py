@@ -14,6 +14,7 @@ Run locally:
     python handler.py --test_input '<json>'    # that job
     python handler.py --verbose                # with vLLM's own INFO logging (WARNING otherwise)
     python handler.py --rp_serve_api           # the RunPod SDK's local API server
+    python handler.py --help                   # every flag; an unknown one is refused before anything boots
 
 Importing this module boots nothing: the engine starts with the first job.
 """
@@ -27,7 +28,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from worker.config import is_on_runpod, local_run_environment
-from worker.serverless import ServerlessWorker, main_local
+from worker.serverless import ServerlessWorker, local_arg_parser, main_local
 
 _worker = ServerlessWorker()
 
@@ -38,11 +39,11 @@ async def handler(job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
+    args = local_arg_parser().parse_args(argv)  # --help, or an unknown flag: usage, before anything boots
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _worker.holder.install_signal_handlers()
-    serve_api = any(arg.startswith("--rp_serve_api") for arg in argv)
-    if serve_api or is_on_runpod():
-        import runpod
+    if args.rp_serve_api or is_on_runpod():
+        import runpod  # reads its own --rp_* flags from sys.argv
 
         _worker.runpod_config.update(
             handler=handler,
@@ -52,9 +53,8 @@ def main(argv: list[str]) -> int:
         runpod.serverless.start(_worker.runpod_config)
         return 0
     # The SDK's own local mode does not iterate async-generator handlers: ours does.
-    is_verbose = "--verbose" in argv
-    os.environ.update(local_run_environment(is_verbose=is_verbose))  # before vLLM is imported
-    return main_local(_worker, [arg for arg in argv if arg != "--verbose"])
+    os.environ.update(local_run_environment(is_verbose=args.verbose))  # before vLLM is imported
+    return main_local(_worker, args.test_input)
 
 
 if __name__ == "__main__":  # vLLM's spawned workers re-import this file: nothing may start on import

@@ -36,6 +36,24 @@ def test_import_boots_nothing_and_is_fast(subprocess_env: dict[str, str]) -> Non
     assert report["seconds"] < 1.0, report
 
 
+@pytest.mark.parametrize(
+    ("argv", "returncode"), [(["--help"], 0), (["--test-input", '{"input": {"prompt": "Zebra"}}'], 2), (["--bogus"], 2)]
+)
+def test_help_and_unknown_flags_answer_with_the_usage_before_anything_boots(
+    subprocess_env: dict[str, str], argv: list[str], returncode: int
+) -> None:
+    started = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "handler.py", *argv], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == returncode, out.stderr[-2000:]
+    assert "usage: python handler.py" in out.stdout + out.stderr
+    if returncode:
+        assert f"unrecognized arguments: {argv[0]}" in out.stderr
+    assert "booting engine" not in out.stderr and "chunk" not in out.stdout
+    assert time.perf_counter() - started < 20  # an engine boot takes longer than that
+
+
 def test_local_test_input_run_streams_and_ends_with_the_blocks(subprocess_env: dict[str, str]) -> None:
     """`python handler.py` with test_input.json: the README's first command."""
     out = subprocess.run(

@@ -10,10 +10,10 @@ worker also asks RunPod to replace it (``refresh_worker``).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
-import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -25,7 +25,7 @@ from worker.runtime import EngineHolder
 from worker.schema import parse_request
 from worker.streaming import ChunkBatcher, coalesce_events, collect_final
 
-__all__ = ["ServerlessWorker", "openai_error_item"]
+__all__ = ["ServerlessWorker", "local_arg_parser", "main_local", "openai_error_item"]
 
 log = logging.getLogger(__name__)
 
@@ -175,13 +175,30 @@ def openai_error_item(status: int, body: Any, *, route: str, has_body: bool) -> 
     return item
 
 
-def load_test_input(argv: list[str], *, default_path: str = "test_input.json") -> Any:
+def local_arg_parser() -> argparse.ArgumentParser:
+    """``python handler.py``'s flags: the local run's own, and the RunPod SDK's (``--rp_*``, read by
+    the SDK itself when it serves). Anything else is refused before anything boots."""
+    parser = argparse.ArgumentParser(
+        prog="python handler.py",
+        description="Run one job locally (test_input.json, or --test_input), or serve RunPod's local API.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--test_input", metavar="JSON", help='the job to run: {"input": {...}} or the input itself')
+    parser.add_argument("--verbose", action="store_true", help="vLLM's own INFO logging (WARNING otherwise)")
+    sdk = parser.add_argument_group("RunPod SDK (its local API server)")
+    sdk.add_argument("--rp_serve_api", action="store_true", help="serve RunPod's local API (POST /run, /runsync)")
+    sdk.add_argument("--rp_api_port", type=int, metavar="PORT")
+    sdk.add_argument("--rp_api_host", metavar="HOST")
+    sdk.add_argument("--rp_api_concurrency", type=int, metavar="N")
+    sdk.add_argument("--rp_log_level", metavar="LEVEL", help="ERROR, WARN, INFO or DEBUG")
+    sdk.add_argument("--rp_debugger", action="store_true")
+    return parser
+
+
+def load_test_input(test_input: str | None, *, default_path: str = "test_input.json") -> Any:
     """The job input for a local run: ``--test_input '<json>'`` or ``test_input.json``'s ``input``."""
-    if "--test_input" in argv:
-        index = argv.index("--test_input")
-        if index + 1 >= len(argv):
-            raise SystemExit("--test_input needs a JSON argument")
-        raw = argv[index + 1]
+    if test_input is not None:
+        raw = test_input
     else:
         try:
             with open(default_path, encoding="utf-8") as fh:
@@ -195,7 +212,7 @@ def load_test_input(argv: list[str], *, default_path: str = "test_input.json") -
     return data.get("input", data) if isinstance(data, dict) else data
 
 
-def main_local(worker: ServerlessWorker, argv: list[str] | None = None) -> int:
-    job_input = load_test_input(sys.argv[1:] if argv is None else argv)
+def main_local(worker: ServerlessWorker, test_input: str | None) -> int:
+    job_input = load_test_input(test_input)
     items = asyncio.run(worker.run_local(job_input))
     return 1 if any("error" in item for item in items) else 0
