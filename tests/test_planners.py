@@ -1,7 +1,9 @@
+import random
+
 import pytest
 
-from worker.tools.costs import plan_costs, serverless_cost_per_hour
-from worker.tools.fit import PRESETS, fit
+from worker.tools.costs import main_plan, plan_costs, serverless_hour
+from worker.tools.fit import PRESETS, fit, main_fit
 from worker.tools.sizing import ModelShape
 
 GIB = 2**30
@@ -34,17 +36,57 @@ def test_70b_bf16_does_not_fit_one_gpu_but_awq_does() -> None:
 
 
 def test_serverless_hour_by_hand() -> None:
-    # 100 requests x 300 tokens at 1000 tok/s = 30 s busy, + 60 s cold start + 5 s idle = 95 s.
-    cost = serverless_cost_per_hour(
-        100, tokens_per_request=300, tokens_per_s=1000, price_per_s=0.001, cold_start_s=60, idle_timeout_s=5
+    # 20 requests/hour of 0.5 s each, idle timeout 5 s, cold start 60 s: a gap outlasts the timeout
+    # with p = exp(-5/180) = 0.9726; a cycle is 180 s of waiting + p x 60 s of boot + a busy period
+    # (0.5 + p/180 x 60 x 0.5) / (1 - 0.5/180) = 0.664 s: 239.02 s, so 15.06 cycles and 14.65 cold
+    # starts an hour, each cycle billing E[min(gap, 5 s)] = (1 - p) x 180 = 4.93 s + p x 60 + 0.664 = 63.95 s.
+    hour = serverless_hour(
+        20, tokens_per_request=500, tokens_per_s=1000, price_per_s=0.001, cold_start_s=60, idle_timeout_s=5
     )
-    assert cost == pytest.approx(0.095)
+    assert hour.cold_starts == pytest.approx(14.65, abs=0.01)
+    assert hour.billed_s == pytest.approx(15.0615 * 63.9514, rel=1e-4)
+    assert hour.cost == pytest.approx(hour.billed_s * 0.001)
     assert (
-        serverless_cost_per_hour(
-            0, tokens_per_request=300, tokens_per_s=1000, price_per_s=0.001, cold_start_s=60, idle_timeout_s=5
-        )
+        serverless_hour(
+            0, tokens_per_request=300, tokens_per_s=1000, price_per_s=1, cold_start_s=60, idle_timeout_s=5
+        ).cost
         == 0
     )
+
+
+@pytest.mark.parametrize(("requests", "idle_timeout_s"), [(20, 5), (120, 5), (120, 60)])
+def test_cold_starts_follow_the_arrival_rate_and_idle_timeout_as_a_simulation_does(
+    requests: int, idle_timeout_s: float
+) -> None:
+    """The formula against a simulated worker: Poisson arrivals, one request at a time, a stop after
+    ``idle_timeout_s`` without work, a 60 s boot for the request that finds it stopped."""
+    rng = random.Random(7)
+    service, boot, lam = 0.5, 60.0, requests / 3600
+    free_at, last_done, cold, billed, t = -1e9, -1e9, 0, 0.0, 0.0
+    horizon = 3600 * 400
+    while t < horizon:
+        t += rng.expovariate(lam)
+        if t < free_at:  # busy (or booting): the request queues
+            start = free_at
+        elif t - last_done > idle_timeout_s:  # the worker stopped: its idle tail was billed, then a boot
+            cold += 1
+            billed += idle_timeout_s + boot
+            start = t + boot
+        else:  # idle but warm: the wait was billed
+            billed += t - last_done
+            start = t
+        free_at = last_done = start + service
+        billed += service
+    hour = serverless_hour(
+        requests,
+        tokens_per_request=500,
+        tokens_per_s=1000,
+        price_per_s=1,
+        cold_start_s=boot,
+        idle_timeout_s=idle_timeout_s,
+    )
+    assert hour.cold_starts == pytest.approx(cold / 400, rel=0.05)
+    assert hour.billed_s == pytest.approx(billed / 400, rel=0.05)
 
 
 def test_plan_break_even_and_choice() -> None:
@@ -60,11 +102,41 @@ def test_plan_break_even_and_choice() -> None:
     heavy = plan_costs([5000] * 24, **args)
     assert light.cheaper == "serverless" and heavy.cheaper == "pod"
     assert light.num_pods == 1
-    # Break-even: 24 x (r x 0.5 s + 65 s) x $0.001 = $48  =>  r = 3870 requests/hour.
-    assert light.break_even_requests_per_hour == pytest.approx((2.0 / 0.001 - 65) / 0.5, rel=1e-3)
+    # Break-even: the flat load at which a day of serverless costs the pod's $48.
+    break_even = light.break_even_requests_per_hour
+    assert break_even is not None
+    assert plan_costs([break_even] * 24, **args).serverless_cost_per_day == pytest.approx(48.0, rel=1e-3)
+    assert light.serverless_cold_starts_per_day > 200  # 10 requests an hour, nearly each one cold
     assert light.pod_cost_per_day == 48.0
     assert light.serverless_cost_per_million_tokens == pytest.approx(light.serverless_cost_per_day / (240 * 500) * 1e6)
     # A peak of 6000 requests/hour needs 3000 GPU-s/h > 0.8 x 3600: two pods.
     assert plan_costs([6000.0] + [0.0] * 23, **args).num_pods == 2
     with pytest.raises(ValueError):
         plan_costs([1] * 23, **args)
+
+
+def test_fit_refuses_an_unknown_quantization_naming_the_valid_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main_fit(["--model", "llama-3-8b", "--gpu", "RTX 4090", "--quantization", "awq4"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'awq4'" in err and "'awq'" in err and "'fp8'" in err
+
+
+def test_fit_shows_what_it_assumed_and_what_would_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main_fit(["--model", "llama-3-8b", "--gpu", "RTX 4090"]) == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT with 32 sequences x 8192 tokens" in out
+    assert "defaults assumed: --concurrency 32, --max-model-len 8192" in out
+    shape = ModelShape.from_config(PRESETS["llama-3-8b"])
+    report = fit(shape, gpu="RTX 4090", quantization=None, kv_cache_dtype="auto", max_model_len=8192, concurrency=32)
+    assert f"would fit with: --concurrency {report.max_concurrency_at_context} (at context 8192)" in out
+    assert main_fit(["--gpu", "RTX 4090", "--concurrency", str(report.max_concurrency_at_context)]) == 0
+
+
+def test_plan_refuses_a_day_that_is_not_24_hours_and_counts_cold_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main_plan(["--requests-per-hour", "1,2", "--tokens-per-s", "100"])
+    assert "24 hourly counts" in capsys.readouterr().err
+    assert main_plan(["--requests-per-hour", "20", "--tokens-per-s", "1000", "--tokens-per-request", "500"]) == 0
+    assert "~352 cold starts/day (60 s each, idle timeout 5 s)" in capsys.readouterr().out

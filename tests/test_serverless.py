@@ -249,25 +249,29 @@ async def test_warm_up_runs_the_samplers_optional_kernels_once(
     kernels; with speculation (the default engine drafts) what vLLM refuses is left out."""
     from worker.engine import WARMUP_SAMPLING_FEATURES
 
-    # With speculation: no min_p (vLLM refuses it), and on this CPU no top-k/top-p (engine.warm_up says why).
-    speculating = {k: v for k, v in WARMUP_SAMPLING_FEATURES.items() if k not in ("min_p", "top_k", "top_p")}
+    # With speculation: no min_p (vLLM refuses it), and on this CPU greedy only (engine.unsupported_sampling).
+    speculating = {k: v for k, v in WARMUP_SAMPLING_FEATURES.items() if k not in ("min_p", "top_k", "top_p", "seed")}
+    speculating["temperature"] = 0
     for engine, expected in ((plain_engine, WARMUP_SAMPLING_FEATURES), (default_engine, speculating)):
         sent = await _featured_warm_up_requests(engine, monkeypatch)
         featured = [p for p in sent if all(p.get(k) == v for k, v in expected.items())]
         assert len(featured) == 1 and featured[0]["tokens"] == 8, sent
 
 
-async def test_top_k_with_speculation_on_cpu_is_refused_and_the_engine_keeps_serving(
-    worker: ServerlessWorker, default_engine: Any
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 20}, {}])
+async def test_sampling_with_speculation_on_cpu_is_refused_and_the_engine_keeps_serving(
+    worker: ServerlessWorker, default_engine: Any, sampling: dict[str, Any]
 ) -> None:
-    """vLLM's CPU build died on top-k sampling with speculation (engine.unsupported_sampling):
-    both entrypoints refuse it with a readable error, and the engine serves the next job."""
-    sampling = {"temperature": 0.8, "top_k": 20, "max_tokens": 4, "ignore_eos": True}
-    (native,) = await run_job(worker, {"prompt": "The sun", "sampling_params": sampling})
-    assert native["error_type"] == "invalid_request_error" and "top_k" in native["error"]
-    body = {"model": "tiny:target", "prompt": "The sun", "max_tokens": 4, "temperature": 0.8, "top_p": 0.5}
+    """vLLM's CPU build samples wrongly with speculation (engine.unsupported_sampling says how):
+    every entrypoint refuses temperature > 0 (the default, 1, included) with an error naming the
+    cause and the fix, and the engine serves the next, greedy job."""
+    params = {**sampling, "max_tokens": 4, "ignore_eos": True}
+    (native,) = await run_job(worker, {"prompt": "The sun", "sampling_params": params})
+    assert native["error_type"] == "invalid_request_error" and native["param"] == "sampling_params.temperature"
+    assert "SPECULATIVE_METHOD=none" in native["error"] and "temperature 0" in native["error"]
+    body = {"model": "tiny:target", "prompt": "The sun", **params}
     routed = await run_job(worker, {"openai_route": "/v1/completions", "openai_input": body})
-    assert isinstance(routed[-1]["error"], str) and "top_k / top_p" in routed[-1]["error"], routed
+    assert isinstance(routed[-1]["error"], str) and "SPECULATIVE_METHOD=none" in routed[-1]["error"], routed
     assert not default_engine.is_dead
-    ok = await run_job(worker, {"prompt": "The sun", "sampling_params": {**sampling, "top_k": 0}})
+    ok = await run_job(worker, {"prompt": "The sun", "sampling_params": {**params, "temperature": 0, "top_k": 0}})
     assert ok[-1]["usage"]["completion_tokens"] == 4

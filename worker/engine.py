@@ -34,7 +34,7 @@ from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
-from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.sampling_params import RequestOutputKind, SamplingType, StructuredOutputsParams
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -112,7 +112,7 @@ class Engine:
             spec_decode_available=bool(spec) and settings.per_request_spec_decode_metrics != "none",
         )
         self._tokenizer = llm.get_tokenizer()
-        self._refuses_top_k_top_p = bool(spec) and current_platform.is_cpu()
+        self._refuses_sampling = bool(spec) and current_platform.is_cpu()
         self.observers: list[Callable[[RequestEnd], None]] = []
         # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
         # same list, so that both entrypoints share one adapter slot per name.
@@ -207,9 +207,10 @@ class Engine:
         featured = dict(WARMUP_SAMPLING_FEATURES)
         if self.served.speculative_method is not None:
             featured.pop("min_p")  # vLLM 0.32 refuses min_p with speculative decoding
-        if self._refuses_top_k_top_p:  # see unsupported_sampling
-            featured.pop("top_k")
-            featured.pop("top_p")
+        if self._refuses_sampling:  # greedy only (see unsupported_sampling): the penalties remain
+            for name in ("top_k", "top_p", "seed"):
+                featured.pop(name)
+            featured["temperature"] = 0
         started = time.perf_counter()
         for job in jobs:
             async for _ in self.generate(parse_request(job), request_id=f"warmup-{uuid.uuid4().hex}"):
@@ -296,16 +297,22 @@ class Engine:
         return params
 
     def unsupported_sampling(self, params: SamplingParams) -> tuple[str, str] | None:
-        """The parameter at fault and why, if the engine cannot survive this sampling: vLLM 0.32's
-        CPU build (no Triton) expands top-k/top-p for its rejection sampler with a Triton kernel it
-        cannot run, so a speculating CPU engine read uninitialised memory for them and died on
-        top-k (a GPU has Triton). Checked on both paths: the native one and vLLM's OpenAI layer."""
-        if self._refuses_top_k_top_p and params.temperature > 0 and (params.top_k > 0 or params.top_p < 1):
+        """The parameter at fault and why, if this engine cannot sample it faithfully. vLLM 0.32's
+        CPU build has no Triton, and its rejection sampler expands temperature, top-k and top-p per
+        draft token with Triton kernels: with speculation, a request that samples (temperature > 0)
+        got tokens the target all but rules out (through the pod at temperature 1, 58 of 218 sampled
+        tokens with a target log-probability below -6; none without speculation; vLLM's own ``LLM``
+        alike), and top-k killed the engine. So a speculating CPU engine serves greedy requests only;
+        a GPU has Triton and serves them all. Checked on both paths: the native one and vLLM's
+        OpenAI layer."""
+        if self._refuses_sampling and params.sampling_type != SamplingType.GREEDY:
             message = (
-                "top_k / top_p are not supported with speculative decoding on vLLM's CPU build; "
-                "leave them unset or use temperature 0"
+                f"temperature {params.temperature:g}: sampling with speculative decoding is not supported on "
+                "vLLM's CPU build (its rejection sampler needs Triton kernels the CPU build lacks, and returns "
+                "tokens the model would not); use temperature 0, or serve without speculation "
+                "(SPECULATIVE_METHOD=none)"
             )
-            return ("top_k" if params.top_k > 0 else "top_p"), message
+            return "temperature", message
         return None
 
     async def generate(

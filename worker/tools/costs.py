@@ -23,9 +23,17 @@ class CostPlan:
     pod_cost_per_million_tokens: float
     break_even_requests_per_hour: float | None
     cheaper: str
+    serverless_cold_starts_per_day: float = 0.0
 
 
-def serverless_cost_per_hour(
+@dataclass(frozen=True, slots=True)
+class ServerlessHour:
+    billed_s: float
+    cold_starts: float
+    cost: float
+
+
+def serverless_hour(
     requests: float,
     *,
     tokens_per_request: float,
@@ -33,15 +41,37 @@ def serverless_cost_per_hour(
     price_per_s: float,
     cold_start_s: float,
     idle_timeout_s: float,
-) -> float:
-    """Billed seconds in one hour, times the price: the GPU's busy time, plus for each worker the
-    hour needs one cold start and one idle tail (a worker lingers ``idle_timeout_s`` after its last job).
+) -> ServerlessHour:
+    """Billed seconds and cold starts in one hour of ``requests`` arriving at random (Poisson).
+
+    A worker's life is a run of cycles: it idles after its last job; if the next request comes
+    within ``idle_timeout_s`` it serves it warm (the idle wait billed), otherwise it has stopped
+    (billed ``idle_timeout_s``) and the request pays a cold start, while requests arriving during
+    that boot queue for it; then it is busy until no request is left. With arrival rate ``lam``
+    per worker and GPU time ``S`` a request, a gap outlasts the timeout with probability
+    ``p = exp(-lam * T)``, an idle wait bills ``E[min(gap, T)] = (1 - p) / lam``, and a busy period
+    takes ``(S + p * lam * C * S) / (1 - lam * S)`` (the queue's work, M/G/1). Cycles per hour
+    are 3600 s over a cycle's mean length. Load beyond one GPU is spread over enough workers.
     """
     if requests <= 0:
-        return 0.0
-    busy = requests * tokens_per_request / tokens_per_s
-    workers = math.ceil(busy / 3600)
-    return (busy + workers * (cold_start_s + idle_timeout_s)) * price_per_s
+        return ServerlessHour(0.0, 0.0, 0.0)
+    service_s = tokens_per_request / tokens_per_s
+    busy = requests * service_s
+    num_workers = max(1, math.ceil(busy / (3600 * 0.9)))  # a worker busier than 90% queues without bound
+    lam = requests / num_workers / 3600
+    utilization = lam * service_s
+    p_cold = math.exp(-lam * idle_timeout_s)
+    busy_period = (service_s + p_cold * lam * cold_start_s * service_s) / (1 - utilization)
+    cycle = 1 / lam + p_cold * cold_start_s + busy_period
+    billed_per_cycle = (1 - p_cold) / lam + p_cold * cold_start_s + busy_period  # the first term: E[min(gap, T)]
+    cycles = num_workers * 3600 / cycle
+    billed = min(cycles * billed_per_cycle, num_workers * 3600.0)
+    return ServerlessHour(billed_s=billed, cold_starts=cycles * p_cold, cost=billed * price_per_s)
+
+
+def serverless_cost_per_hour(requests: float, **kwargs: float) -> float:
+    """The cost of one hour of ``requests`` on serverless (:func:`serverless_hour`)."""
+    return serverless_hour(requests, **kwargs).cost
 
 
 def plan_costs(
@@ -57,8 +87,8 @@ def plan_costs(
 ) -> CostPlan:
     if len(requests_per_hour) != 24:
         raise ValueError("give 24 hourly request counts")
-    serverless = sum(
-        serverless_cost_per_hour(
+    hours = [
+        serverless_hour(
             r,
             tokens_per_request=tokens_per_request,
             tokens_per_s=tokens_per_s,
@@ -67,7 +97,8 @@ def plan_costs(
             idle_timeout_s=idle_timeout_s,
         )
         for r in requests_per_hour
-    )
+    ]
+    serverless = sum(hour.cost for hour in hours)
     peak_busy = max(requests_per_hour) * tokens_per_request / tokens_per_s
     num_pods = max(1, math.ceil(peak_busy / (3600 * pod_max_utilization)))
     pod = num_pods * 24 * pod_price_per_hour
@@ -111,6 +142,7 @@ def plan_costs(
         pod_cost_per_million_tokens=pod * per_m,
         break_even_requests_per_hour=break_even,
         cheaper="serverless" if serverless < pod else "pod",
+        serverless_cold_starts_per_day=sum(hour.cold_starts for hour in hours),
     )
 
 
@@ -154,12 +186,25 @@ def main_plan(argv: list[str]) -> int:
         default=EXAMPLE_POD_PRICE_PER_HOUR,
         help=f"your price per pod-hour (example default {EXAMPLE_POD_PRICE_PER_HOUR})",
     )
-    parser.add_argument("--cold-start-s", type=float, default=60.0)
-    parser.add_argument("--idle-timeout-s", type=float, default=5.0)
+    parser.add_argument("--cold-start-s", type=float, default=60.0, help="a worker's boot to its first token")
+    parser.add_argument(
+        "--idle-timeout-s", type=float, default=5.0, help="how long a worker waits for a job before it stops"
+    )
     parser.add_argument("--plot", type=Path, help="write a PNG of daily cost vs load")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    hours = _hours(args.requests_per_hour)
+    try:
+        hours = _hours(args.requests_per_hour)
+    except ValueError:
+        parser.error(f"argument --requests-per-hour: {args.requests_per_hour!r} is not numbers separated by commas")
+    if len(hours) != 24 or min(hours) < 0:
+        parser.error("argument --requests-per-hour: give one number (a flat day) or 24 hourly counts, none negative")
+    for name in ("tokens_per_request", "tokens_per_s", "serverless_price_per_s", "pod_price_per_hour"):
+        if getattr(args, name) <= 0:
+            parser.error(f"argument --{name.replace('_', '-')}: must be positive")
+    for name in ("cold_start_s", "idle_timeout_s"):
+        if getattr(args, name) < 0:
+            parser.error(f"argument --{name.replace('_', '-')}: must not be negative")
     kwargs = {
         "tokens_per_request": args.tokens_per_request,
         "tokens_per_s": args.tokens_per_s,
@@ -182,7 +227,9 @@ def main_plan(argv: list[str]) -> int:
                     f"traffic: {sum(hours):,.0f} requests/day, {result.tokens_per_day:,.0f} tokens/day, "
                     f"{result.gpu_seconds_per_day / 3600:,.2f} GPU-hours of work at {args.tokens_per_s:,.0f} tok/s",
                     f"serverless: ${result.serverless_cost_per_day:,.2f}/day, "
-                    f"${result.serverless_cost_per_million_tokens:,.3f} per million tokens",
+                    f"${result.serverless_cost_per_million_tokens:,.3f} per million tokens, "
+                    f"~{result.serverless_cold_starts_per_day:,.0f} cold starts/day "
+                    f"({args.cold_start_s:g} s each, idle timeout {args.idle_timeout_s:g} s)",
                     f"pod ({result.num_pods} x ${args.pod_price_per_hour}/h): ${result.pod_cost_per_day:,.2f}/day, "
                     f"${result.pod_cost_per_million_tokens:,.3f} per million tokens",
                     "break-even (flat load): "

@@ -9,7 +9,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from worker.tools.sizing import GPUS, ModelShape, decode_roofline_tokens_per_s, kv_bytes_per_token, weight_bytes
+from worker.tools.sizing import (
+    GPUS,
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    ModelShape,
+    decode_roofline_tokens_per_s,
+    kv_bytes_per_token,
+    weight_bytes,
+)
 
 GIB = 2**30
 
@@ -74,6 +82,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+
+DEFAULT_CONTEXT = 8192
+DEFAULT_CONCURRENCY = 32
 
 # Memory outside weights and KV cache: CUDA context, cuBLAS/attention workspaces and CUDA graphs.
 FRAMEWORK_OVERHEAD_BYTES = 1.5 * GIB
@@ -164,41 +175,81 @@ def fit(
     )
 
 
-def render_fit(report: FitReport, *, model: str, quantization: str | None, max_model_len: int, concurrency: int) -> str:
+def render_fit(
+    report: FitReport,
+    *,
+    model: str,
+    quantization: str | None,
+    max_model_len: int,
+    concurrency: int,
+    assumed: list[str] | None = None,
+) -> str:
+    """The report as text; ``assumed``: the flags left at their defaults, named so the verdict
+    shows what it assumed."""
     verdict = "FITS" if report.fits else "DOES NOT FIT"
-    return "\n".join(
-        [
-            f"{model} ({quantization or 'bf16'}) on {report.num_gpus} x {report.gpu}: {verdict} "
-            f"at context {max_model_len} x {concurrency} sequences",
-            f"  memory budget      {report.memory_budget_gib:8.2f} GiB",
-            f"  weights            {report.weights_gib:8.2f} GiB",
-            f"  activations        {report.activations_gib:8.2f} GiB (peak of one forward pass, estimated)",
-            f"  runtime overhead   {report.overhead_gib:8.2f} GiB (CUDA context, workspaces, graphs; estimated)",
-            f"  KV cache           {report.kv_cache_per_token_kib:8.1f} KiB/token, "
-            f"{report.kv_cache_per_sequence_gib:.3f} GiB per sequence, {report.kv_cache_needed_gib:.2f} GiB needed",
-            f"  largest batch at context {max_model_len}: {report.max_concurrency_at_context}",
-            f"  largest context at {concurrency} sequences: {report.max_context_at_concurrency}",
-            f"  decode bound, 1 stream:            {report.decode_bound_tok_s_single:10,.0f} tok/s",
-            f"  decode bound, {concurrency} streams:  {report.decode_bound_tok_s_batch:10,.0f} tok/s "
-            f"(inter-token latency >= {report.itl_floor_ms_batch:.2f} ms)",
-            "  (bounds from memory bandwidth: each step reads every weight byte and the batch's KV cache once)",
-        ]
-    )
+    lines = [
+        f"{model} ({quantization or 'bf16'}) on {report.num_gpus} x {report.gpu}: {verdict} "
+        f"with {concurrency} sequences x {max_model_len} tokens of context",
+    ]
+    if assumed:
+        lines.append(f"  (defaults assumed: {', '.join(assumed)})")
+    lines += [
+        f"  memory budget      {report.memory_budget_gib:8.2f} GiB",
+        f"  weights            {report.weights_gib:8.2f} GiB",
+        f"  activations        {report.activations_gib:8.2f} GiB (peak of one forward pass, estimated)",
+        f"  runtime overhead   {report.overhead_gib:8.2f} GiB (CUDA context, workspaces, graphs; estimated)",
+        f"  KV cache           {report.kv_cache_per_token_kib:8.1f} KiB/token, "
+        f"{report.kv_cache_per_sequence_gib:.3f} GiB per sequence, {report.kv_cache_needed_gib:.2f} GiB needed",
+        f"  largest batch at context {max_model_len}: {report.max_concurrency_at_context}",
+        f"  largest context at {concurrency} sequences: {report.max_context_at_concurrency}",
+    ]
+    if not report.fits:
+        if report.max_concurrency_at_context or report.max_context_at_concurrency >= 16:
+            options = []
+            if report.max_concurrency_at_context:
+                options.append(f"--concurrency {report.max_concurrency_at_context} (at context {max_model_len})")
+            if report.max_context_at_concurrency >= 16:
+                options.append(f"--max-model-len {report.max_context_at_concurrency} (at {concurrency} sequences)")
+            lines.append("  would fit with: " + ", or ".join(options))
+        else:
+            lines.append("  the weights leave no room for a KV cache: quantize (--quantization awq) or add GPUs")
+    lines += [
+        f"  decode bound, 1 stream:            {report.decode_bound_tok_s_single:10,.0f} tok/s",
+        f"  decode bound, {concurrency} streams:  {report.decode_bound_tok_s_batch:10,.0f} tok/s "
+        f"(inter-token latency >= {report.itl_floor_ms_batch:.2f} ms)",
+        "  (bounds from memory bandwidth: each step reads every weight byte and the batch's KV cache once)",
+    ]
+    return "\n".join(lines)
 
 
 def main_fit(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker fit", description="will a model fit a GPU, and how fast")
     parser.add_argument("--model", default="llama-3-8b", help=f"directory with config.json, or one of {list(PRESETS)}")
-    parser.add_argument("--quantization", default=None, help="none, awq, gptq, fp8")
-    parser.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8")
-    parser.add_argument("--max-model-len", type=int, default=8192)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--quantization", default="none", choices=QUANTIZATIONS, help="weight format (none: bf16)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="auto: the model's (bf16)")
+    parser.add_argument(
+        "--max-model-len", type=_positive, default=None, help=f"context per sequence ({DEFAULT_CONTEXT})"
+    )
+    parser.add_argument(
+        "--concurrency", type=_positive, default=None, help=f"sequences at once ({DEFAULT_CONCURRENCY})"
+    )
     parser.add_argument("--gpu", default="H100 SXM", choices=sorted(GPUS))
     parser.add_argument("--num-gpus", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    quantization = None if args.quantization in (None, "none") else args.quantization
+    if args.model not in PRESETS and not (Path(args.model) / "config.json").exists():
+        parser.error(
+            f"argument --model: {args.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model directory"
+        )
+    assumed = []
+    if args.concurrency is None:
+        args.concurrency = DEFAULT_CONCURRENCY
+        assumed.append(f"--concurrency {DEFAULT_CONCURRENCY}")
+    if args.max_model_len is None:
+        args.max_model_len = DEFAULT_CONTEXT
+        assumed.append(f"--max-model-len {DEFAULT_CONTEXT}")
+    quantization = None if args.quantization == "none" else args.quantization
     report = fit(
         load_shape(args.model),
         gpu=args.gpu,
@@ -219,6 +270,14 @@ def main_fit(argv: list[str]) -> int:
                 quantization=quantization,
                 max_model_len=args.max_model_len,
                 concurrency=args.concurrency,
+                assumed=assumed,
             )
         )
     return 0 if report.fits else 1
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value

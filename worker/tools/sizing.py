@@ -100,13 +100,21 @@ class ModelShape:
         return self.num_linear_params + self.num_embedding_params + self.num_norm_params
 
 
+# Weight formats the planners know, by the bits of a linear weight (vLLM's quantization names).
+FOUR_BIT = ("awq", "awq_marlin", "gptq", "gptq_marlin", "int4", "w4a16", "compressed-tensors-w4a16")
+EIGHT_BIT = ("fp8", "w8a8", "int8", "w8a16")
+QUANTIZATIONS = ("none", *FOUR_BIT, *EIGHT_BIT)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
 def bytes_per_weight(quantization: str | None, *, dtype: str = "bfloat16", group_size: int = 128) -> float:
-    """Bytes per quantized linear weight, scales and zero points included."""
+    """Bytes per quantized linear weight, scales and zero points included (an unknown method
+    counts as unquantized: the planners' own command lines accept only :data:`QUANTIZATIONS`)."""
     q = (quantization or "").lower()
-    if q in ("awq", "awq_marlin", "gptq", "gptq_marlin", "int4", "w4a16", "compressed-tensors-w4a16"):
+    if q in FOUR_BIT:
         # 4-bit weights, an fp16 scale per group, and a 4-bit zero point per group.
         return 0.5 + (2 + 0.5) / group_size
-    if q in ("fp8", "w8a8", "int8", "w8a16"):
+    if q in EIGHT_BIT:
         return 1.0
     return _DTYPE_BYTES.get(dtype, 2.0)
 
