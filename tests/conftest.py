@@ -16,6 +16,21 @@ from worker.tiny_models import TinyModels, ensure_tiny_models
 _WORKER_ENV = {name.upper() for name in Settings.model_fields} | {"RUNPOD_WEBHOOK_GET_JOB"}
 
 
+# Fixtures that boot an engine or a server: a test that asks for one must be marked slow, so
+# that `pytest -m "not slow"` (the development lane) never boots anything.
+_BOOTING_FIXTURES = {"default_engine", "plain_engine", "spec_engine", "both", "pod", "pod_and_worker", "awq_model"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if _BOOTING_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests that boot an engine must be marked slow: " + ", ".join(unmarked))
+
+
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in _WORKER_ENV:

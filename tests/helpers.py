@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from worker.config import Settings, load_settings
 from worker.runtime import EngineHolder, EngineProtocol
 from worker.serverless import ServerlessWorker
 from worker.tiny_models import TinyModels
+from worker.tools.bench.servers import free_port, wait_until_ready
 
 if TYPE_CHECKING:
     from worker.engine import Engine
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CACHE_DIR",
     "alive_after",
+    "assert_engine_empties",
     "boot_engine",
     "cmdline",
     "descendants",
@@ -31,6 +32,7 @@ __all__ = [
     "free_port",
     "is_alive",
     "kill_while_jobs_stream",
+    "wait_until_ready",
     "worker_for",
 ]
 
@@ -57,10 +59,12 @@ async def boot_engine(tiny_models: TinyModels, **env: Any) -> Engine:
     return await runtime.boot_engine(engine_settings(**env), mode="serverless")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+async def assert_engine_empties(engine: Any, timeout_s: float = 5.0) -> None:
+    """Wait up to ``timeout_s`` for the engine to hold no request, then assert it holds none."""
+    deadline = time.monotonic() + timeout_s
+    while engine.num_unfinished_requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert engine.num_unfinished_requests == 0
 
 
 def descendants(pid: int) -> list[int]:

@@ -128,3 +128,10 @@ def test_the_drafts_revision_is_the_one_vllm_reads() -> None:
     spec = '{"model": "org/draft", "revision": "abc123", "num_speculative_tokens": 4}'
     settings = load_settings({"MODEL_NAME": "m", "MODEL_REVISION": "main", "SPECULATIVE_CONFIG": spec})
     assert settings.draft_ref == "org/draft" and settings.draft_revision == "abc123"
+
+
+def test_a_rule_across_variables_is_stated_once() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_settings({"SPECULATIVE_CONFIG": "{}", "SPECULATIVE_METHOD": "ngram"})
+    assert error.value.message.startswith("invalid configuration: SPECULATIVE_CONFIG cannot be combined")
+    assert "configuration: configuration" not in error.value.message

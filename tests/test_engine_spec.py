@@ -49,6 +49,7 @@ def check_invariants(stats: SpecDecodeStats) -> None:
         assert stats.mean_acceptance_length == pytest.approx(1 + stats.num_accepted_draft_tokens / stats.num_spec_steps)
 
 
+@pytest.mark.slow
 async def test_acceptance_matches_the_draft(spec_engine: tuple[str, Any]) -> None:
     name, engine = spec_engine
     assert engine.served.speculative_method == ("ngram" if name == "ngram" else "draft_model")
@@ -76,6 +77,7 @@ async def test_acceptance_matches_the_draft(spec_engine: tuple[str, Any]) -> Non
     assert low <= rate <= high, f"{name}: acceptance {rate:.3f} outside [{low}, {high}]"
 
 
+@pytest.mark.slow
 async def test_stop_string_request_still_has_exact_stats(spec_engine: tuple[str, Any]) -> None:
     _, engine = spec_engine
     params = {"temperature": 0, "max_tokens": 60, "stop": ["seven"]}
@@ -88,6 +90,7 @@ async def test_stop_string_request_still_has_exact_stats(spec_engine: tuple[str,
     check_invariants(final.spec_decode)
 
 
+@pytest.mark.slow
 async def test_eos_and_length_endings_have_stats(spec_engine: tuple[str, Any]) -> None:
     _, engine = spec_engine
     by_eos = await run(

@@ -54,6 +54,7 @@ def test_help_and_unknown_flags_answer_with_the_usage_before_anything_boots(
     assert time.perf_counter() - started < 20  # an engine boot takes longer than that
 
 
+@pytest.mark.slow
 def test_local_test_input_run_streams_and_ends_with_the_blocks(subprocess_env: dict[str, str]) -> None:
     """`python handler.py` with test_input.json: the README's first command."""
     out = subprocess.run(
@@ -98,6 +99,7 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         return result
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env: dict[str, str]) -> None:
     port = free_port()
@@ -138,6 +140,7 @@ def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env:
     assert not alive_after(engine_processes, 30), "orphaned engine processes after SIGTERM"
 
 
+@pytest.mark.slow
 def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
     subprocess_env: dict[str, str], tiny_models: TinyModels, tmp_path: Path
 ) -> None:

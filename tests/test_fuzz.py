@@ -26,7 +26,6 @@ from worker.schema import parse_request
 from worker.serverless import ServerlessWorker
 
 NUM_CASES = 1000
-COUNTS: dict[str, int] = {}
 
 json_values = st.recursive(
     st.none()
@@ -70,10 +69,23 @@ near_valid_inputs = st.fixed_dictionaries(
 handler_inputs = near_valid_inputs | json_values
 
 
+def _cases_run(check: Any) -> int:
+    """Run the Hypothesis test ``check`` (its own settings) and return how many examples it drew."""
+    drawn = [0]
+    inner = check.hypothesis.inner_test
+
+    def counting(data: Any) -> None:
+        drawn[0] += 1
+        inner(data)
+
+    check.hypothesis.inner_test = counting
+    check()
+    return drawn[0]
+
+
 @settings(max_examples=NUM_CASES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=handler_inputs)
-def test_handler_input_validation_never_crashes(data: Any) -> None:
-    COUNTS["handler_validation"] = COUNTS.get("handler_validation", 0) + 1
+def _validation_never_crashes(data: Any) -> None:
     try:
         request = parse_request(data)
     except InvalidRequest as exc:
@@ -82,14 +94,19 @@ def test_handler_input_validation_never_crashes(data: Any) -> None:
     assert request.prompt is not None or request.messages is not None
 
 
+def test_handler_input_validation_never_crashes() -> None:
+    drawn = _cases_run(_validation_never_crashes)
+    print(json.dumps({"fuzzed_cases": {"handler_validation": drawn}}))
+    assert drawn >= NUM_CASES
+
+
 def _fake_worker() -> ServerlessWorker:
     return worker_for(FakeEngine(words=3))
 
 
 @settings(max_examples=NUM_CASES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=handler_inputs)
-def test_handler_jobs_end_with_a_result_or_a_typed_error(data: Any) -> None:
-    COUNTS["handler_jobs"] = COUNTS.get("handler_jobs", 0) + 1
+def _jobs_end_with_a_result_or_a_typed_error(data: Any) -> None:
     worker = _fake_worker()
 
     async def run() -> list[Any]:
@@ -104,6 +121,12 @@ def test_handler_jobs_end_with_a_result_or_a_typed_error(data: Any) -> None:
         assert isinstance(message, str) and "Traceback" not in message
     json.dumps(items)
     assert "refresh_worker" not in worker.runpod_config
+
+
+def test_handler_jobs_end_with_a_result_or_a_typed_error() -> None:
+    drawn = _cases_run(_jobs_end_with_a_result_or_a_typed_error)
+    print(json.dumps({"fuzzed_cases": {"handler_jobs": drawn}}))
+    assert drawn >= NUM_CASES
 
 
 chat_bodies = st.fixed_dictionaries(
@@ -142,13 +165,13 @@ async def pod_and_worker(default_engine: Any) -> AsyncIterator[tuple[httpx.Async
         yield http, worker
 
 
+@pytest.mark.slow
 async def test_openai_bodies_get_4xx_never_5xx_through_pod_and_route(
     pod_and_worker: tuple[httpx.AsyncClient, ServerlessWorker], default_engine: Any
 ) -> None:
     http, worker = pod_and_worker
     for _ in range(NUM_OPENAI_CASES):
         route, body = openai_cases.example()
-        COUNTS["openai_bodies"] = COUNTS.get("openai_bodies", 0) + 1
         response = await http.post(route, content=body, headers={"Content-Type": "application/json"})
         assert response.status_code in (200, 400, 404, 413, 422), (route, body[:200], response.text[:300])
         if response.status_code != 200:
@@ -169,6 +192,7 @@ async def test_openai_bodies_get_4xx_never_5xx_through_pod_and_route(
     assert "refresh_worker" not in worker.runpod_config
 
 
+@pytest.mark.slow
 async def test_pod_extremes_and_recovery(pod_and_worker: tuple[httpx.AsyncClient, ServerlessWorker]) -> None:
     http, _ = pod_and_worker
     deep = b"[" * 100_000 + b"]" * 100_000
@@ -180,13 +204,7 @@ async def test_pod_extremes_and_recovery(pod_and_worker: tuple[httpx.AsyncClient
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
-def test_report_case_counts(capsys: Any) -> None:
-    total = sum(COUNTS.values())
-    print(json.dumps({"fuzzed_cases": COUNTS, "total": total}))
-    assert COUNTS.get("handler_validation", 0) >= NUM_CASES and COUNTS.get("handler_jobs", 0) >= NUM_CASES
-    assert COUNTS.get("openai_bodies", 0) >= NUM_OPENAI_CASES
-
-
+@pytest.mark.slow
 async def test_fuzzed_inputs_through_the_real_engine(default_engine: Any) -> None:
     worker = worker_for(default_engine)
     cases: list[Any] = [handler_inputs.example() for _ in range(40)] + [

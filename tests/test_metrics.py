@@ -42,7 +42,7 @@ def test_watchdog_stays_quiet_when_drafts_pay_and_recovers() -> None:
 
 
 def test_metrics_page_shows_what_the_observer_saw() -> None:
-    from worker.engine import RequestEnd
+    from worker.tracking import RequestEnd
 
     metrics = WorkerMetrics(num_spec_tokens=4, threshold=1.5, window=5)
     # 8 verify steps, 0 tokens accepted in 6 of them and 1 in 2: mean acceptance length 1.25.

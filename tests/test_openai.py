@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -16,13 +17,14 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers import engine_settings
-from tests.test_serverless import assert_engine_empties
-from worker.engine import RequestEnd
+from tests.helpers import assert_engine_empties, engine_settings
 from worker.pod import create_app
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
 from worker.tiny_models import TinyModels
+from worker.tracking import RequestEnd
+
+pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 
 MODEL = "tiny:target"
 ADAPTER = "tiny-lora"
@@ -232,6 +234,12 @@ async def test_route_errors_are_readable_strings_and_the_worker_keeps_serving(bo
         (item,) = await both.route(path, body)
         assert isinstance(item["error"], str) and named in item["error"], item
         assert item["error_type"] in ("invalid_request_error", "not_found_error")
+    # A body vLLM's pydantic models refuse: a sentence naming the fields, vLLM's own object beside it.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "many", "n": []}
+    (item,) = await both.route("/v1/chat/completions", body)
+    assert item["error"].startswith("openai_input.max_tokens: input should be a valid integer"), item
+    assert "openai_input.n: " in item["error"] and "{'type'" not in item["error"] and "\n" not in item["error"]
+    assert item["status"] == 400 and "validation error" in item["openai_error"]["message"]
     (bad_input,) = [item async for item in both.worker.handle({"id": "x", "input": {"openai_route": 7}})]
     assert bad_input["error_type"] == "invalid_request_error" and "openai_route" in bad_input["error"]
     (models,) = await both.route("/v1/models")
@@ -257,3 +265,19 @@ async def test_route_stream_closed_early_aborts_the_engine_request(both: Both) -
         engine.observers.remove(ended.append)
     assert [end.outcome for end in ended] == ["cancelled"]
     assert ended[0].spec_decode is not None and ended[0].spec_decode.partial
+
+
+async def test_route_stream_items_hold_whole_events_on_the_readme_schedule(both: Both) -> None:
+    """What the README promises of an openai_route stream: each item one or more whole events, the
+    first exactly one, then up to 1, 3, 9, ... events, the last ending with [DONE]; joined, the
+    event stream itself."""
+    body = {"model": MODEL, "prompt": "The", "max_tokens": 30, "ignore_eos": True, "temperature": 0, "stream": True}
+    items = await both.route("/v1/completions", body)
+    events = [[e + "\n\n" for e in item.split("\n\n") if e] for item in items]
+    assert all(isinstance(item, str) and item == "".join(group) for item, group in zip(items, events, strict=True))
+    assert all(e.startswith("data: ") for group in events for e in group)
+    sizes = [len(group) for group in events]
+    assert sizes[0] == 1 and all(size <= limit for size, limit in zip(sizes[1:-1], [1, 3, 9, 27, 50], strict=False))
+    assert items[-1].endswith("data: [DONE]\n\n") and sum(sizes) >= 31  # 30 tokens, one event or more each, [DONE]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "each item is a string of **one or more whole\nserver-sent events**" in readme

@@ -16,7 +16,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import free_port, worker_for
+from tests.helpers import free_port, wait_until_ready, worker_for
+
+pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "test-key-0123456789"
@@ -55,20 +57,8 @@ def pod(subprocess_env: dict[str, str]) -> Iterator[PodServer]:
         stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
-    statuses: list[int] = []
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            try:
-                statuses.append(httpx.get(base + "/health", timeout=5).status_code)
-                if statuses[-1] == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, "the pod server exited during boot"
-            time.sleep(0.2)
-        assert statuses and statuses[-1] == 200, statuses[-5:]
-        yield PodServer(base, statuses)
+        yield PodServer(base, wait_until_ready(base, proc, timeout_s=240))
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -106,8 +96,8 @@ def test_prefix_cache_hits_show_as_cached_tokens(pod: PodServer) -> None:
         {"role": "user", "content": "Tell me a story."},
     ]
     client = pod.client()
-    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
-    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens >= 16
 
 

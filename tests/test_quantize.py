@@ -14,6 +14,8 @@ from tests.helpers import boot_engine
 from worker.schema import parse_request
 from worker.tools.quantize import linear_bytes
 
+pytestmark = pytest.mark.slow  # every test here boots an engine or a server
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -8,25 +8,19 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import boot_engine, engine_settings, worker_for
-from worker.engine import RequestEnd
+from tests.helpers import assert_engine_empties, boot_engine, engine_settings, worker_for
+from worker.boot import WARMUP_SAMPLING_FEATURES, warm_up
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
 from worker.serverless import ServerlessWorker
+from worker.tracking import RequestEnd
+
+pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 
 
 @pytest.fixture
 def worker(default_engine: Any) -> ServerlessWorker:
     return worker_for(default_engine)
-
-
-async def assert_engine_empties(engine: Any, timeout_s: float = 5.0) -> None:
-    """Wait up to ``timeout_s`` for the engine to hold no request, then assert it holds none."""
-    for _ in range(int(timeout_s / 0.1)):
-        if engine.num_unfinished_requests == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert engine.num_unfinished_requests == 0
 
 
 async def run_job(worker: ServerlessWorker, job_input: Any, job_id: str = "job") -> list[dict[str, Any]]:
@@ -237,7 +231,7 @@ async def _featured_warm_up_requests(engine: Any, monkeypatch: pytest.MonkeyPatc
         sent[-1] = {**params, "tokens": tokens}
 
     monkeypatch.setattr(engine, "generate", recording)
-    await engine.warm_up()
+    await warm_up(engine)
     return sent
 
 
@@ -247,7 +241,6 @@ async def test_warm_up_runs_the_samplers_optional_kernels_once(
     """Boot's warm-up sends a request with every optional sampling feature (penalties, top-k/p,
     min-p, seed) the engine accepts, so the first user who asks for them does not pay their lazy
     kernels; with speculation (the default engine drafts) what vLLM refuses is left out."""
-    from worker.engine import WARMUP_SAMPLING_FEATURES
 
     # With speculation: no min_p (vLLM refuses it), and on this CPU greedy only (engine.unsupported_sampling).
     speculating = {k: v for k, v in WARMUP_SAMPLING_FEATURES.items() if k not in ("min_p", "top_k", "top_p", "seed")}

@@ -88,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     # The tools parse their own arguments (dispatched above); listed here so that --help shows them.
     for name, summary in _TOOLS.items():
         sub.add_parser(name, help=summary, add_help=False)
-    serve = sub.add_parser("serve", help="run the OpenAI-compatible pod server")
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible pod server",
+        description="Run the OpenAI-compatible pod server. Configured by the environment like the "
+        "handler (README); API_KEY requires 'Authorization: Bearer <key>' on the OpenAI routes (/health, "
+        "/ping and /metrics stay open; unset: no key, with a warning at start).",
+    )
     serve.add_argument("--host", help="bind address (env HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (env PORT, default 8000)")
     args = parser.parse_args(argv)

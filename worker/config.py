@@ -350,9 +350,9 @@ def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[st
         problems = []
         for error in exc.errors(include_url=False, include_input=False):
             loc = ".".join(str(part) for part in error["loc"])
-            name = loc.upper() if loc else "configuration"
             message = error["msg"].removeprefix("Value error, ")
-            problems.append(f"{name}: {message}")
+            # A rule across fields (an empty loc) names its variables in its own message.
+            problems.append(f"{loc.upper()}: {message}" if loc else message)
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
 
 

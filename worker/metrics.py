@@ -28,7 +28,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from worker.stats import mean_acceptance_length
 
 if TYPE_CHECKING:
-    from worker.engine import RequestEnd
+    from worker.tracking import RequestEnd
 
 __all__ = ["AcceptanceWatchdog", "WorkerMetrics", "render_metrics"]
 

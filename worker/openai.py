@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 from argparse import Namespace
 from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.responses import Response
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
 from vllm.exceptions import VLLMValidationError
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.utils.gc_utils import freeze_gc_heap
@@ -35,7 +39,7 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from worker.config import Settings
 from worker.engine import Engine
 
-__all__ = ["OpenAIResponse", "OpenAIServer", "server_args", "server_flags"]
+__all__ = ["OpenAIResponse", "OpenAIServer", "describe_validation_errors", "server_args", "server_flags"]
 
 
 def server_args(settings: Settings, *, model_path: str, lora_paths: dict[str, str] | None = None) -> Namespace:
@@ -90,13 +94,35 @@ class _ObservedClient:
         return self._engine.observe(self._llm.generate(prompt, sampling_params, request_id, **kwargs), request_id)
 
 
+# Where the validation handler leaves its sentence for an in-process call (a key of the ASGI scope).
+_PROBLEM_KEY = "worker.problem"
+
+
+def describe_validation_errors(errors: Any, *, prefix: str = "") -> str:
+    """A request's validation errors as one sentence naming each field, e.g. ``openai_input.messages:
+    field required``, where vLLM's layer answers with a rendering of pydantic's error dicts.
+    Field paths are vLLM's own (``clean_loc_for_param``), without the leading ``body``."""
+    parts = []
+    for error in list(errors)[:3]:
+        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+        path = clean_loc_for_param(tuple(loc)) if loc else ""
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        message = message[:1].lower() + message[1:]
+        parts.append(f"{prefix}{path}: {message}" if path else message)
+    if len(errors) > 3:
+        parts.append(f"and {len(errors) - 3} more")
+    return "; ".join(parts) or "the request is not valid"
+
+
 @dataclass(slots=True)
 class OpenAIResponse:
-    """One in-process response: status, whether it streams, and its body as it comes."""
+    """One in-process response: status, whether it streams, its body as it comes, and for a
+    request vLLM's layer refused as invalid, the reason as a sentence (``problem``)."""
 
     status: int
     is_stream: bool
     body: AsyncIterator[bytes]
+    problem: str | None = None
 
     async def json(self) -> Any:
         return json.loads(b"".join([part async for part in self.body]) or b"null")
@@ -128,9 +154,20 @@ class OpenAIServer:
         tasks = await llm.get_supported_tasks()
         app = build_app(args, tasks, llm.model_config)
         await init_app_state(cast(EngineClient, _ObservedClient(engine)), app.state, args, tasks)
+        vllm_handler = app.exception_handlers[RequestValidationError]
+
+        async def on_invalid(request: Request, exc: Exception) -> Response:
+            # vLLM's answer stands (the pod answers as vLLM's server does); an in-process call
+            # (RunPod's openai_route) also gets a sentence naming each field.
+            if isinstance(exc, RequestValidationError):
+                request.scope[_PROBLEM_KEY] = describe_validation_errors(exc.errors(), prefix="openai_input.")
+            answer = vllm_handler(request, exc)
+            return await answer if inspect.isawaitable(answer) else answer
+
+        app.add_exception_handler(RequestValidationError, on_invalid)
         # What vLLM's server does in its app's lifespan, which does not run here (the app is
         # mounted, or called in-process): move the serving layer just built (templates, parsers,
-        # tokenizer caches) out of the garbage collector's sight, as Engine.boot did for the
+        # tokenizer caches) out of the garbage collector's sight, as the engine's boot did for the
         # engine, so that collections while serving do not walk it again and again.
         freeze_gc_heap()
         return cls(app)
@@ -155,7 +192,7 @@ class OpenAIServer:
         async def send(message: MutableMapping[str, Any]) -> None:
             await messages.put(dict(message))
 
-        scope = {
+        scope: dict[str, Any] = {
             "type": "http",
             "asgi": {"version": "3.0"},
             "http_version": "1.1",
@@ -204,4 +241,5 @@ class OpenAIServer:
             status=int(start["status"]),
             is_stream=headers.get("content-type", "").startswith("text/event-stream"),
             body=body_parts(),
+            problem=scope.get(_PROBLEM_KEY),
         )

@@ -24,8 +24,9 @@ from worker.metrics import WorkerMetrics
 from worker.schema import GenerateRequest, Served, StreamChunk
 
 if TYPE_CHECKING:
-    from worker.engine import Engine, RequestEnd
+    from worker.engine import Engine
     from worker.openai import OpenAIServer
+    from worker.tracking import RequestEnd
 
 __all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine"]
 
@@ -37,7 +38,7 @@ EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
 async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
     """vLLM's engine for ``settings``: the process environment it must inherit first (a pure
     function of the settings and the deployment mode), then the boot."""
-    from worker.engine import Engine
+    from worker.boot import boot
     from worker.engine_args import engine_environment
 
     for key, value in engine_environment(settings, mode=mode).items():
@@ -45,7 +46,7 @@ async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    return await Engine.boot(settings, mode=mode)
+    return await boot(settings, mode=mode)
 
 
 class EngineProtocol(Protocol):

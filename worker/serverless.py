@@ -117,7 +117,9 @@ class ServerlessWorker:
         server = await self.holder.openai()
         response = await server.call("GET" if body is None else "POST", route, body)
         if response.status >= 400:
-            yield openai_error_item(response.status, await response.json(), route=route, has_body=body is not None)
+            yield openai_error_item(
+                response.status, await response.json(), route=route, has_body=body is not None, problem=response.problem
+            )
             if response.status >= 500 and self.holder.state == "dead":
                 self.request_replacement("the inference engine has died")
             return
@@ -156,11 +158,16 @@ class ServerlessWorker:
 _ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
-def openai_error_item(status: int, body: Any, *, route: str, has_body: bool) -> dict[str, Any]:
+def openai_error_item(
+    status: int, body: Any, *, route: str, has_body: bool, problem: str | None = None
+) -> dict[str, Any]:
     """A job's error item for an OpenAI error response: ``error`` a readable string (the RunPod SDK
-    shows a non-string ``error`` as Python's repr of it), vLLM's error object beside it."""
+    shows a non-string ``error`` as Python's repr of it; ``problem``: the sentence for a request
+    vLLM's layer found invalid), vLLM's error object beside it."""
     detail = body.get("error") if isinstance(body, dict) else None
-    if isinstance(detail, dict) and isinstance(detail.get("message"), str):
+    if problem is not None:
+        message = problem
+    elif isinstance(detail, dict) and isinstance(detail.get("message"), str):
         message = detail["message"]
     elif status == 404:
         message = f"openai_route: no route {route!r}"

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.config import load_settings
+from worker.config import Settings, load_settings
 from worker.tools.bench.coldstart import bench_coldstart, bench_first_request
+from worker.tools.bench.engines import EnginePool
 from worker.tools.bench.overhead import bench_overhead
 from worker.tools.bench.report import render_markdown, render_saved, write_report
 from worker.tools.bench.roofline import bench_roofline
@@ -58,9 +59,9 @@ def _machine() -> str:
 def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     settings = load_settings(env)
-    from worker.engine import Engine  # resolves tiny models and checks the vLLM install early
+    from worker.boot import build_args  # resolves tiny models and checks the vLLM install early
 
-    model_path = Engine.build_args(settings).model
+    model_path = build_args(settings).model
     results: dict[str, Any] = {"command": command, "machine": _machine(), "plan": asdict(plan), "label": plan.label}
     with contextlib.suppress(Exception):
         import torch
@@ -78,43 +79,21 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         "max_tokens": plan.max_tokens,
         "repeats": plan.repeats,
     }
-    if "overhead" in plan.parts:
-
-        def progress(overhead: dict[str, Any]) -> None:
-            results["overhead"] = overhead
-            write_report(results, out)
-
-        results["overhead"] = asyncio.run(
-            bench_overhead(
-                settings,
-                **load,
-                raw_input=plan.raw_input,
-                stats_off_baseline=plan.stats_off_baseline,
-                aa_baseline=plan.aa_baseline,
-                on_progress=progress,  # its last call wrote the complete report
-            )
-        )
+    if {"overhead", "first_request", "spec"} & set(plan.parts):
+        asyncio.run(_in_process_parts(plan, settings, env, results, out))
     if "pod" in plan.parts:
         results["pod"] = bench_pod(settings, env, model_path=model_path, out=out, **load)
+        results["engine_boots"] = results.get("engine_boots", 0) + 2
         write_report(results, out)
     if "coldstart" in plan.parts:
-        results["coldstart"] = bench_coldstart(settings, env, model_path=model_path, out=out)
+        # --smoke: the handler's boot only (vLLM's server boots in the pod part, through the same code).
+        with_server = not plan.smoke
+        results["coldstart"] = bench_coldstart(settings, env, model_path=model_path, out=out, with_server=with_server)
+        results["engine_boots"] = results.get("engine_boots", 0) + 1 + with_server
         write_report(results, out)
     if "coldstart_handler" in plan.parts:
         results["coldstart_handler"] = bench_coldstart(settings, env, model_path=model_path, out=out, with_server=False)
-        write_report(results, out)
-    if "first_request" in plan.parts:
-        results["first_request"] = asyncio.run(bench_first_request(settings))
-        write_report(results, out)
-    if "spec" in plan.parts:
-        results["spec"] = bench_spec(
-            env,
-            drafts=plan.drafts,
-            ks=plan.ks,
-            num_requests=plan.spec_requests,
-            max_tokens=plan.max_tokens,
-            rounds=plan.spec_rounds,
-        )
+        results["engine_boots"] = results.get("engine_boots", 0) + 1
         write_report(results, out)
     if "stats_path" in plan.parts:
         results["stats_path"] = bench_stats_path(
@@ -141,6 +120,55 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         )
     write_report(results, out)
     return results
+
+
+async def _in_process_parts(
+    plan: Plan, settings: Settings, env: dict[str, str], results: dict[str, Any], out: Path
+) -> None:
+    """The parts that drive engines in this process, in one event loop (an engine serves only the
+    loop it was booted in): with ``--smoke`` they share one engine per configuration, and the
+    first-request part goes first, so that its request is the engine's first."""
+    pool = EnginePool(share=plan.smoke)
+    load: dict[str, Any] = {
+        "concurrencies": plan.concurrencies,
+        "num_requests": plan.num_requests,
+        "max_tokens": plan.max_tokens,
+        "repeats": plan.repeats,
+    }
+    try:
+        if "first_request" in plan.parts:
+            idle_s = 0.0 if plan.smoke else 1.0  # --smoke checks the part runs: no idle gaps
+            results["first_request"] = await bench_first_request(settings, idle_s=idle_s, pool=pool)
+            write_report(results, out)
+        if "overhead" in plan.parts:
+
+            def progress(overhead: dict[str, Any]) -> None:
+                results["overhead"] = overhead
+                write_report(results, out)
+
+            results["overhead"] = await bench_overhead(
+                settings,
+                **load,
+                raw_input=plan.raw_input,
+                stats_off_baseline=plan.stats_off_baseline,
+                aa_baseline=plan.aa_baseline,
+                on_progress=progress,  # its last call wrote the complete report
+                pool=pool,
+            )
+        if "spec" in plan.parts:
+            results["spec"] = await bench_spec(
+                env,
+                drafts=plan.drafts,
+                ks=plan.ks,
+                num_requests=plan.spec_requests,
+                max_tokens=plan.max_tokens,
+                rounds=plan.spec_rounds,
+                pool=pool,
+            )
+            write_report(results, out)
+    finally:
+        pool.close()
+    results["engine_boots"] = results.get("engine_boots", 0) + pool.num_boots
 
 
 ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "first_request", "spec", "stats_path", "roofline"]
@@ -177,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--gpu", choices=sorted(GPUS), help="the GPU this runs on, for the roofline fraction")
     parser.add_argument("--label", default="", help="a name for this configuration, kept in the results")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the harness, not speed")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, engines shared between parts, the handler's cold start only: checks the harness, not speed",
+    )
     parser.add_argument(
         "--make-llama8b",
         type=Path,
@@ -243,15 +275,17 @@ def main(argv: list[str] | None = None) -> int:
         aa_baseline=args.aa_baseline,
     )
     if args.smoke:
+        given = set(argv if argv is not None else sys.argv[1:])
         plan = Plan(
             parts=plan.parts,
             concurrencies=[1, 2],
             num_requests=4,
             max_tokens=16,
             repeats=1,
-            drafts=["tiny:noisy"],
-            ks=[2],
-            spec_requests=1,
+            drafts=plan.drafts if "--drafts" in given else ["tiny:noisy"],
+            ks=plan.ks if "--ks" in given else [2],
+            spec_requests=plan.spec_requests if "--spec-requests" in given else 1,
+            spec_rounds=plan.spec_rounds,
             label=plan.label,
             stats_off_baseline=plan.stats_off_baseline,
             aa_baseline=plan.aa_baseline,

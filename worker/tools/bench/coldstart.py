@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import Settings
+from worker.tools.bench.engines import EnginePool
 from worker.tools.bench.servers import free_port, http_stream, server_process, vllm_server_args
 from worker.tools.bench.timing import PROMPT, ROOT, RequestTiming
 
@@ -143,21 +144,24 @@ def bench_coldstart(
     return {"handler": handler, "vllm_server": server, "handler_import_s": import_seconds(env)}
 
 
-async def bench_first_request(settings: Settings, *, num_after: int = 5, idle_s: float = 1.0) -> dict[str, Any]:
+async def bench_first_request(
+    settings: Settings, *, num_after: int = 5, idle_s: float = 1.0, pool: EnginePool | None = None
+) -> dict[str, Any]:
     """TTFT of the first request after the engine boots against that of the next ``num_after``,
     each sent after ``idle_s`` of idle (serverless traffic arrives after gaps, and an idle engine
     takes a moment to wake): what lazy initialisation is left for the first user. The same for
     the first request that uses the sampler's optional kernels (penalties, top-k/top-p, min-p,
     seeded sampling; vLLM 0.32 warms them at boot only with ``kernel_config.enable_jit_warmup``
     on, the worker's warm-up request runs them), sent right after."""
-    from worker.engine import WARMUP_SAMPLING_FEATURES as FEATURED
-    from worker.runtime import boot_engine
+    from worker.boot import WARMUP_SAMPLING_FEATURES as FEATURED
     from worker.schema import parse_request
 
-    engine = await boot_engine(settings, mode="serverless")
+    pool = pool or EnginePool(share=False)
+    engine = await pool.get(settings)
 
     async def ttft_ms(i: int, extra: dict[str, Any]) -> float:
-        await asyncio.sleep(idle_s)
+        if idle_s:
+            await asyncio.sleep(idle_s)
         sampling = {"max_tokens": 16, "ignore_eos": True, **extra}
         request = parse_request({"prompt": f"{PROMPT} {i}", "sampling_params": sampling})
         started = time.perf_counter()
@@ -174,7 +178,7 @@ async def bench_first_request(settings: Settings, *, num_after: int = 5, idle_s:
             plain.append(await ttft_ms(2 + 2 * i, {}))
             featured.append(await ttft_ms(3 + 2 * i, FEATURED))
     finally:
-        engine.shutdown()
+        pool.release(engine)
     steady = statistics.median(plain[1:])
     featured_steady = statistics.median(featured[1:])
     return {

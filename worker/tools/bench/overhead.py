@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from worker.config import Settings
+from worker.tools.bench.engines import EnginePool
 from worker.tools.bench.spec import engine_spec_counters, spec_counters_since
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, ratio, requests_for, run_concurrent, summarize
 
@@ -28,6 +29,7 @@ async def bench_overhead(
     stats_off_baseline: bool = False,
     aa_baseline: bool = False,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
+    pool: EnginePool | None = None,
 ) -> dict[str, Any]:
     """Handler vs raw AsyncLLM on one engine; with ``stats_off_baseline`` (a speculating config)
     also the handler over a second engine, identical but for the worker's exact-stats path
@@ -42,9 +44,9 @@ async def bench_overhead(
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from worker.runtime import boot_engine
     from worker.schema import parse_request
 
+    pool = pool or EnginePool(share=False)
     stats_off_baseline = stats_off_baseline and settings.resolved_speculative_config() is not None
     num_engines = 1 + stats_off_baseline + aa_baseline
     if num_engines > 1:
@@ -54,12 +56,14 @@ async def bench_overhead(
     # of the engines before it, and the exactness check below reads that engine's counters.
     engines: dict[str, Engine] = {}
     if stats_off_baseline:
-        engines["handler_stats_off"] = await boot_engine(
-            settings.model_copy(update={"per_request_spec_decode_metrics": "none"}), mode="serverless"
+        engines["handler_stats_off"] = await pool.get(
+            settings.model_copy(update={"per_request_spec_decode_metrics": "none"})
         )
-    if aa_baseline:
+    if aa_baseline:  # a twin: booted apart from the pool, which would hand out the same engine twice
+        from worker.runtime import boot_engine
+
         engines["handler_aa"] = await boot_engine(settings, mode="serverless")
-    engine = await boot_engine(settings, mode="serverless")
+    engine = await pool.get(settings)
     engines = {"handler": engine, **engines}
     served = engine.served.model_dump()
     # Both paths share the engine, hence its stream interval (tokens per engine output).
@@ -161,8 +165,11 @@ async def bench_overhead(
         if on_progress:
             on_progress(report)
     finally:
-        for booted in engines.values():
-            booted.shutdown()
+        for name, booted in engines.items():
+            if name == "handler_aa":
+                booted.shutdown()
+            else:
+                pool.release(booted)
     return report
 
 
@@ -179,12 +186,12 @@ async def _spec_exactness(
         return dict(items[-1].get("spec_decode") or {})
 
     finals = await asyncio.gather(*(one(i) for i in range(requests)))
-    counters = await spec_counters_since(before)
     summed = {
         "num_drafts": sum(f.get("num_spec_steps", 0) for f in finals),
         "num_draft_tokens": sum(f.get("num_draft_tokens", 0) for f in finals),
         "num_accepted_tokens": sum(f.get("num_accepted_draft_tokens", 0) for f in finals),
     }
+    counters = await spec_counters_since(before, num_draft_tokens=summed["num_draft_tokens"])
     return {
         "requests": requests,
         "with_spec_decode": sum(1 for f in finals if f),

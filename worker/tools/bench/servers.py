@@ -65,25 +65,37 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[
     return args
 
 
+def wait_until_ready(base: str, proc: subprocess.Popen[Any], *, timeout_s: float) -> list[int]:
+    """Poll ``base``/health until it answers 200 and return the statuses seen on the way (a server
+    still booting answers 503, or nothing); raise RuntimeError if ``proc`` exits or time runs out."""
+    import httpx
+
+    statuses: list[int] = []
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited during boot (exit code {proc.returncode})")
+        with contextlib.suppress(httpx.TransportError):
+            statuses.append(httpx.get(base + "/health", timeout=2).status_code)
+            if statuses[-1] == 200:
+                return statuses
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"the server was not ready in {timeout_s:g} s (statuses {statuses[-5:]})")
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def server_process(args: list[str], *, env: dict[str, str], base: str, log_path: Path) -> Iterator[tuple[float, int]]:
     """Start a server, yield its seconds to ready (/health 200) and its pid; stop it (SIGTERM) afterwards."""
-    import httpx
 
     started = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            deadline = started + 600
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited during boot; see {log_path}")
-                with contextlib.suppress(httpx.TransportError):
-                    if httpx.get(base + "/health", timeout=2).status_code == 200:
-                        break
-                if time.perf_counter() > deadline:
-                    raise RuntimeError(f"server not ready in 600 s; see {log_path}")
-                time.sleep(0.1)
+            try:
+                wait_until_ready(base, proc, timeout_s=600)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}; see {log_path}") from None
             yield time.perf_counter() - started, proc.pid
         finally:
             with contextlib.suppress(ProcessLookupError):

@@ -8,16 +8,18 @@ import time
 from typing import Any
 
 from worker.config import Settings, load_settings
+from worker.tools.bench.engines import EnginePool
 from worker.tools.bench.timing import PROMPT, ratio
 
 
 # ------------------------------------------------------------------------------ speculative
-async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int, rounds: int = 1) -> dict[str, Any]:
+async def _spec_point(
+    settings: Settings, *, num_requests: int, max_tokens: int, rounds: int = 1, pool: EnginePool
+) -> dict[str, Any]:
     """One engine: a warm-up request, then ``rounds`` rounds of the same requests one at a time.
     Decode speed is the median of the rounds' (a round's: its tokens over its decode time); the
     acceptance counts are over every round."""
     from worker.metrics import AcceptanceWatchdog
-    from worker.runtime import boot_engine
     from worker.schema import parse_request
 
     # The worker's acceptance watchdog with the worker's settings, fed every request of the point
@@ -26,7 +28,7 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int,
         threshold=settings.acceptance_watchdog_threshold, window=settings.acceptance_watchdog_window
     )
     is_speculating = settings.resolved_speculative_config() is not None
-    engine = await boot_engine(settings, mode="serverless")
+    engine = await pool.get(settings)
     try:
         prompts = [
             PROMPT,
@@ -74,7 +76,7 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int,
                             )
             if decode_s:
                 round_tok_s.append(tokens / decode_s)
-        counted = await spec_counters_since(counters_before)
+        counted = await spec_counters_since(counters_before, num_draft_tokens=drafted)
         return {
             "decode_tok_s": statistics.median(round_tok_s) if round_tok_s else None,
             "round_tok_s": round_tok_s,
@@ -90,7 +92,7 @@ async def _spec_point(settings: Settings, *, num_requests: int, max_tokens: int,
             "watchdog_requests": rounds * len(requests) + 1 if is_speculating else None,
         }
     finally:
-        engine.shutdown()
+        pool.release(engine)
 
 
 _SPEC_COUNTERS = (
@@ -100,12 +102,20 @@ _SPEC_COUNTERS = (
 )
 
 
-async def spec_counters_since(before: dict[str, float]) -> dict[str, int]:
+async def spec_counters_since(
+    before: dict[str, float], *, num_draft_tokens: int, timeout_s: float = 5.0
+) -> dict[str, int]:
     """vLLM's spec-decode counters since ``before`` (an ``engine_spec_counters()`` reading), short
-    names: the frontend records a step's stats just after handing out its outputs, so wait first."""
-    await asyncio.sleep(0.5)
-    after = engine_spec_counters()
-    return {key.removeprefix("vllm:spec_decode_"): int(after[key] - before[key]) for key in after}
+    names. The frontend records a step's stats just after handing out its outputs: read until the
+    drafted-token counter reaches ``num_draft_tokens`` (what the requests reported), or until
+    ``timeout_s`` passes (then the difference stands, for the caller to compare)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = engine_spec_counters()
+        counted = {key.removeprefix("vllm:spec_decode_"): int(after[key] - before[key]) for key in after}
+        if counted["num_draft_tokens"] >= num_draft_tokens or time.monotonic() > deadline:
+            return counted
+        await asyncio.sleep(0.01)
 
 
 def engine_spec_counters() -> dict[str, float]:
@@ -119,12 +129,20 @@ def engine_spec_counters() -> dict[str, float]:
     return totals
 
 
-def bench_spec(
-    env: dict[str, str], *, drafts: list[str], ks: list[int], num_requests: int, max_tokens: int, rounds: int = 1
+async def bench_spec(
+    env: dict[str, str],
+    *,
+    drafts: list[str],
+    ks: list[int],
+    num_requests: int,
+    max_tokens: int,
+    rounds: int = 1,
+    pool: EnginePool | None = None,
 ) -> dict[str, Any]:
+    pool = pool or EnginePool(share=False)
     base_env = {**env, "SPECULATIVE_METHOD": "none"}
     point_args = {"num_requests": num_requests, "max_tokens": max_tokens, "rounds": rounds}
-    baseline = asyncio.run(_spec_point(load_settings(base_env), **point_args))
+    baseline = await _spec_point(load_settings(base_env), **point_args, pool=pool)
     print(f"spec baseline: {baseline['decode_tok_s']:.1f} tok/s", flush=True)
     rows = []
     for draft in drafts:
@@ -135,7 +153,7 @@ def bench_spec(
                 point_env["SPECULATIVE_METHOD"] = "ngram"
             else:
                 point_env["SPECULATIVE_MODEL"] = draft
-            point = asyncio.run(_spec_point(load_settings(point_env), **point_args))
+            point = await _spec_point(load_settings(point_env), **point_args, pool=pool)
             point.update(draft=draft, k=k, speedup=ratio(point["decode_tok_s"], baseline["decode_tok_s"]))
             point["pays_off"] = bool(point["speedup"] and point["speedup"] > 1.0)
             rows.append(point)

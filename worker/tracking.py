@@ -1,0 +1,121 @@
+"""The books of one request: its first token, its token count, and how it ended (told to the
+engine's observers exactly once), kept alike on the native path and under vLLM's OpenAI layer."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Protocol
+
+from worker.schema import SpecDecodeStats, Timings
+from worker.stats import spec_stats_from_histogram
+
+__all__ = ["RequestEnd", "RequestTracker"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestEnd:
+    """How a request ended, for observers (metrics, logs)."""
+
+    request_id: str
+    outcome: str  # "finished", "cancelled", "error"
+    finish_reason: str | None
+    spec_decode: SpecDecodeStats | None
+    time_to_first_token_s: float | None
+    num_completion_tokens: int
+
+
+class _Books(Protocol):
+    """What a tracker needs of the engine: whether it keeps stats, vLLM's request state, its observers."""
+
+    @property
+    def keeps_spec_stats(self) -> bool: ...
+
+    def request_state(self, request_id: str) -> Any: ...
+
+    def notify(self, end: RequestEnd) -> None: ...
+
+
+class RequestTracker:
+    """The books of one request, kept the same way by ``Engine.generate`` and ``Engine.observe``.
+    Plain method calls: no generator frame is added on the hot path."""
+
+    __slots__ = ("_books", "_end", "_first_token_at", "_start", "_state", "num_tokens", "request_id")
+
+    def __init__(self, books: _Books, request_id: str) -> None:
+        self._books = books
+        self.request_id = request_id
+        self._start = time.perf_counter()
+        self._first_token_at: float | None = None
+        self.num_tokens = 0
+        # vLLM's frontend state of the request holds the latest spec-decode snapshot, which a
+        # cancelled request reports: looked up once, and only when there is something to report.
+        self._state: Any = None if books.keeps_spec_stats else False
+        self._end: RequestEnd | None = None
+
+    def add(self, num_new: int) -> None:
+        """An engine output with ``num_new`` tokens arrived."""
+        if self._state is None:
+            self._state = self._books.request_state(self.request_id)
+        if num_new and self._first_token_at is None:
+            self._first_token_at = time.perf_counter()
+        self.num_tokens += num_new
+
+    def finish(self, completion: Any) -> SpecDecodeStats | None:
+        """The request finished with ``completion`` (None: several choices); its exact stats."""
+        if self._end is not None:
+            return self._end.spec_decode
+        metrics = getattr(completion, "spec_decode_metrics", None)
+        finish_reason = completion.finish_reason if completion is not None else "stop"
+        spec = None if metrics is None else stats_from_vllm(metrics, is_partial=finish_reason == "abort")
+        # Observers hear of the end now, not when the consumer gets round to closing the stream.
+        self._tell(RequestEnd(self.request_id, "finished", finish_reason, spec, self._ttft(), self.num_tokens))
+        return spec
+
+    def cancel(self) -> None:
+        """The consumer went away (a request closed after its final output is not cut short)."""
+        if self._end is None:
+            metrics = getattr(self._state, "spec_decode_metrics", None)
+            observed = None if metrics is None else stats_from_vllm(metrics, is_partial=True)
+            self._tell(RequestEnd(self.request_id, "cancelled", None, observed, self._ttft(), self.num_tokens))
+
+    def fail(self) -> None:
+        """Called last, whatever happened: a request that neither finished nor was cancelled failed."""
+        if self._end is None:
+            self._tell(RequestEnd(self.request_id, "error", None, None, self._ttft(), self.num_tokens))
+
+    def timings(self, output: Any, *, now: float) -> Timings:
+        queue_ms = None
+        stats = getattr(output, "metrics", None)
+        queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
+        if queued and scheduled:
+            queue_ms = max(0.0, (scheduled - queued) * 1000)
+        first = self._first_token_at
+        decode_rate = None
+        if first is not None and self.num_tokens > 1 and now > first:
+            decode_rate = (self.num_tokens - 1) / (now - first)
+        return Timings(
+            queue_ms=queue_ms,
+            time_to_first_token_ms=None if first is None else (first - self._start) * 1000,
+            decode_tokens_per_s=decode_rate,
+            end_to_end_ms=(now - self._start) * 1000,
+        )
+
+    def _ttft(self) -> float | None:
+        return None if self._first_token_at is None else self._first_token_at - self._start
+
+    def _tell(self, end: RequestEnd) -> None:
+        self._end = end
+        self._books.notify(end)
+
+
+def stats_from_vllm(metrics: Any, *, is_partial: bool) -> SpecDecodeStats:
+    """vLLM's per-request spec-decode metrics as the worker's stats block."""
+    return spec_stats_from_histogram(
+        metrics.histogram,
+        num_draft_tokens=metrics.num_draft_tokens,
+        num_spec_tokens=metrics.num_spec_tokens,
+        is_partial=is_partial,
+        per_step_accepted=metrics.per_step_accepted or None,
+        per_step_drafted=metrics.per_step_drafted or None,
+    )
