@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CACHE_DIR, boot_engine
+from tests.helpers import CACHE_DIR, LORA_ENV, boot_engine
 from worker.config import Settings
 from worker.tiny_models import TinyModels, ensure_tiny_models
 
@@ -51,8 +51,9 @@ def subprocess_env(tiny_models: TinyModels) -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 async def default_engine(tiny_models: TinyModels) -> AsyncIterator[Any]:
-    """The embedded default: tiny target with the noisy-copy draft (k=3)."""
-    engine = await boot_engine(tiny_models)
+    """The embedded default (tiny target, the noisy-copy draft, k=3) with a tiny LoRA adapter
+    loadable by name: one engine for every test that needs no configuration of its own."""
+    engine = await boot_engine(tiny_models, **LORA_ENV)
     yield engine
     engine.shutdown()
 

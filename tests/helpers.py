@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CACHE_DIR",
+    "LORA_ENV",
     "alive_after",
     "assert_engine_empties",
     "boot_engine",
@@ -35,6 +36,9 @@ __all__ = [
     "wait_until_ready",
     "worker_for",
 ]
+
+# The session engine's LoRA adapter (tests of vLLM's OpenAI layer select it by name).
+LORA_ENV = {"ENABLE_LORA": "true", "LORA_MODULES": "tiny-lora=tiny:lora"}
 
 CACHE_DIR = Path(os.environ.get("WORKER_CACHE_DIR", str(Path.home() / ".cache" / "runpod-vllm-worker")))
 

@@ -151,7 +151,9 @@ chat_bodies = st.fixed_dictionaries(
 NUM_OPENAI_CASES = 400  # each valid one runs the real engine on 2 CPU cores
 openai_cases = st.tuples(
     st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"]),
-    chat_bodies.map(lambda b: json.dumps({"max_tokens": 4, "max_output_tokens": 4, **b}, allow_nan=True).encode())
+    chat_bodies.map(
+        lambda b: json.dumps({"max_tokens": 4, "max_output_tokens": 4, "temperature": 0, **b}, allow_nan=True).encode()
+    )
     | st.binary(max_size=300),
 )
 
@@ -200,7 +202,9 @@ async def test_pod_extremes_and_recovery(pod_and_worker: tuple[httpx.AsyncClient
     for body, status in [(deep, 413), (huge, 413), (b"\xff\xfe\x00bad", 400), (b"[" * 5000 + b"]" * 5000, 400)]:
         response = await http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == status, (status, response.text[:200])
-    ok = await http.post("/v1/completions", json={"model": "tiny:target", "prompt": "hi", "max_tokens": 3})
+    ok = await http.post(
+        "/v1/completions", json={"model": "tiny:target", "prompt": "hi", "max_tokens": 3, "temperature": 0}
+    )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
@@ -217,7 +221,10 @@ async def test_fuzzed_inputs_through_the_real_engine(default_engine: Any) -> Non
     for case in cases:
         items = [item async for item in worker.handle({"id": "fuzz", "input": case})]
         assert items and ("error" in items[-1] or "finish_reason" in items[-1]), items[-1]
-    ok_job = {"id": "ok", "input": {"prompt": "The", "sampling_params": {"max_tokens": 5, "ignore_eos": True}}}
+    ok_job = {
+        "id": "ok",
+        "input": {"prompt": "The", "sampling_params": {"max_tokens": 5, "ignore_eos": True, "temperature": 0}},
+    }
     ok = [item async for item in worker.handle(ok_job)]
     assert ok[-1]["usage"]["completion_tokens"] == 5
     assert default_engine.num_unfinished_requests == 0

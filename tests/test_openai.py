@@ -17,11 +17,10 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers import assert_engine_empties, engine_settings
+from tests.helpers import LORA_ENV, assert_engine_empties, worker_for
 from worker.pod import create_app
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
-from worker.tiny_models import TinyModels
 from worker.tracking import RequestEnd
 
 pytestmark = pytest.mark.slow  # every test here boots an engine or a server
@@ -93,12 +92,11 @@ class Both:
 
 
 @pytest.fixture(scope="module")
-async def both(tiny_models: TinyModels) -> AsyncIterator[Both]:
-    settings = engine_settings(ENABLE_LORA="true", LORA_MODULES=f"{ADAPTER}=tiny:lora")
-    holder = EngineHolder(settings_loader=lambda: settings)
-    await holder.openai()
-    yield Both(holder)
-    holder.shutdown()
+async def both(default_engine: Any) -> AsyncIterator[Both]:
+    """The session's engine (its LoRA adapter named ADAPTER) under vLLM's OpenAI layer."""
+    worker = worker_for(default_engine, **LORA_ENV)
+    await worker.holder.openai()
+    yield Both(worker.holder)
 
 
 def tool_arguments(message: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +148,7 @@ async def test_tool_call_with_the_official_client(both: Both) -> None:
 
 @pytest.mark.parametrize("entry", ENTRYPOINTS)
 async def test_n_choices_and_logprobs(both: Both, entry: str) -> None:
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "n": 3, "temperature": 1.0, "seed": 7}
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "n": 3, "temperature": 0}
     response = await both.ask(entry, "/v1/completions", body)
     assert sorted(choice["index"] for choice in response["choices"]) == [0, 1, 2]
 
@@ -200,7 +198,7 @@ async def test_lora_adapter_is_listed_selected_by_name_and_changes_the_output(bo
     assert native["text"] == adapted.choices[0].text
 
     with pytest.raises(openai.NotFoundError):
-        await both.client.completions.create(model="no-such-adapter", prompt=prompt, max_tokens=2)
+        await both.client.completions.create(model="no-such-adapter", prompt=prompt, max_tokens=2, temperature=0)
     unknown = await both.native({"prompt": prompt, "lora": "nope"})
     assert unknown["error_type"] == "invalid_request_error"
     assert "'nope'" in unknown["error"] and ADAPTER in unknown["error"]
@@ -251,7 +249,7 @@ async def test_route_stream_closed_early_aborts_the_engine_request(both: Both) -
     assert engine is not None
     ended: list[RequestEnd] = []
     engine.observers.append(ended.append)
-    body = {"model": MODEL, "prompt": "The", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    body = {"model": MODEL, "prompt": "The", "max_tokens": 900, "ignore_eos": True, "stream": True, "temperature": 0}
     job = {"id": "close-me", "input": {"openai_route": "/v1/completions", "openai_input": body}}
     try:
         items = both.worker.handle(job)

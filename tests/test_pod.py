@@ -208,7 +208,7 @@ def test_metrics_histograms_move_with_speculated_requests(pod: PodServer) -> Non
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(pod: PodServer) -> None:
-    body = {"model": MODEL, "prompt": "The", "max_tokens": 900, "ignore_eos": True, "stream": True}
+    body = {"model": MODEL, "prompt": "The", "max_tokens": 900, "ignore_eos": True, "stream": True, "temperature": 0}
     with httpx.stream(
         "POST", pod.base + "/v1/completions", json=body, timeout=60, headers={"Authorization": f"Bearer {API_KEY}"}
     ) as response:

@@ -103,6 +103,7 @@ async def _one(client: httpx.AsyncClient, pod: Pod, i: int) -> dict[str, Any]:
         "model": MODEL,
         "prompt": f"Request {i}: once upon a time",
         "max_tokens": 24,
+        "temperature": 0,
         "ignore_eos": True,
         "stream": stream,
         **({"stream_options": {"include_usage": True}} if stream else {}),
@@ -190,7 +191,14 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
 
         # SIGTERM with a request in flight: it finishes, then the server and its engine exit cleanly.
         engine_processes = descendants(pod.proc.pid)
-        last = {"model": MODEL, "prompt": "The", "max_tokens": 300, "ignore_eos": True, "stream": True}
+        last = {
+            "model": MODEL,
+            "prompt": "The",
+            "max_tokens": 300,
+            "ignore_eos": True,
+            "stream": True,
+            "temperature": 0,
+        }
         with httpx.stream(
             "POST", pod.base + "/v1/completions", json=last, headers=pod.headers, timeout=120
         ) as response:
@@ -212,7 +220,14 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
 @pytest.mark.timeout(400)
 def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict[str, str], tmp_path: Path) -> None:
     with start_pod(subprocess_env, tmp_path) as pod:
-        body = {"model": MODEL, "prompt": "The", "max_tokens": 900, "ignore_eos": True, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": "The",
+            "max_tokens": 900,
+            "ignore_eos": True,
+            "stream": True,
+            "temperature": 0,
+        }
         started = time.perf_counter()
         with httpx.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers, timeout=60) as r:
             lines = r.iter_lines()
@@ -324,7 +339,7 @@ def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path
                         "input": {
                             "prompt": f"Job {i}: once upon a time",
                             "stream": i % 2 == 0,
-                            "sampling_params": {"max_tokens": 16, "ignore_eos": True},
+                            "sampling_params": {"max_tokens": 16, "ignore_eos": True, "temperature": 0},
                         }
                     }
                     async with semaphore:

@@ -109,7 +109,13 @@ async def test_cancelled_job_aborts_its_engine_request(worker: ServerlessWorker,
 
     async def consume() -> None:
         async for _ in worker.handle(
-            {"id": "cancel-me", "input": {"prompt": "The", "sampling_params": {"max_tokens": 1000, "ignore_eos": True}}}
+            {
+                "id": "cancel-me",
+                "input": {
+                    "prompt": "The",
+                    "sampling_params": {"max_tokens": 1000, "ignore_eos": True, "temperature": 0},
+                },
+            }
         ):
             seen.set()
 
@@ -135,7 +141,10 @@ async def test_closing_the_stream_early_aborts_its_engine_request_at_once(
 ) -> None:
     ended: list[RequestEnd] = []
     default_engine.observers.append(ended.append)
-    job = {"id": "close-me", "input": {"prompt": "The", "sampling_params": {"max_tokens": 1000, "ignore_eos": True}}}
+    job = {
+        "id": "close-me",
+        "input": {"prompt": "The", "sampling_params": {"max_tokens": 1000, "ignore_eos": True, "temperature": 0}},
+    }
     try:
         stream = worker.handle(job)
         first = await asyncio.wait_for(anext(stream), 60)
@@ -171,17 +180,21 @@ async def test_bad_input_gets_a_named_error_and_the_next_job_succeeds(
     assert "Traceback" not in items[0]["error"]
     assert items[0]["error_type"] == "invalid_request_error"
     assert "refresh_worker" not in worker.runpod_config
-    ok = await run_job(worker, {"prompt": "The sun", "sampling_params": {"max_tokens": 4, "ignore_eos": True}})
+    ok = await run_job(
+        worker, {"prompt": "The sun", "sampling_params": {"max_tokens": 4, "ignore_eos": True, "temperature": 0}}
+    )
     assert ok[-1]["usage"]["completion_tokens"] == 4
 
 
 async def test_missing_max_tokens_gets_the_default_not_16(worker: ServerlessWorker) -> None:
-    items = await run_job(worker, {"prompt": "The", "stream": False, "sampling_params": {"ignore_eos": True}})
+    items = await run_job(
+        worker, {"prompt": "The", "stream": False, "sampling_params": {"ignore_eos": True, "temperature": 0}}
+    )
     assert items[0]["usage"]["completion_tokens"] == 512
 
 
 async def test_concurrency_follows_max_num_seqs(worker: ServerlessWorker, monkeypatch: pytest.MonkeyPatch) -> None:
-    await run_job(worker, {"prompt": "a", "sampling_params": {"max_tokens": 1}})
+    await run_job(worker, {"prompt": "a", "sampling_params": {"max_tokens": 1, "temperature": 0}})
     assert worker.concurrency_modifier(0) == 16  # MAX_NUM_SEQS of the test engine
     override = ServerlessWorker(EngineHolder(settings_loader=lambda: engine_settings(MAX_CONCURRENCY=3)))
     assert override.concurrency_modifier(0) == 3
