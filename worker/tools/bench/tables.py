@@ -1,0 +1,220 @@
+"""The report's tables, one renderer per part: each takes a run's results and returns its Markdown
+lines (none when the run did not include the part); ``report.render_markdown`` joins them. Here:
+the serving paths (overhead, the stats path, the pod) and the helpers every table uses;
+``tables_boot.py``: cold start, first request, speculation, roofline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.tools.bench.coldstart import PHASE_MARKERS
+
+__all__ = [
+    "boot_columns",
+    "boot_runs",
+    "fmt",
+    "overhead_section",
+    "phase_table",
+    "pod_section",
+    "stats_path_section",
+    "stats_path_table",
+]
+
+
+def fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def boot_columns(found: dict[str, float]) -> str:
+    """Weights load, engine init, compile, graph capture: whichever of vLLM's log lines a release prints."""
+    load = found.get("weights_load_s", found.get("model_load_s"))
+    compile_s = found.get("torch_compile_s", found.get("compilation_s"))
+    return " | ".join(fmt(v) for v in (load, found.get("engine_init_s"), compile_s, found.get("graph_capture_s")))
+
+
+def phase_table(runs: dict[str, dict[str, float]]) -> list[str]:
+    """Boot phases, one column per run: each phase's seconds (from the end of the previous phase
+    found to its own line), then process start to first token. ``runs``: label -> ``phases_end_s``."""
+    labels = list(runs)
+    lines = [
+        "| phase (ends at the log line that says so) | " + " | ".join(f"{label} s" for label in labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    names = [name for name, *_ in PHASE_MARKERS]
+    for i, (name, description, *_) in enumerate(PHASE_MARKERS):
+        cells = []
+        for label in labels:
+            ends = runs[label]
+            before = [ends[n] for n in names[:i] if n in ends]
+            cells.append(fmt(ends[name] - (before[-1] if before else 0.0), 1) if name in ends else "-")
+        lines.append(f"| {description} | " + " | ".join(cells) + " |")
+    total = [fmt(runs[label].get("first_token"), 1) for label in labels]
+    lines += ["| **process start to first token** | " + " | ".join(f"**{t}**" for t in total) + " |", ""]
+    return lines
+
+
+def boot_runs(results: dict[str, Any], label: str) -> dict[str, dict[str, float]]:
+    runs = {}
+    for part in ("coldstart", "coldstart_handler"):
+        phases = (results.get(part) or {}).get("handler", {}).get("phases_end_s")
+        if phases:
+            runs[label] = phases
+    return runs
+
+
+def _engine_pair_table(
+    rows: list[dict[str, Any]], *, other: str, prefix: str, names: tuple[str, str, str], intro: str
+) -> list[str]:
+    """The handler over the first engine against the handler over a second one booted beside it."""
+    first, second, pair = names
+    lines = [
+        intro,
+        "",
+        f"| concurrency | {first} tok/s | {second} tok/s | throughput ratio | ITL ms ({pair}) | ITL ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        h, o = r["handler"], r[other]
+        lines.append(
+            f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(o['throughput_tok_s'], 1)} | "
+            f"{fmt(r[prefix + '_throughput_ratio'], 3)} | {fmt(h['itl_mean_ms'], 2)} / "
+            f"{fmt(o['itl_mean_ms'], 2)} | {fmt(r[prefix + '_itl_ratio'], 3)} |"
+        )
+    return [*lines, ""]
+
+
+def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> list[str]:
+    """What the exact-stats path adds to an engine step, per batch size, against the step when the
+    same run measured one (the handler's mean inter-token latency at that concurrency: a step
+    yields at least one token per request, so the share is an upper bound)."""
+    itl_ms = {r["concurrency"]: r["handler"]["itl_mean_ms"] for r in (overhead or {}).get("rows", [])}
+    lines = [
+        "### Cost of the exact-stats path per engine step (CPU time, timed directly)",
+        "",
+        f"vLLM's types and serialiser, {stats['steps']} steps, minimum of {stats['repeats']} alternating runs, "
+        f"k={stats['k']}; stats on minus stats off. Without stop strings a request gets a snapshot "
+        + (f"every {stats['snapshot_every_steps']} steps" if stats.get("snapshot_every_steps") else "periodically")
+        + "; with them, every step.",
+        "",
+        "| batch | vLLM's per-request tracking µs | worker's hook µs | snapshots' transport µs | total µs "
+        "| share of a step | total with stop strings µs | share of a step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in stats["rows"]:
+        plain, stop = r["no_stop"], r["all_stop"]
+        step_us = itl_ms[r["batch"]] * 1000 if itl_ms.get(r["batch"]) else None
+        shares = [f"{100 * t / step_us:.2f}%" if step_us else "-" for t in (plain["total_us"], stop["total_us"])]
+        lines.append(
+            f"| {r['batch']} | {fmt(plain['observe_us'], 1)} | {fmt(plain['hook_us'], 1)} | "
+            f"{fmt(plain['transport_us'], 1)} | {fmt(plain['total_us'], 1)} | {shares[0]} | "
+            f"{fmt(stop['total_us'], 1)} | {shares[1]} |"
+        )
+    return [*lines, ""]
+
+
+def overhead_section(results: dict[str, Any]) -> list[str]:
+    if "overhead" not in results:
+        return []
+    lines: list[str] = []
+    o = results["overhead"]
+    lines += [
+        "### Handler overhead (serverless code path vs vLLM AsyncLLM, one engine, one process)",
+        "",
+        f"{o['num_requests']} requests x {o['max_tokens']} tokens per concurrency level, median of "
+        f"{o['repeats']} alternating runs. "
+        + (
+            "Both paths start from the same text prompt (AsyncLLM tokenizes it in `generate`)."
+            if o.get("baseline_input") == "text"
+            else "AsyncLLM was given the prompt's token ids, tokenized once; the handler tokenized every request."
+        )
+        + (
+            f" Engine stream interval: {o['stream_interval']} token(s) per output, for both paths."
+            if o.get("stream_interval")
+            else ""
+        )
+        + (f" **Partial**: the run ended after {len(o['rows'])} concurrency level(s)." if o.get("partial") else ""),
+        "",
+        "| concurrency | handler tok/s | AsyncLLM tok/s | throughput ratio | TTFT p50 ms (handler / raw) | "
+        "ITL ms (handler / raw) | ITL ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in o["rows"]:
+        h, v = r["handler"], r["vllm_asyncllm"]
+        lines.append(
+            f"| {r['concurrency']} | {fmt(h['throughput_tok_s'], 1)} | {fmt(v['throughput_tok_s'], 1)} | "
+            f"{fmt(r['throughput_ratio'], 3)} | {fmt(h['ttft_p50_ms'], 1)} / {fmt(v['ttft_p50_ms'], 1)} | "
+            f"{fmt(h['itl_mean_ms'], 2)} / {fmt(v['itl_mean_ms'], 2)} | {fmt(r['itl_mean_ratio'], 3)} |"
+        )
+    lines.append("")
+    exact = o.get("spec_exact")
+    if exact:
+        summed, counters = exact["per_request_sum"], exact["engine_counters"]
+        lines += [
+            f"Exactness: {exact['requests']} concurrent handler jobs ({exact['with_spec_decode']} with "
+            f"`spec_decode`), summed: {summed['num_drafts']} drafts / {summed['num_draft_tokens']} drafted / "
+            f"{summed['num_accepted_tokens']} accepted; vLLM's engine counters over the same interval: "
+            f"{counters['num_drafts']} / {counters['num_draft_tokens']} / {counters['num_accepted_tokens']}: "
+            + ("**equal**." if exact["equal"] else "**not equal**."),
+            "",
+        ]
+    if o.get("stats_off_baseline"):
+        lines += _engine_pair_table(
+            o["rows"],
+            other="handler_stats_off",
+            prefix="stats",
+            names=("stats on", "stats off", "on / off"),
+            intro="Cost of exact per-request stats: the handler over this engine vs over an identical one "
+            "without the stats path (`PER_REQUEST_SPEC_DECODE_METRICS=none`, vLLM's plain scheduler), "
+            "booted side by side, alternating in the same repeats. Target: throughput ratio >= 0.99, "
+            "ITL ratio <= 1.01.",
+        )
+    if o.get("aa_baseline"):
+        lines += _engine_pair_table(
+            o["rows"],
+            other="handler_aa",
+            prefix="aa",
+            names=("engine A", "engine A'", "A / A'"),
+            intro="A/A control: the handler over this engine vs over a second, identical engine booted "
+            "beside it: the spread two equal engines show, against which the stats-off difference is judged.",
+        )
+    return lines
+
+
+def stats_path_section(results: dict[str, Any]) -> list[str]:
+    if "stats_path" not in results:
+        return []
+    lines: list[str] = []
+    lines += stats_path_table(results["stats_path"], results.get("overhead"))
+    return lines
+
+
+def pod_section(results: dict[str, Any]) -> list[str]:
+    if "pod" not in results:
+        return []
+    lines: list[str] = []
+    p = results["pod"]
+    lines += [
+        "### Pod server vs vLLM's OpenAI server (same engine arguments, same streaming client)",
+        "",
+        f"{p['num_requests']} requests x {p['max_tokens']} tokens, `/v1/completions` streaming, median of "
+        f"{p['repeats']} runs per server.",
+        "",
+        "| concurrency | pod tok/s | vLLM server tok/s | throughput ratio | TTFT p50 ms (pod / vLLM) | "
+        "TTFT p99 ms (pod / vLLM) | ITL ms (pod / vLLM) | API process CPU ms per token (pod / vLLM) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in p["rows"]:
+        a, b = r["pod"], r["vllm_server"]
+        lines.append(
+            f"| {r['concurrency']} | {fmt(a['throughput_tok_s'], 1)} | {fmt(b['throughput_tok_s'], 1)} | "
+            f"{fmt(r['throughput_ratio'], 3)} | {fmt(a['ttft_p50_ms'], 1)} / {fmt(b['ttft_p50_ms'], 1)} | "
+            f"{fmt(a['ttft_p99_ms'], 1)} / {fmt(b['ttft_p99_ms'], 1)} | "
+            f"{fmt(a['itl_mean_ms'], 2)} / {fmt(b['itl_mean_ms'], 2)} | "
+            f"{fmt(a.get('api_cpu_ms_per_token'), 3)} / {fmt(b.get('api_cpu_ms_per_token'), 3)} |"
+        )
+    lines.append("")
+    return lines
