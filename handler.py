@@ -6,8 +6,10 @@ Accepted ``job["input"]`` (see ``worker/schema.py`` for every field)::
     {"messages": [{"role": "user", "content": "Hi"}], "sampling_params": {...}}
     {"prompt": "...", "sampling_params": {"structured_outputs": {"json": {<JSON schema>}}}}
 
-Every item is a dict: ``{"text": delta}`` while streaming; the last adds ``finish_reason``,
-``usage``, ``timings``, ``spec_decode`` and ``served``. Errors: ``{"error": ..., "error_type": ...}``.
+Every native item is a JSON object: ``{"text": delta}`` while streaming; the last adds
+``finish_reason``, ``usage``, ``timings``, ``spec_decode`` and ``served``. Errors:
+``{"error": ..., "error_type": ...}``. A streamed ``openai_route`` yields strings of whole
+server-sent events instead (``worker.serverless.JobItem``).
 
 Run locally:
     python handler.py                          # the job in test_input.json
@@ -25,15 +27,14 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
 
 from worker.config import is_on_runpod, local_run_environment
-from worker.serverless import ServerlessWorker, local_arg_parser, main_local
+from worker.serverless import Job, JobItem, ServerlessWorker, local_arg_parser, main_local
 
 _worker = ServerlessWorker()
 
 
-async def handler(job: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+async def handler(job: Job) -> AsyncIterator[JobItem]:
     async for item in _worker.handle(job):
         yield item
 

@@ -36,7 +36,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers import alive_after, cmdline, descendants, free_port, kill_while_jobs_stream  # noqa: E402
+from tests.helpers import alive_after, cmdline, descendants, free_port, job_items, kill_while_jobs_stream  # noqa: E402
 
 BODY = {"prompt": "The", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
@@ -190,7 +190,7 @@ async def serverless_worker_death() -> dict[str, Any]:
         os.kill(gpu_workers(processes)[-1], signal.SIGKILL)
 
     results, ended_after = await kill_while_jobs_stream(worker, job, kill_one_gpu_worker, timeout_s=560)
-    later = [item async for item in worker.handle({"id": "after", "input": job})]
+    later = await job_items(worker, {"id": "after", "input": job})
     return {
         "in_flight_error_types": [items[-1].get("error_type") for items in results],
         "ended_s_after_kill": round(ended_after, 2),

@@ -32,6 +32,7 @@ __all__ = [
     "engine_settings",
     "free_port",
     "is_alive",
+    "job_items",
     "kill_while_jobs_stream",
     "wait_until_ready",
     "worker_for",
@@ -61,6 +62,15 @@ def worker_for(engine: EngineProtocol, **env: Any) -> ServerlessWorker:
 async def boot_engine(tiny_models: TinyModels, **env: Any) -> Engine:
     """A real CPU engine over the tiny models (``tiny_models``: the fixture that built them)."""
     return await runtime.boot_engine(engine_settings(**env), mode="serverless")
+
+
+async def job_items(worker: ServerlessWorker, job: dict[str, Any]) -> list[Any]:
+    """Every item a job yields. Typed loosely on purpose: the tests index into them, while the
+    worker's own code tells its two item shapes apart (``worker.serverless.JobItem``)."""
+    items: list[Any] = []
+    async for item in worker.handle(job):
+        items.append(item)
+    return items
 
 
 async def assert_engine_empties(engine: Any, timeout_s: float = 5.0) -> None:
@@ -116,7 +126,7 @@ async def kill_while_jobs_stream(
     streaming = [asyncio.Event() for _ in range(num_jobs)]
 
     async def consume(i: int) -> list[dict[str, Any]]:
-        items = []
+        items: list[Any] = []
         async for item in worker.handle({"id": f"dying-{i}", "input": job}):
             items.append(item)
             streaming[i].set()

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import engine_settings
+from tests.helpers import engine_settings, job_items
 from worker.config import Settings
 from worker.draft_check import check_draft_compatible
 from worker.errors import IncompatibleDraft
@@ -50,7 +50,7 @@ async def test_incompatible_draft_fails_the_boot_and_the_job(tiny_models: Any) -
         return engine_settings(MODEL_NAME="tiny:target", SPECULATIVE_MODEL="tiny:mismatch", NUM_SPECULATIVE_TOKENS=3)
 
     worker = ServerlessWorker(EngineHolder(settings_loader=settings))
-    items = [item async for item in worker.handle({"id": "j", "input": {"prompt": "hi"}})]
+    items = await job_items(worker, {"id": "j", "input": {"prompt": "hi"}})
     assert items[0]["error_type"] == "engine_boot_error"
     assert "'tiny:mismatch' cannot draft for target 'tiny:target'" in items[0]["error"]
     assert worker.runpod_config.get("refresh_worker") is True

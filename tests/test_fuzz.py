@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fakes import FakeEngine
-from tests.helpers import worker_for
+from tests.helpers import job_items, worker_for
 from worker.errors import InvalidRequest
 from worker.pod import create_app
 from worker.schema import parse_request
@@ -110,7 +110,7 @@ def _jobs_end_with_a_result_or_a_typed_error(data: Any) -> None:
     worker = _fake_worker()
 
     async def run() -> list[Any]:
-        return [item async for item in worker.handle({"id": "fuzz", "input": data})]
+        return await job_items(worker, {"id": "fuzz", "input": data})
 
     items = asyncio.run(run())
     assert items
@@ -185,7 +185,7 @@ async def test_openai_bodies_get_4xx_never_5xx_through_pod_and_route(
         except (ValueError, UnicodeDecodeError):
             continue
         job = {"id": "fuzz", "input": {"openai_route": route, "openai_input": openai_input}}
-        items = [item async for item in worker.handle(job)]
+        items = await job_items(worker, job)
         assert items
         if isinstance(items[-1], dict) and "error" in items[-1]:
             assert isinstance(items[-1]["error"], str) and "Traceback" not in items[-1]["error"]
@@ -219,13 +219,13 @@ async def test_fuzzed_inputs_through_the_real_engine(default_engine: Any) -> Non
         {"messages": [{"role": "user", "content": "\\ud800 \\x00 \\uffff"}], "sampling_params": {"max_tokens": 4}},
     ]
     for case in cases:
-        items = [item async for item in worker.handle({"id": "fuzz", "input": case})]
+        items = await job_items(worker, {"id": "fuzz", "input": case})
         assert items and ("error" in items[-1] or "finish_reason" in items[-1]), items[-1]
     ok_job = {
         "id": "ok",
         "input": {"prompt": "The", "sampling_params": {"max_tokens": 5, "ignore_eos": True, "temperature": 0}},
     }
-    ok = [item async for item in worker.handle(ok_job)]
+    ok = await job_items(worker, ok_job)
     assert ok[-1]["usage"]["completion_tokens"] == 5
     assert default_engine.num_unfinished_requests == 0
     assert "refresh_worker" not in worker.runpod_config

@@ -8,7 +8,7 @@ the pod app is driven in-process through httpx's ASGI transport, the route throu
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.helpers import LORA_ENV, assert_engine_empties, worker_for
+from tests.helpers import LORA_ENV, assert_engine_empties, job_items, worker_for
 from worker.pod import create_app
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
@@ -56,14 +56,14 @@ class Both:
 
     async def native(self, job_input: dict[str, Any]) -> dict[str, Any]:
         """The last item of a native job (its whole answer with ``stream: false``)."""
-        items = [item async for item in self.worker.handle({"id": "native", "input": job_input})]
+        items = await job_items(self.worker, {"id": "native", "input": job_input})
         return dict(items[-1])
 
     async def route(self, path: str, body: dict[str, Any] | None = None) -> list[Any]:
         job_input: dict[str, Any] = {"openai_route": path}
         if body is not None:
             job_input["openai_input"] = body
-        return [item async for item in self.worker.handle({"id": "openai-test", "input": job_input})]
+        return await job_items(self.worker, {"id": "openai-test", "input": job_input})
 
     async def ask(self, entry: str, path: str, body: dict[str, Any]) -> Any:
         """The response object, or with ``stream`` the list of event objects (``[DONE]`` dropped)."""
@@ -238,7 +238,7 @@ async def test_route_errors_are_readable_strings_and_the_worker_keeps_serving(bo
     assert item["error"].startswith("openai_input.max_tokens: input should be a valid integer"), item
     assert "openai_input.n: " in item["error"] and "{'type'" not in item["error"] and "\n" not in item["error"]
     assert item["status"] == 400 and "validation error" in item["openai_error"]["message"]
-    (bad_input,) = [item async for item in both.worker.handle({"id": "x", "input": {"openai_route": 7}})]
+    (bad_input,) = await job_items(both.worker, {"id": "x", "input": {"openai_route": 7}})
     assert bad_input["error_type"] == "invalid_request_error" and "openai_route" in bad_input["error"]
     (models,) = await both.route("/v1/models")
     assert {m["id"] for m in models["data"]} == {MODEL, ADAPTER}
@@ -252,7 +252,7 @@ async def test_route_stream_closed_early_aborts_the_engine_request(both: Both) -
     body = {"model": MODEL, "prompt": "The", "max_tokens": 900, "ignore_eos": True, "stream": True, "temperature": 0}
     job = {"id": "close-me", "input": {"openai_route": "/v1/completions", "openai_input": body}}
     try:
-        items = both.worker.handle(job)
+        items: AsyncGenerator[Any, None] = both.worker.handle(job)
         first = await anext(items)
         assert first.startswith("data: ") and engine.num_unfinished_requests == 1
         for _ in range(3):  # items of 1, 3 and 9 events: enough engine steps for a snapshot of the counts

@@ -30,6 +30,7 @@ from tests.helpers import (
     descendants,
     engine_settings,
     free_port,
+    job_items,
     kill_while_jobs_stream,
     wait_until_ready,
     worker_for,
@@ -273,7 +274,7 @@ async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_
         for items in results:
             assert items[-1].get("error_type") == "engine_dead", items[-1]
         assert worker.runpod_config.get("refresh_worker") is True
-        later = [item async for item in worker.handle({"id": "after", "input": job})]
+        later = await job_items(worker, {"id": "after", "input": job})
         assert later[-1]["error_type"] == "engine_dead"
         report("serverless_engine_death", in_flight_jobs=3, all_failed_cleanly=True, refresh_worker=True)
     finally:
@@ -294,15 +295,15 @@ async def test_boot_failure_is_bounded_and_clear(tmp_path: Path) -> None:
         worker = ServerlessWorker(EngineHolder(settings_loader=functools.partial(engine_settings, **env)))
         started = time.perf_counter()
         items = await asyncio.wait_for(asyncio.gather(*(_collect(worker, i) for i in range(3))), 120)
-        for job_items in items:
-            assert job_items[-1]["error_type"] == "engine_boot_error" and needle in job_items[-1]["error"]
-            assert "root cause above" not in job_items[-1]["error"], job_items[-1]
+        for job_result in items:
+            assert job_result[-1]["error_type"] == "engine_boot_error" and needle in job_result[-1]["error"]
+            assert "root cause above" not in job_result[-1]["error"], job_result[-1]
         assert worker.runpod_config.get("refresh_worker") is True
         report("boot_failure", case=needle, seconds=round(time.perf_counter() - started, 2))
 
 
 async def _collect(worker: ServerlessWorker, i: int) -> list[dict[str, Any]]:
-    return [item async for item in worker.handle({"id": f"b{i}", "input": {"prompt": "hi"}})]
+    return await job_items(worker, {"id": f"b{i}", "input": {"prompt": "hi"}})
 
 
 @pytest.mark.timeout(600)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import assert_engine_empties, boot_engine, engine_settings, worker_for
+from tests.helpers import assert_engine_empties, boot_engine, engine_settings, job_items, worker_for
 from worker.boot import WARMUP_SAMPLING_FEATURES, warm_up
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
@@ -24,7 +24,7 @@ def worker(default_engine: Any) -> ServerlessWorker:
 
 
 async def run_job(worker: ServerlessWorker, job_input: Any, job_id: str = "job") -> list[dict[str, Any]]:
-    return [item async for item in worker.handle({"id": job_id, "input": job_input})]
+    return await job_items(worker, {"id": job_id, "input": job_input})
 
 
 async def test_streaming_and_non_streaming_give_the_same_text(worker: ServerlessWorker) -> None:

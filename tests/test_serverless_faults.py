@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from tests.fakes import FakeEngine
-from tests.helpers import engine_settings, worker_for
+from tests.helpers import engine_settings, job_items, worker_for
 from worker.errors import EngineBootError
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
@@ -15,7 +15,7 @@ JOB = {"prompt": "hi", "sampling_params": {"max_tokens": 3}}
 
 
 async def collect(worker: ServerlessWorker, job_input: Any = JOB, job_id: str = "j") -> list[dict[str, Any]]:
-    return [item async for item in worker.handle({"id": job_id, "input": job_input})]
+    return await job_items(worker, {"id": job_id, "input": job_input})
 
 
 async def test_concurrent_first_jobs_boot_the_engine_once() -> None:

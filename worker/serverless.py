@@ -18,18 +18,25 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeAlias
 
 from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_payload
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
 from worker.streaming import ChunkBatcher, coalesce_events, collect_final
 
-__all__ = ["ServerlessWorker", "local_arg_parser", "main_local", "openai_error_item"]
+__all__ = ["Job", "JobItem", "ServerlessWorker", "local_arg_parser", "main_local", "openai_error_item"]
 
 log = logging.getLogger(__name__)
 
 FALLBACK_CONCURRENCY = 8
+
+# A RunPod job as the SDK hands it over: {"id": ..., "input": <anything the client sent>}.
+Job: TypeAlias = dict[str, Any]
+# What a job yields, in two shapes: a JSON object (a native chunk, the final block, an OpenAI
+# response object, an error item), or on a streamed openai_route a string of whole server-sent
+# events ("data: {...}\n\n" each).
+JobItem: TypeAlias = dict[str, object] | str
 
 
 class ServerlessWorker:
@@ -56,7 +63,7 @@ class ServerlessWorker:
         log.error("asking RunPod to replace this worker: %s", reason)
         self.runpod_config["refresh_worker"] = True
 
-    async def handle(self, job: dict[str, Any]) -> AsyncGenerator[Any, None]:
+    async def handle(self, job: Job) -> AsyncGenerator[JobItem, None]:
         job_id = str(job.get("id") or "local")
         request_id = f"{job_id}-{uuid.uuid4().hex[:8]}"
         job_input = job.get("input")
@@ -100,7 +107,7 @@ class ServerlessWorker:
             growth_factor=settings.default_batch_size_growth_factor,
         )
 
-    async def _openai(self, job_input: dict[str, Any]) -> AsyncIterator[Any]:
+    async def _openai(self, job_input: dict[str, Any]) -> AsyncIterator[JobItem]:
         """``{"openai_route": ..., "openai_input": {...}}``: what the pod server would answer, from
         vLLM's own OpenAI layer: a response object, or its server-sent events, coalesced into
         items as the native stream's tokens are (each item costs the platform a POST)."""
@@ -136,15 +143,17 @@ class ServerlessWorker:
             yield item
 
     # ------------------------------------------------------------------ local runs
-    async def run_local(self, job_input: Any, *, out: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    async def run_local(self, job_input: object, *, out: Callable[[str], None] = print) -> list[JobItem]:
         """Run one job through the whole streaming path, printing every item as it arrives."""
         started = time.perf_counter()
-        items = []
+        items: list[JobItem] = []
         try:
             async for item in self.handle({"id": "local-test", "input": job_input}):
                 items.append(item)
                 elapsed = time.perf_counter() - started
-                if "error" in item:
+                if isinstance(item, str):  # server-sent events of an openai_route stream
+                    out(f"[{elapsed:7.2f}s] events {json.dumps(item)}")
+                elif "error" in item:
                     out(f"[{elapsed:7.2f}s] ERROR {json.dumps(item)}")
                 elif "finish_reason" in item:
                     out(f"[{elapsed:7.2f}s] final {json.dumps(item, indent=2)}")
@@ -202,7 +211,7 @@ def local_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_test_input(test_input: str | None, *, default_path: str = "test_input.json") -> Any:
+def load_test_input(test_input: str | None, *, default_path: str = "test_input.json") -> object:
     """The job input for a local run: ``--test_input '<json>'`` or ``test_input.json``'s ``input``."""
     if test_input is not None:
         raw = test_input
@@ -222,4 +231,4 @@ def load_test_input(test_input: str | None, *, default_path: str = "test_input.j
 def main_local(worker: ServerlessWorker, test_input: str | None) -> int:
     job_input = load_test_input(test_input)
     items = asyncio.run(worker.run_local(job_input))
-    return 1 if any("error" in item for item in items) else 0
+    return 1 if any(isinstance(item, dict) and "error" in item for item in items) else 0

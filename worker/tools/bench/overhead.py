@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from worker.config import Settings
@@ -76,7 +76,8 @@ async def bench_overhead(
 
     def handler_request(worker: ServerlessWorker, i: int) -> Callable[[RequestTiming], Any]:
         async def run(timing: RequestTiming) -> None:
-            async for item in worker.handle({"id": f"h{i}", "input": job}):
+            items: AsyncIterator[Any] = worker.handle({"id": f"h{i}", "input": job})  # native: JSON objects
+            async for item in items:
                 if item.get("text") and timing.first_token is None:
                     timing.first_token = time.perf_counter()
                 if "error" in item:
@@ -182,8 +183,9 @@ async def _spec_exactness(
     before = engine_spec_counters()
 
     async def one(i: int) -> dict[str, Any]:
-        items = [item async for item in worker.handle({"id": f"exact{i}", "input": job})]
-        return dict(items[-1].get("spec_decode") or {})
+        items: AsyncIterator[Any] = worker.handle({"id": f"exact{i}", "input": job})  # native: JSON objects
+        last = [item async for item in items][-1]
+        return dict(last.get("spec_decode") or {})
 
     finals = await asyncio.gather(*(one(i) for i in range(requests)))
     summed = {
