@@ -44,6 +44,8 @@
 #   coldstart-triton-ab  real-size weights, V1: a boot that fills an empty cache root, then four boots with that
 #                     root, each with an empty HOME, alternating the worker's TRITON_CACHE_DIR default and the old
 #                     behaviour (Triton's cache in HOME); made the cold-ab* files (one cache root, same loop)
+#   coldstart-disk    real-size weights from a cold disk (scripts/page_cache.py evicts them, residency checked):
+#                     after a fill, three rounds of PREFETCH_WEIGHTS=false / true evicted, then in the page cache
 #   coldstart-server-real  real-size weights, both on vLLM's default V2 runner: a handler boot that fills an
 #                     empty compile cache, then the handler and vLLM's own server each with that warm cache
 #   coldstart-jit     the two largest phases of a warm boot (docs/benchmarks.md): main-process imports
@@ -193,6 +195,21 @@ for stage in "$@"; do
           MODEL_NAME=$R LOAD_FORMAT=auto HOME=$h TRITON_CACHE_DIR=$h/.triton/cache run cold-tab-$i-old \
             --parts coldstart_handler
         fi
+      done ;;
+    coldstart-disk)
+      # Weights from a cold disk: after a boot that fills an empty cache root, three rounds of a boot
+      # with the weights evicted from the page cache and PREFETCH_WEIGHTS=false, the same with it on,
+      # and one with the weights in the page cache (default: on); residency checked before each boot.
+      real_weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-disk-$$ MODEL_NAME=$R LOAD_FORMAT=auto
+      run cold-disk-fill --parts coldstart_handler
+      for i in 1 2 3; do
+        for p in false true; do
+          python3 scripts/page_cache.py evict $R > "$OUT/cold-disk-$i-$p.residency"
+          PREFETCH_WEIGHTS=$p run cold-disk-$i-$p --parts coldstart_handler
+        done
+        python3 scripts/page_cache.py residency $R > "$OUT/cold-cache-$i.residency"
+        run cold-cache-$i --parts coldstart_handler
       done ;;
     coldstart-server-real)
       real_weights

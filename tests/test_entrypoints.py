@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import alive_after, descendants, free_port
+from worker import prefetch
 from worker.tiny_models import TinyModels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,11 +146,18 @@ def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env:
 def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
     subprocess_env: dict[str, str], tiny_models: TinyModels, tmp_path: Path
 ) -> None:
-    """RunPod's cached-models layout holding the tiny model under a hub id: served with the hub unreachable."""
+    """RunPod's cached-models layout holding the tiny model under a hub id: served with the hub
+    unreachable, its weights evicted from the page cache and read back by the prefetch before vLLM
+    is imported (the order of the boot's log lines; the files resident afterwards)."""
     repo = tmp_path / "hub" / "models--org--tiny-target"
-    shutil.copytree(tiny_models.target, repo / "snapshots" / "abc123")
+    snapshot = repo / "snapshots" / "abc123"
+    shutil.copytree(tiny_models.target, snapshot)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc123")
+    weights = prefetch.weight_files(snapshot)
+    for path in weights:
+        prefetch.evict(path)
+    is_evicted = max(prefetch.resident_share(p) for p in weights) < 0.5  # not on a filesystem held in memory
     env = {
         **subprocess_env,
         "MODEL_NAME": "org/tiny-target",
@@ -157,18 +166,30 @@ def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
         "MAX_MODEL_LEN": "512",
         "KV_CACHE_MEMORY_BYTES": str(64 * 2**20),
         "ENFORCE_EAGER": "true",
+        "PREFETCH_WEIGHTS": "true",
+        "VLLM_LOGGING_LEVEL": "INFO",
     }
     job = {"input": {"prompt": "Once upon a time", "stream": False, "sampling_params": {"max_tokens": 4}}}
     out = subprocess.run(
         [sys.executable, "handler.py", "--test_input", json.dumps(job)],
         cwd=ROOT,
-        env=env,
-        capture_output=True,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         timeout=300,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "serving RunPod's cached copy" in out.stderr
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "serving RunPod's cached copy" in out.stdout
+    log = out.stdout  # standard error merged in: the lines in the order they were written
+    reading = log.index("prefetch: reading 1 weight file(s)")
+    assert "prefetch: 0.00 GB read in" in log
+    # The weights were being read before vLLM was imported (its first log line) and before its engine started.
+    first_vllm_line = re.search(r" vllm\.|\(MainProcess pid=", log)
+    assert first_vllm_line is not None and reading < first_vllm_line.start()
+    assert reading < log.index("Initializing a V1 LLM engine")
+    if is_evicted:
+        assert min(prefetch.resident_share(p) for p in weights) == 1.0
     final_text = out.stdout[out.stdout.index("] final ") :]
-    final = json.loads(final_text[final_text.index("{") : final_text.rindex("}") + 1])
+    final, _ = json.JSONDecoder().raw_decode(final_text[final_text.index("{") :])  # log lines may follow
     assert final["usage"]["completion_tokens"] == 4 and final["served"]["model"] == "org/tiny-target"

@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     triton_cache_dir: str | None = Field(
         None, description="Triton's kernel cache; unset: VLLM_CACHE_ROOT/triton_cache when that is set"
     )
+    prefetch_weights: bool | None = Field(
+        None,
+        description="read the weight files into the page cache while vLLM is imported; unset: when they fit in "
+        "the memory available",
+    )
     warmup_request: bool = Field(
         True,
         description="short requests during boot (prompt, chat, the sampler's optional kernels), so that the "

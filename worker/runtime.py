@@ -38,6 +38,10 @@ EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
 async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
     """vLLM's engine for ``settings``: the process environment it must inherit first (a pure
     function of the settings and the deployment mode), then the boot."""
+    from worker import prefetch
+
+    # Before vLLM is imported (worker.boot imports it): the weights are read while the imports run.
+    prefetch.start(settings)
     from worker.boot import boot
     from worker.engine_args import engine_environment
 

@@ -17,6 +17,7 @@ from typing import Any
 from worker.config import Settings, load_settings
 from worker.tools.bench.coldstart import bench_coldstart, bench_first_request
 from worker.tools.bench.engines import EnginePool
+from worker.tools.bench.lossless import bench_lossless
 from worker.tools.bench.overhead import bench_overhead
 from worker.tools.bench.report import render_markdown, render_saved, write_report
 from worker.tools.bench.roofline import bench_roofline
@@ -44,6 +45,8 @@ class Plan:
     stats_off_baseline: bool = False
     aa_baseline: bool = False
     smoke: bool = False
+    lossless_samples: int = 500
+    lossless_sampling: list[dict[str, Any]] = field(default_factory=lambda: [{"temperature": 1.0}])
 
 
 def _machine() -> str:
@@ -79,7 +82,7 @@ def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command:
         "max_tokens": plan.max_tokens,
         "repeats": plan.repeats,
     }
-    if {"overhead", "first_request", "spec"} & set(plan.parts):
+    if {"overhead", "first_request", "spec", "lossless"} & set(plan.parts):
         asyncio.run(_in_process_parts(plan, settings, env, results, out))
     if "pod" in plan.parts:
         results["pod"] = bench_pod(settings, env, model_path=model_path, out=out, **load)
@@ -166,12 +169,37 @@ async def _in_process_parts(
                 pool=pool,
             )
             write_report(results, out)
+        if "lossless" in plan.parts:
+            draft = {"SPECULATIVE_MODEL": "tiny:noisy", "NUM_SPECULATIVE_TOKENS": "3"}
+            configs = {
+                "draft_model": draft,
+                "draft_model, stats path off": {**draft, "PER_REQUEST_SPEC_DECODE_METRICS": "none"},
+                "ngram": {"SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "3"},
+            }
+            results["lossless"] = []
+            for sampling in plan.lossless_sampling:
+                results["lossless"].append(
+                    await bench_lossless(
+                        env, configs=configs, sampling=sampling, num_samples=plan.lossless_samples, pool=pool
+                    )
+                )
+                write_report(results, out)
     finally:
         pool.close()
     results["engine_boots"] = results.get("engine_boots", 0) + pool.num_boots
 
 
-ALL_PARTS = ["overhead", "pod", "coldstart", "coldstart_handler", "first_request", "spec", "stats_path", "roofline"]
+ALL_PARTS = [
+    "overhead",
+    "pod",
+    "coldstart",
+    "coldstart_handler",
+    "first_request",
+    "spec",
+    "stats_path",
+    "roofline",
+    "lossless",
+]
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -202,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="spec part: rounds of the requests per point on its engine; decode speed is the rounds' median",
+    )
+    parser.add_argument(
+        "--lossless-samples", type=int, default=500, help="lossless part: completions per engine and configuration"
+    )
+    parser.add_argument(
+        "--lossless-top-p",
+        action="store_true",
+        help="lossless part: also temperature 0.7 with top-p 0.9 (a speculating CPU engine dies on top-p)",
     )
     parser.add_argument("--gpu", choices=sorted(GPUS), help="the GPU this runs on, for the roofline fraction")
     parser.add_argument("--label", default="", help="a name for this configuration, kept in the results")
@@ -273,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         raw_input=args.raw_input,
         stats_off_baseline=args.stats_off_baseline,
         aa_baseline=args.aa_baseline,
+        lossless_samples=args.lossless_samples,
+        lossless_sampling=[{"temperature": 1.0}]
+        + ([{"temperature": 0.7, "top_p": 0.9}] if args.lossless_top_p else []),
     )
     if args.smoke:
         given = set(argv if argv is not None else sys.argv[1:])
@@ -289,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             label=plan.label,
             stats_off_baseline=plan.stats_off_baseline,
             aa_baseline=plan.aa_baseline,
+            lossless_samples=min(plan.lossless_samples, 40),
+            lossless_sampling=plan.lossless_sampling,
             smoke=True,
         )
     unknown = set(plan.parts) - set(ALL_PARTS)

@@ -1,0 +1,34 @@
+"""Evict a model's weight files from the page cache, or report how much of them is resident.
+
+    python3 scripts/page_cache.py evict DIR      # sync, POSIX_FADV_DONTNEED on every weight file, then residency
+    python3 scripts/page_cache.py residency DIR  # the share of each weight file in the page cache (mincore)
+
+Prints one JSON line: {"files": N, "bytes": B, "resident": <share of all pages>}. For the cold-disk
+boots of scripts/gpu_bench.sh (the H200 host has no fincore).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from worker import prefetch
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("evict", "residency"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    files = prefetch.weight_files(Path(argv[1]))
+    if argv[0] == "evict":
+        for path in files:
+            prefetch.evict(path)
+    sizes = [path.stat().st_size for path in files]
+    resident = sum(prefetch.resident_share(path) * size for path, size in zip(files, sizes, strict=True))
+    print(json.dumps({"files": len(files), "bytes": sum(sizes), "resident": round(resident / max(1, sum(sizes)), 4)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
