@@ -46,6 +46,8 @@
 #                     behaviour (Triton's cache in HOME); made the cold-ab* files (one cache root, same loop)
 #   coldstart-disk    real-size weights from a cold disk (scripts/page_cache.py evicts them, residency checked):
 #                     after a fill, three rounds of PREFETCH_WEIGHTS=false / true evicted, then in the page cache
+#   lossless          is speculation lossless at temperature > 0? The tiny models (draft model, with and without the
+#                     stats path, and n-gram) against an A/A control, token distributions position by position
 #   coldstart-server-real  real-size weights, both on vLLM's default V2 runner: a handler boot that fills an
 #                     empty compile cache, then the handler and vLLM's own server each with that warm cache
 #   coldstart-jit     the two largest phases of a warm boot (docs/benchmarks.md): main-process imports
@@ -211,6 +213,11 @@ for stage in "$@"; do
         python3 scripts/page_cache.py residency $R > "$OUT/cold-cache-$i.residency"
         run cold-cache-$i --parts coldstart_handler
       done ;;
+    lossless)
+      # The tiny models (built on first use, real weights): speculation at temperature 1, and 0.7 with
+      # top-p 0.9, against an A/A control of the same engine without it (bench part lossless).
+      ( unset MODEL_NAME LOAD_FORMAT MAX_MODEL_LEN
+        run lossless --parts lossless --lossless-top-p --lossless-samples "${LOSSLESS_SAMPLES:-1000}" --concurrency 256 ) ;;
     coldstart-server-real)
       real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-srv-$$

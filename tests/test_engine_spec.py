@@ -28,9 +28,11 @@ EXPECTED_RATE = {"self": (0.99, 1.0), "noisy": (0.15, 0.9), "unrelated": (0.0, 0
 
 
 @pytest.fixture(scope="module", params=list(DRAFTS))
-async def spec_engine(request: pytest.FixtureRequest, tiny_models: Any) -> AsyncIterator[tuple[str, Any]]:
+async def spec_engine(
+    request: pytest.FixtureRequest, tiny_models: Any, default_engine: Any
+) -> AsyncIterator[tuple[str, Any]]:
     if request.param == "noisy":  # the embedded default's configuration: the session's shared engine
-        yield request.param, request.getfixturevalue("default_engine")
+        yield request.param, default_engine
         return
     engine = await boot_engine(tiny_models, MODEL_NAME="tiny:target", NUM_SPECULATIVE_TOKENS=3, **DRAFTS[request.param])
     yield request.param, engine
