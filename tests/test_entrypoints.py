@@ -1,21 +1,18 @@
-"""handler.py as users run it: import cost, the local test run, the SDK's local API server."""
+"""handler.py as users run it: import cost, its flags, the local test run, a model from RunPod's cache.
+(The SDK's local API server: ``test_reliability.py``.)"""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers import alive_after, descendants, free_port
 from worker import prefetch
 from worker.tiny_models import TinyModels
 
@@ -92,54 +89,6 @@ def test_local_test_input_argument_reports_bad_input(subprocess_env: dict[str, s
     assert out.returncode == 1
     assert "sampling_params.max_tokens" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
-
-
-def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        result: dict[str, Any] = json.loads(response.read())
-        return result
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_sdk_local_api_serves_jobs_and_sigterm_leaves_no_orphans(subprocess_env: dict[str, str]) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_port", str(port)],
-        cwd=ROOT,
-        env=subprocess_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}/runsync"
-        deadline = time.time() + 60
-        while True:
-            try:
-                result = _post(
-                    url,
-                    {"input": {"prompt": "Once upon a time", "sampling_params": {"max_tokens": 12, "temperature": 0}}},
-                    240,
-                )
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
-        assert result["status"] == "COMPLETED"
-        items = result["output"]  # return_aggregate_stream: every streamed item
-        assert "".join(i["text"] for i in items).startswith(", a small model")
-        assert items[-1]["usage"]["completion_tokens"] == 12
-        assert items[-1]["spec_decode"]["num_spec_steps"] > 0
-        bad = _post(url, {"input": {"prompt": "x", "sampling_params": {"top_k": "many"}}}, 60)
-        assert "sampling_params.top_k" in bad["output"][0]["error"]
-        engine_processes = descendants(proc.pid)
-        assert engine_processes, "the engine runs in child processes"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    assert not alive_after(engine_processes, 30), "orphaned engine processes after SIGTERM"
 
 
 @pytest.mark.slow

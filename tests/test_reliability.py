@@ -144,6 +144,15 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
         async def load() -> list[dict[str, Any]]:
             limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
             async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+                job = {"prompt": "Once upon a time", "sampling_params": {"max_tokens": 12, "temperature": 0}}
+                first = (await client.post(base + "/runsync", json={"input": job})).json()
+                assert first["status"] == "COMPLETED", first
+                items = first["output"]  # return_aggregate_stream: every streamed item
+                assert "".join(i["text"] for i in items).startswith(", a small model")
+                assert items[-1]["usage"]["completion_tokens"] == 12 and items[-1]["spec_decode"]["num_spec_steps"] > 0
+                bad = {"input": {"prompt": "x", "sampling_params": {"top_k": "many"}}}
+                refused = (await client.post(base + "/runsync", json=bad)).json()
+                assert "sampling_params.top_k" in refused["output"][0]["error"]
                 semaphore = asyncio.Semaphore(24)
 
                 async def guarded(i: int) -> dict[str, Any]:
@@ -308,10 +317,12 @@ async def _collect(worker: ServerlessWorker, i: int) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(600)
 def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path: Path) -> None:
-    """The handler served by the RunPod SDK's local API, at a concurrency above max_num_seqs."""
+    """``python handler.py --rp_serve_api`` as users run it (the embedded default, speculating): a
+    job's streamed items aggregated with its stats, a bad input named, then 200 jobs at a
+    concurrency above max_num_seqs, and SIGTERM leaving no engine process behind."""
     port = free_port()
     log = tmp_path / "rp-serve-api.log"
-    env = {**subprocess_env, "MAX_NUM_SEQS": "8", "SPECULATIVE_METHOD": "none"}
+    env = {**subprocess_env, "MAX_NUM_SEQS": "8"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_port", str(port)],
@@ -333,6 +344,15 @@ def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path
                     except httpx.TransportError:
                         assert time.time() < deadline and proc.poll() is None, log.read_text()[-2000:]
                         await asyncio.sleep(0.5)
+                job = {"prompt": "Once upon a time", "sampling_params": {"max_tokens": 12, "temperature": 0}}
+                first = (await client.post(base + "/runsync", json={"input": job})).json()
+                assert first["status"] == "COMPLETED", first
+                items = first["output"]  # return_aggregate_stream: every streamed item
+                assert "".join(i["text"] for i in items).startswith(", a small model")
+                assert items[-1]["usage"]["completion_tokens"] == 12 and items[-1]["spec_decode"]["num_spec_steps"] > 0
+                bad = {"input": {"prompt": "x", "sampling_params": {"top_k": "many"}}}
+                refused = (await client.post(base + "/runsync", json=bad)).json()
+                assert "sampling_params.top_k" in refused["output"][0]["error"]
                 semaphore = asyncio.Semaphore(24)
 
                 async def one(i: int) -> dict[str, Any]:
