@@ -144,15 +144,6 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
         async def load() -> list[dict[str, Any]]:
             limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
             async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-                job = {"prompt": "Once upon a time", "sampling_params": {"max_tokens": 12, "temperature": 0}}
-                first = (await client.post(base + "/runsync", json={"input": job})).json()
-                assert first["status"] == "COMPLETED", first
-                items = first["output"]  # return_aggregate_stream: every streamed item
-                assert "".join(i["text"] for i in items).startswith(", a small model")
-                assert items[-1]["usage"]["completion_tokens"] == 12 and items[-1]["spec_decode"]["num_spec_steps"] > 0
-                bad = {"input": {"prompt": "x", "sampling_params": {"top_k": "many"}}}
-                refused = (await client.post(base + "/runsync", json=bad)).json()
-                assert "sampling_params.top_k" in refused["output"][0]["error"]
                 semaphore = asyncio.Semaphore(24)
 
                 async def guarded(i: int) -> dict[str, Any]:
