@@ -45,7 +45,8 @@
 #                     root, each with an empty HOME, alternating the worker's TRITON_CACHE_DIR default and the old
 #                     behaviour (Triton's cache in HOME); made the cold-ab* files (one cache root, same loop)
 #   coldstart-disk    real-size weights from a cold disk (scripts/page_cache.py evicts them, residency checked):
-#                     after a fill, three rounds of PREFETCH_WEIGHTS=false / true evicted, then in the page cache
+#                     after a fill, rounds of PREFETCH_WEIGHTS=false / true evicted ($DISK_ROUNDS), then in the
+#                     page cache ($CACHE_ROUNDS); a later call on the same machine reuses the filled cache root
 #   lossless          is speculation lossless at temperature > 0? The tiny models (draft model, with and without the
 #                     stats path, and n-gram) against an A/A control, token distributions position by position
 #   coldstart-server-real  real-size weights, both on vLLM's default V2 runner: a handler boot that fills an
@@ -199,17 +200,20 @@ for stage in "$@"; do
         fi
       done ;;
     coldstart-disk)
-      # Weights from a cold disk: after a boot that fills an empty cache root, three rounds of a boot
-      # with the weights evicted from the page cache and PREFETCH_WEIGHTS=false, the same with it on,
-      # and one with the weights in the page cache (default: on); residency checked before each boot.
+      # Weights from a cold disk: after a boot that fills an empty cache root (skipped when a call before
+      # this one on the same machine filled it), rounds of a boot with the weights evicted from the page
+      # cache and PREFETCH_WEIGHTS=false, then the same with it on ($DISK_ROUNDS, default "1 2 3"), then
+      # boots with the weights in the page cache ($CACHE_ROUNDS, default "1"); residency checked before each.
       real_weights
-      export VLLM_CACHE_ROOT=/tmp/vllm-cache-disk-$$ MODEL_NAME=$R LOAD_FORMAT=auto
-      run cold-disk-fill --parts coldstart_handler
-      for i in 1 2 3; do
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-disk MODEL_NAME=$R LOAD_FORMAT=auto
+      [ -d $VLLM_CACHE_ROOT ] || run cold-disk-fill --parts coldstart_handler
+      for i in ${DISK_ROUNDS:-1 2 3}; do
         for p in false true; do
           python3 scripts/page_cache.py evict $R > "$OUT/cold-disk-$i-$p.residency"
           PREFETCH_WEIGHTS=$p run cold-disk-$i-$p --parts coldstart_handler
         done
+      done
+      for i in ${CACHE_ROUNDS:-1}; do
         python3 scripts/page_cache.py residency $R > "$OUT/cold-cache-$i.residency"
         run cold-cache-$i --parts coldstart_handler
       done ;;

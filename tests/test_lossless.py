@@ -40,7 +40,7 @@ async def test_on_the_cpu_build_the_control_passes_and_a_draft_model_is_lossy(ti
         env,
         configs={"draft_model": draft},
         sampling={"temperature": 1.0},
-        num_samples=300,
+        num_samples=150,
         pool=EnginePool(share=False),
     )
     control, (row,) = result["control"], result["rows"]
