@@ -24,6 +24,7 @@ from worker.tools.bench.tables_boot import (
     coldstart_handler_section,
     coldstart_section,
     first_request_section,
+    lossless_section,
     roofline_section,
     spec_section,
 )
@@ -40,6 +41,7 @@ SECTIONS: list[Callable[[dict[str, Any]], list[str]]] = [
     boot_phases_section,
     first_request_section,
     spec_section,
+    lossless_section,
     roofline_section,
 ]
 

@@ -13,6 +13,7 @@ __all__ = [
     "coldstart_handler_section",
     "coldstart_section",
     "first_request_section",
+    "lossless_section",
     "roofline_section",
     "spec_section",
 ]
@@ -145,4 +146,33 @@ def roofline_section(results: dict[str, Any]) -> list[str]:
             f"{fmt(r.get('measured_tok_s'), 1)} | {fmt(r.get('fraction_of_bound'), 3)} |"
         )
     lines.append("")
+    return lines
+
+
+def lossless_section(results: dict[str, Any]) -> list[str]:
+    if "lossless" not in results:
+        return []
+    lines = ["### Is speculation lossless at temperature > 0? (token distributions, position by position)", ""]
+    for block in results["lossless"]:
+        sampling = ", ".join(f"{k} {v}" for k, v in block["sampling"].items())
+        control = block["control"]
+        lines += [
+            f"{sampling}: {block['num_samples']} completions of {block['num_positions']} tokens per engine from "
+            f"{block['prompt']!r}; a position differs when its total-variation distance exceeds the "
+            f"{block['bootstrap']['quantile']} quantile of {block['bootstrap']['draws']} bootstrap draws from the "
+            f"pooled A/A samples (thresholds {' / '.join(fmt(t, 3) for t in block['thresholds'])}).",
+            "",
+            "| engine against A (no speculation) | TV per position | positions over | target log-prob < -6 | verdict |",
+            "|---|---|---|---|---|",
+            f"| A' (A/A control) | {' / '.join(fmt(t, 3) for t in control['tv_per_position'])} | "
+            f"{control['positions_over_threshold'] or 'none'} | {fmt(control['low_logprob_share'] * 100, 1)}% | "
+            f"{'passes' if control['passes'] else '**fails**'} |",
+        ]
+        for row in block["rows"]:
+            lines.append(
+                f"| {row['config']} | {' / '.join(fmt(t, 3) for t in row['tv_per_position'])} | "
+                f"{row['positions_over_threshold'] or 'none'} | {fmt(row['low_logprob_share'] * 100, 1)}% | "
+                f"{'lossless' if row['lossless'] else '**lossy**'} |"
+            )
+        lines.append("")
     return lines
