@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, TypeAlias
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 FALLBACK_CONCURRENCY = 8
 
 # A RunPod job as the SDK hands it over: {"id": ..., "input": <anything the client sent>}.
-Job: TypeAlias = dict[str, Any]
+Job: TypeAlias = Mapping[str, object]
 # What a job yields, in two shapes: a JSON object (a native chunk, the final block, an OpenAI
 # response object, an error item), or on a streamed openai_route a string of whole server-sent
 # events ("data: {...}\n\n" each).
