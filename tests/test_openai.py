@@ -279,3 +279,17 @@ async def test_route_stream_items_hold_whole_events_on_the_readme_schedule(both:
     assert items[-1].endswith("data: [DONE]\n\n") and sum(sizes) >= 31  # 30 tokens, one event or more each, [DONE]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert "each item is a string of **one or more whole\nserver-sent events**" in readme
+
+
+async def test_sampling_with_speculation_on_cpu_is_a_400_naming_the_cause_on_pod_and_route(both: Both) -> None:
+    """The CPU build's lossy sampler (engine.unsupported_sampling), refused through vLLM's layer too:
+    the pod answers 400 (OpenAI's error object), the route an error item; the default temperature
+    of the OpenAI API is 1, so leaving it out is refused as well."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    response = await both.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    assert "SPECULATIVE_METHOD=none" in response.json()["error"]["message"]
+    (item,) = await both.route("/v1/chat/completions", {**body, "temperature": 0.9})
+    assert item["status"] == 400 and "temperature 0.9" in item["error"] and "SPECULATIVE_METHOD=none" in item["error"]
+    ok = await both.ask("route", "/v1/chat/completions", {**body, "temperature": 0})
+    assert ok["usage"]["completion_tokens"] == 4
