@@ -18,7 +18,16 @@ _WORKER_ENV = {name.upper() for name in Settings.model_fields} | {"RUNPOD_WEBHOO
 
 # Fixtures that boot an engine or a server: a test that asks for one must be marked slow, so
 # that `pytest -m "not slow"` (the development lane) never boots anything.
-_BOOTING_FIXTURES = {"default_engine", "plain_engine", "spec_engine", "both", "pod", "pod_and_worker", "awq_model"}
+_BOOTING_FIXTURES = {
+    "default_engine",
+    "plain_engine",
+    "spec_engine",
+    "both",
+    "plain",
+    "pod",
+    "pod_and_worker",
+    "awq_model",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -58,9 +67,9 @@ async def default_engine(tiny_models: TinyModels) -> AsyncIterator[Any]:
     engine.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 async def plain_engine(tiny_models: TinyModels) -> AsyncIterator[Any]:
-    """The tiny target without speculation."""
+    """The tiny target without speculation (it samples at any temperature on a CPU too)."""
     engine = await boot_engine(tiny_models, MODEL_NAME="tiny:target")
     yield engine
     engine.shutdown()

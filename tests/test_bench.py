@@ -173,7 +173,16 @@ def test_smoke_run_of_the_in_process_parts(tmp_path: Path, subprocess_env: dict[
     out = tmp_path / "bench"
     parts = "overhead,first_request,spec,stats_path,roofline"
     results = _bench(
-        out, subprocess_env, "--parts", parts, "--drafts", "tiny:target,tiny:unrelated", "--spec-rounds", "2"
+        out,
+        subprocess_env,
+        "--parts",
+        parts,
+        "--drafts",
+        "tiny:target,tiny:unrelated",
+        "--spec-rounds",
+        "2",
+        "--spec-requests",
+        "4",
     )
     assert results["engine_boots"] == 3
     rows = results["overhead"]["rows"]

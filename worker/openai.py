@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 from argparse import Namespace
 from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.responses import Response
+import pydantic
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from pydantic import TypeAdapter
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
@@ -94,10 +94,6 @@ class _ObservedClient:
         return self._engine.observe(self._llm.generate(prompt, sampling_params, request_id, **kwargs), request_id)
 
 
-# Where the validation handler leaves its sentence for an in-process call (a key of the ASGI scope).
-_PROBLEM_KEY = "worker.problem"
-
-
 def describe_validation_errors(errors: Any, *, prefix: str = "") -> str:
     """A request's validation errors as one sentence naming each field, e.g. ``openai_input.messages:
     field required``, where vLLM's layer answers with a rendering of pydantic's error dicts.
@@ -154,23 +150,33 @@ class OpenAIServer:
         tasks = await llm.get_supported_tasks()
         app = build_app(args, tasks, llm.model_config)
         await init_app_state(cast(EngineClient, _ObservedClient(engine)), app.state, args, tasks)
-        vllm_handler = app.exception_handlers[RequestValidationError]
-
-        async def on_invalid(request: Request, exc: Exception) -> Response:
-            # vLLM's answer stands (the pod answers as vLLM's server does); an in-process call
-            # (RunPod's openai_route) also gets a sentence naming each field.
-            if isinstance(exc, RequestValidationError):
-                request.scope[_PROBLEM_KEY] = describe_validation_errors(exc.errors(), prefix="openai_input.")
-            answer = vllm_handler(request, exc)
-            return await answer if inspect.isawaitable(answer) else answer
-
-        app.add_exception_handler(RequestValidationError, on_invalid)
         # What vLLM's server does in its app's lifespan, which does not run here (the app is
         # mounted, or called in-process): move the serving layer just built (templates, parsers,
         # tokenizer caches) out of the garbage collector's sight, as the engine's boot did for the
         # engine, so that collections while serving do not walk it again and again.
         freeze_gc_heap()
         return cls(app)
+
+    def _describe_invalid(self, path: str, body: Any) -> str | None:
+        """Why vLLM's layer refused ``body`` as invalid, as a sentence naming each field, or None when
+        its request model accepts the body (the refusal was about something else). vLLM answers with
+        a rendering of pydantic's error dicts and keeps the errors themselves in its handler, so the
+        body is validated again against the route's own request model, on the error path only."""
+        if not isinstance(body, dict):
+            return None
+        for route in self.app.routes:
+            if not isinstance(route, APIRoute) or route.path != path or route.body_field is None:
+                continue
+            model = route.body_field.field_info.annotation
+            if model is not None:
+                try:
+                    TypeAdapter(model).validate_python(body)
+                except pydantic.ValidationError as exc:
+                    return describe_validation_errors(exc.errors(), prefix="openai_input.")
+                except Exception:  # vLLM's own checks inside its validators: its message stands
+                    return None
+                return None
+        return None
 
     async def call(self, method: str, path: str, body: Any = None) -> OpenAIResponse:
         """One request through the app, in-process. The body streams as the app sends it;
@@ -241,5 +247,5 @@ class OpenAIServer:
             status=int(start["status"]),
             is_stream=headers.get("content-type", "").startswith("text/event-stream"),
             body=body_parts(),
-            problem=scope.get(_PROBLEM_KEY),
+            problem=self._describe_invalid(path, body) if int(start["status"]) in (400, 422) else None,
         )
