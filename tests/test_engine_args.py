@@ -10,7 +10,7 @@ from worker.engine_args import (
     build_engine_kwargs,
     engine_environment,
 )
-from worker.models import cached_snapshot
+from worker.models import cached_snapshot, resolver
 from worker.tiny_models import TinyModels
 
 
@@ -91,6 +91,14 @@ def test_runpod_model_cache_lookup(tmp_path: Path) -> None:
     assert cached_snapshot("org/single", revision=None, cache_dir=tmp_path) == only / "ccc"
     (only / "ccc" / "config.json").unlink()  # an incomplete snapshot does not count
     assert cached_snapshot("org/single", revision=None, cache_dir=tmp_path) is None
+    # The resolver takes each model's own revision: the target's, the draft's (vLLM's field), and
+    # the target's for a target that drafts for itself under the same name.
+    env = {"RUNPOD_MODEL_CACHE_DIR": str(tmp_path), "MODEL_NAME": "org/model", "MODEL_REVISION": "aaa"}
+    spec = '{"model": "org/model", "revision": "bbb", "num_speculative_tokens": 2}'
+    assert resolver(load_settings({**env, "SPECULATIVE_CONFIG": spec}))("org/model") == str(snapshots / "aaa")
+    draft = fake_cache(tmp_path, "org/draft", commits=["ddd", "eee"], main="eee")
+    spec = '{"model": "org/draft", "revision": "ddd", "num_speculative_tokens": 2}'
+    assert resolver(load_settings({**env, "SPECULATIVE_CONFIG": spec}))("org/draft") == str(draft / "ddd")
 
 
 def test_engine_args_escape_hatch_is_applied_last_and_checked_against_vllm(tiny_models: TinyModels) -> None:

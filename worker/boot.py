@@ -233,22 +233,24 @@ class _OutputTail:
         return tail
 
     def _pump(self, read_fd: int, out_fd: int) -> None:
-        while True:
-            try:
-                data = os.read(read_fd, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            try:
-                os.write(out_fd, data)
-            except OSError:
-                pass
-            with self._lock:
-                self._tail.append(data)
-                self._size += len(data)
-                while self._size > 65536 and len(self._tail) > 1:
-                    self._size -= len(self._tail.popleft())
+        """Copy the pipe to ``out_fd`` until its last writer (an engine process) is gone, then close
+        both: this process's own descriptor was restored from ``out_fd`` long before that."""
+        try:
+            while data := os.read(read_fd, 65536):
+                try:
+                    os.write(out_fd, data)
+                except OSError:
+                    pass
+                with self._lock:
+                    self._tail.append(data)
+                    self._size += len(data)
+                    while self._size > 65536 and len(self._tail) > 1:
+                        self._size -= len(self._tail.popleft())
+        except OSError:
+            pass
+        finally:
+            os.close(read_fd)
+            os.close(out_fd)
 
     def restore(self) -> None:
         """Point this process's descriptors back where they were (the pipes stay for the engine's processes)."""
@@ -263,8 +265,7 @@ class _OutputTail:
             with self._lock:
                 text = b"".join(self._tail).decode(errors="replace")
             lines = (_LINE_PREFIX.sub("", line).strip() for line in text.splitlines())
-            causes = [line for line in lines if _EXCEPTION_LINE.match(line) and not line.startswith(_WRAPPERS)]
-            causes = [c for c in causes if not any(w in c for w in _WRAPPERS)]
+            causes = [line for line in lines if _EXCEPTION_LINE.match(line) and not any(w in line for w in _WRAPPERS)]
             if causes or time.monotonic() > deadline:
                 return causes[0][:500] if causes else None
             time.sleep(0.05)

@@ -67,7 +67,6 @@ class Engine:
         self._tokenizer = llm.get_tokenizer()
         # vLLM's CPU build cannot sample faithfully with speculation (unsupported_sampling).
         self.is_greedy_only = bool(spec) and current_platform.is_cpu()
-        self.keeps_spec_stats = self.served.spec_decode_available
         self.observers: list[Callable[[RequestEnd], None]] = []
         # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
         # same list, so that both entrypoints share one adapter slot per name.
@@ -85,6 +84,11 @@ class Engine:
     def llm(self) -> AsyncLLM:
         """vLLM's engine itself, for comparisons that must bypass the worker (benchmarks)."""
         return self._llm
+
+    @property
+    def keeps_spec_stats(self) -> bool:
+        """Whether requests get exact spec-decode stats (what a request tracker looks up)."""
+        return self.served.spec_decode_available
 
     @property
     def is_dead(self) -> bool:

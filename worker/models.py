@@ -48,9 +48,10 @@ def resolver(settings: Settings) -> Callable[[str], str]:
             from worker.tiny_models import ensure_tiny_models
 
             return str(ensure_tiny_models(settings.worker_cache_dir).path(ref.removeprefix(TINY_PREFIX)))
-        revision = settings.model_revision if ref == settings.model_name else None
-        if ref == settings.draft_ref:
-            revision = settings.draft_revision
+        if ref == settings.model_name:
+            revision = settings.model_revision
+        else:
+            revision = settings.draft_revision if ref == settings.draft_ref else None
         cached = cached_snapshot(ref, revision=revision, cache_dir=settings.runpod_model_cache_dir)
         if cached is not None:
             log.info("%s: serving RunPod's cached copy at %s", ref, cached)

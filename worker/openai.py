@@ -162,20 +162,19 @@ class OpenAIServer:
         its request model accepts the body (the refusal was about something else). vLLM answers with
         a rendering of pydantic's error dicts and keeps the errors themselves in its handler, so the
         body is validated again against the route's own request model, on the error path only."""
-        if not isinstance(body, dict):
+        route = next(
+            (r for r in self.app.routes if isinstance(r, APIRoute) and r.path == path and r.body_field is not None),
+            None,
+        )
+        model = None if route is None or route.body_field is None else route.body_field.field_info.annotation
+        if model is None or not isinstance(body, dict):
             return None
-        for route in self.app.routes:
-            if not isinstance(route, APIRoute) or route.path != path or route.body_field is None:
-                continue
-            model = route.body_field.field_info.annotation
-            if model is not None:
-                try:
-                    TypeAdapter(model).validate_python(body)
-                except pydantic.ValidationError as exc:
-                    return describe_validation_errors(exc.errors(), prefix="openai_input.")
-                except Exception:  # vLLM's own checks inside its validators: its message stands
-                    return None
-                return None
+        try:
+            TypeAdapter(model).validate_python(body)
+        except pydantic.ValidationError as exc:
+            return describe_validation_errors(exc.errors(), prefix="openai_input.")
+        except Exception:  # vLLM's own checks inside its validators: its message stands
+            return None
         return None
 
     async def call(self, method: str, path: str, body: Any = None) -> OpenAIResponse:

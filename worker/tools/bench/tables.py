@@ -119,9 +119,8 @@ def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> 
 def overhead_section(results: dict[str, Any]) -> list[str]:
     if "overhead" not in results:
         return []
-    lines: list[str] = []
     o = results["overhead"]
-    lines += [
+    lines = [
         "### Handler overhead (serverless code path vs vLLM AsyncLLM, one engine, one process)",
         "",
         f"{o['num_requests']} requests x {o['max_tokens']} tokens per concurrency level, median of "
@@ -187,17 +186,14 @@ def overhead_section(results: dict[str, Any]) -> list[str]:
 def stats_path_section(results: dict[str, Any]) -> list[str]:
     if "stats_path" not in results:
         return []
-    lines: list[str] = []
-    lines += stats_path_table(results["stats_path"], results.get("overhead"))
-    return lines
+    return stats_path_table(results["stats_path"], results.get("overhead"))
 
 
 def pod_section(results: dict[str, Any]) -> list[str]:
     if "pod" not in results:
         return []
-    lines: list[str] = []
     p = results["pod"]
-    lines += [
+    lines = [
         "### Pod server vs vLLM's OpenAI server (same engine arguments, same streaming client)",
         "",
         f"{p['num_requests']} requests x {p['max_tokens']} tokens, `/v1/completions` streaming, median of "

@@ -22,10 +22,9 @@ __all__ = [
 def coldstart_section(results: dict[str, Any]) -> list[str]:
     if "coldstart" not in results:
         return []
-    lines: list[str] = []
     c = results["coldstart"]
     h, s = c["handler"], c.get("vllm_server")
-    lines += [
+    return [
         "### Cold start (process start to first streamed token)",
         "",
         "| | first token s | engine ready s | weights load s | engine init (profile, KV, warm-up) s | "
@@ -45,15 +44,13 @@ def coldstart_section(results: dict[str, Any]) -> list[str]:
         f"`import handler`: {fmt(c['handler_import_s'] * 1000, 0)} ms (median of 5).",
         "",
     ]
-    return lines
 
 
 def coldstart_handler_section(results: dict[str, Any]) -> list[str]:
     if "coldstart_handler" not in results:
         return []
-    lines: list[str] = []
     h = results["coldstart_handler"]["handler"]
-    lines += [
+    lines = [
         "### Cold start, handler only",
         "",
         f"`python handler.py --test_input`: first token {fmt(h['first_token_s'])} s after process start, "
@@ -64,19 +61,15 @@ def coldstart_handler_section(results: dict[str, Any]) -> list[str]:
 
 
 def boot_phases_section(results: dict[str, Any]) -> list[str]:
-    lines: list[str] = []
     runs = boot_runs(results, results.get("label") or "handler")
-    if runs:
-        lines += ["### Where the handler's boot goes", "", *phase_table(runs)]
-    return lines
+    return ["### Where the handler's boot goes", "", *phase_table(runs)] if runs else []
 
 
 def first_request_section(results: dict[str, Any]) -> list[str]:
     if "first_request" not in results:
         return []
-    lines: list[str] = []
     f = results["first_request"]
-    lines += [
+    lines = [
         "### First request after boot",
         "",
         f"TTFT of the first request {fmt(f['first_ttft_ms'], 1)} ms; of the next "
@@ -100,9 +93,8 @@ def first_request_section(results: dict[str, Any]) -> list[str]:
 def spec_section(results: dict[str, Any]) -> list[str]:
     if "spec" not in results:
         return []
-    lines: list[str] = []
     sp = results["spec"]
-    lines += [
+    lines = [
         "### Speculative decoding (single stream, temperature 0)",
         "",
         f"Baseline without speculation: {fmt(sp['baseline']['decode_tok_s'], 1)} decode tok/s; "
@@ -128,9 +120,8 @@ def spec_section(results: dict[str, Any]) -> list[str]:
 def roofline_section(results: dict[str, Any]) -> list[str]:
     if "roofline" not in results:
         return []
-    lines: list[str] = []
     ro = results["roofline"]
-    lines += [
+    lines = [
         "### Roofline: single-stream decode bound",
         "",
         f"{ro['num_params'] / 1e6:,.1f} M parameters; {ro['weight_bytes_per_step'] / 1e6:,.2f} MB of weights "
