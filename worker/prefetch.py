@@ -102,6 +102,8 @@ def start(settings: Settings) -> Prefetch | None:
         return None
     job = Prefetch(files=list(sizes), num_bytes=total)
     log.info("prefetch: reading %d weight file(s), %.2f GB, while vLLM loads", len(sizes), total / 1e9)
+    # Daemon threads of its own rather than a ThreadPoolExecutor: the interpreter joins an
+    # executor's threads at exit, so a boot that fails early would wait for gigabytes of reads.
     pending = list(sizes)
     lock = threading.Lock()
     remaining = [min(_NUM_THREADS, len(pending))]

@@ -26,16 +26,20 @@ class EnginePool:
 
     async def get(self, settings: Settings) -> Engine:
         """An engine for ``settings``: booted now, or with ``share`` the one booted before."""
-        from worker.runtime import boot_engine
-
         key = settings.model_dump_json()
         if self.share and key in self._shared:
             return self._shared[key]
-        engine = await boot_engine(settings, mode="serverless")
-        self.num_boots += 1
+        engine = await self.boot(settings)
         if self.share:
             self._shared[key] = engine
         return engine
+
+    async def boot(self, settings: Settings) -> Engine:
+        """An engine of its own, never shared (an A/A twin), shut down by :meth:`release`."""
+        from worker.runtime import boot_engine
+
+        self.num_boots += 1
+        return await boot_engine(settings, mode="serverless")
 
     def release(self, engine: Engine) -> None:
         """Done with ``engine``: shut down now, unless shared (then at :meth:`close`)."""

@@ -59,10 +59,8 @@ async def bench_overhead(
         engines["handler_stats_off"] = await pool.get(
             settings.model_copy(update={"per_request_spec_decode_metrics": "none"})
         )
-    if aa_baseline:  # a twin: booted apart from the pool, which would hand out the same engine twice
-        from worker.runtime import boot_engine
-
-        engines["handler_aa"] = await boot_engine(settings, mode="serverless")
+    if aa_baseline:  # a twin of its own (a shared pool would hand out the measured engine)
+        engines["handler_aa"] = await pool.boot(settings)
     engine = await pool.get(settings)
     engines = {"handler": engine, **engines}
     served = engine.served.model_dump()
@@ -166,11 +164,8 @@ async def bench_overhead(
         if on_progress:
             on_progress(report)
     finally:
-        for name, booted in engines.items():
-            if name == "handler_aa":
-                booted.shutdown()
-            else:
-                pool.release(booted)
+        for booted in engines.values():
+            pool.release(booted)
     return report
 
 
