@@ -2,24 +2,50 @@
 
 vLLM attaches a request's spec-decode metrics only to the engine core's final output, so a request
 finished by a stop string (detected in the frontend) or cancelled gets none. These subclasses make
-the core attach snapshots (every step for a request with stop strings, every few steps for the
-others); the frontend keeps the latest. vLLM turns async scheduling off for n-gram drafts (then
-``SpecMetricsScheduler``) and keeps it for draft models (``SpecMetricsAsyncScheduler``).
+the core attach snapshots: for a request with stop strings, on each step that can complete one
+(:mod:`worker.stop_triggers`), and for every request every ``SNAPSHOT_EVERY_STEPS`` steps (what a
+cancelled request reports); the frontend keeps the latest. vLLM turns async scheduling off for
+n-gram drafts (then ``SpecMetricsScheduler``) and keeps it for draft models
+(``SpecMetricsAsyncScheduler``).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-__all__ = ["SNAPSHOT_EVERY_STEPS", "SpecMetricsAsyncScheduler", "SpecMetricsScheduler", "SpecMetricsSnapshots"]
+from worker.stop_triggers import EVERY, Every, StopTriggers, TriggerSet
 
-# Engine steps between snapshots for requests without stop strings: a cancelled request then
-# reports counts at most this many steps old (marked partial); exact endings need no snapshot.
-SNAPSHOT_EVERY_STEPS = 8
+__all__ = [
+    "SNAPSHOT_EVERY_STEPS",
+    "SpecMetricsAsyncScheduler",
+    "SpecMetricsScheduler",
+    "SpecMetricsSnapshots",
+    "stop_triggers",
+]
+
+log = logging.getLogger(__name__)
+
+# Engine steps between snapshots of every request: a cancelled request then reports counts at
+# most this many steps old (marked partial); exact endings need no periodic snapshot.
+SNAPSHOT_EVERY_STEPS = 64
+
+
+def stop_triggers(tokenizer: Any, *, vocab_size: int) -> StopTriggers | None:
+    """The trigger table for the tokenizers vLLM's frontend detokenizes with its fast path
+    (``FastIncrementalDetokenizer``, over ``tokenizer._tokenizer``); None for the others, whose
+    requests then keep a snapshot on every step."""
+    from vllm.v1.engine.detokenizer import uses_fast_detokenizer
+
+    if tokenizer is None or not uses_fast_detokenizer(tokenizer):
+        return None
+    return StopTriggers.from_tokenizer(tokenizer._tokenizer, vocab_size=vocab_size)
 
 
 class SpecMetricsSnapshots:
@@ -27,14 +53,19 @@ class SpecMetricsSnapshots:
 
     vLLM attaches a request's metrics only to the output on which the engine core finishes it.
     A request with stop strings may be finished by the frontend instead (which detects them), so
-    it gets a snapshot on every step: its final output then carries the counts up to and
-    including its last step. Every other request gets one every ``SNAPSHOT_EVERY_STEPS`` steps,
-    for what a cancelled request reports. This runs once per request per step inside the engine
-    core's loop, so it stays cheap: on the seven steps in eight between snapshots it looks only
-    at the outputs of requests with stop strings (none at all when no such request runs: the
-    loop is skipped), and a snapshot is one small copy: the core goes on mutating the live
-    object (the next step may run while the output thread still serialises this one). The
-    constructor with positional fields costs a quarter of ``dataclasses.replace``.
+    it gets a snapshot on each step whose tokens can complete one of its stop strings (its
+    trigger set, :class:`StopTriggers`): its final output then carries the counts up to and
+    including its last step. Every request gets one every ``SNAPSHOT_EVERY_STEPS`` steps, for
+    what a cancelled request reports. This runs once per request per step inside the engine
+    core's loop, so it stays cheap: between periodic steps it looks only at the outputs of
+    requests with stop strings (one dict lookup and one ``isdisjoint`` of the step's few token
+    ids against the request's trigger set; nothing at all when no such request runs), and a
+    snapshot is one small copy: the core goes on mutating the live object (the next step may run
+    while the output thread still serialises this one).
+
+    The trigger table is built from the tokenizer on a background thread at the first request
+    with stop strings; requests added before it is ready get a snapshot on every step, as do
+    requests on tokenizers vLLM detokenizes with its slow path.
     """
 
     requests: dict[str, Any]
@@ -42,43 +73,130 @@ class SpecMetricsSnapshots:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Ids of requests with stop strings added since the last snapshot step (which prunes
-        # the finished ones): requests for which every step's counts must reach the frontend.
-        self._stop_ids: set[str] = set()
+        # Requests with stop strings (added since the last periodic step, which prunes the
+        # finished ones): id -> the ``isdisjoint`` of the token ids whose presence in a step's
+        # output may complete one (a bound C method: the per-step test is one call), and id ->
+        # that trigger (EVERY: every step is one, e.g. while the detokenizer holds text back).
+        self._watch: dict[str, Callable[[list[int]], bool]] = {}
+        self._trigger_of: dict[str, TriggerSet | Every] = {}
+        # Requests whose text ends inside a character: their own trigger, restored once a step
+        # ends on a whole character.
+        self._held: dict[str, TriggerSet | Every] = {}
+        self._triggers: StopTriggers | None = None
+        self._triggers_started = False
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)  # type: ignore[misc]
         params = request.sampling_params
-        if params is not None and params.stop:
-            self._stop_ids.add(request.request_id)
+        if params is not None and params.stop and request.spec_decode_metrics is not None:
+            stops = [params.stop] if isinstance(params.stop, str) else params.stop
+            triggers = self._triggers
+            if triggers is None and not self._triggers_started:
+                self._start_triggers()
+            rid = request.request_id
+            if triggers is None:
+                self._set_trigger(rid, EVERY)
+                return
+            trigger = triggers.for_stops(stops)
+            prompt = request.prompt_token_ids
+            if prompt is None or triggers.ends_inside_character(prompt[-16:]) is not False:
+                # The detokenizer holds back a prompt that ends inside a character and releases
+                # it with the first tokens: held from the start.
+                self._held[rid] = trigger
+                trigger = EVERY
+            self._set_trigger(rid, trigger)
+
+    def _set_trigger(self, rid: str, trigger: TriggerSet | Every) -> None:
+        self._trigger_of[rid] = trigger
+        self._watch[rid] = trigger.isdisjoint if isinstance(trigger, Every) else trigger.ids.isdisjoint
+
+    def _start_triggers(self) -> None:
+        self._triggers_started = True
+        manager = getattr(self, "structured_output_manager", None)
+        tokenizer = getattr(manager, "tokenizer", None)
+        vocab_size = self.vllm_config.model_config.get_vocab_size()  # type: ignore[attr-defined]
+
+        def build() -> None:
+            try:
+                self._triggers = stop_triggers(tokenizer, vocab_size=vocab_size)
+            except Exception:  # the every-step snapshots stay: exact, only dearer
+                log.exception("stop-string trigger table not built; snapshots on every step stay")
+
+        threading.Thread(target=build, name="stop-triggers", daemon=True).start()
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         self._num_steps += 1
-        is_periodic = self._num_steps % SNAPSHOT_EVERY_STEPS == 0
-        stop_ids = self._stop_ids
-        if is_periodic:
-            stop_ids.intersection_update(self.requests)
-        elif not stop_ids:
+        if self._num_steps % SNAPSHOT_EVERY_STEPS == 0:
+            self._snapshot_all(outputs)
             return outputs
-        requests = self.requests
+        watch = self._watch
+        if not watch:
+            return outputs
+        get = watch.get
         for engine_outputs in outputs.values():
             for output in engine_outputs.outputs:
-                if output.spec_decode_metrics is not None:  # vLLM's own, on the final output
+                isdisjoint = get(output.request_id)
+                if isdisjoint is None or isdisjoint(output.new_token_ids):
                     continue
-                if not is_periodic and output.request_id not in stop_ids:
-                    continue
-                request: Any = requests.get(output.request_id)
-                m = None if request is None else request.spec_decode_metrics
-                if m is not None:
-                    output.spec_decode_metrics = RequestSpecDecodeMetrics(
-                        m.num_spec_tokens,
-                        m.histogram.copy(),
-                        m.num_draft_tokens,
-                        m.per_step_accepted.copy(),
-                        m.per_step_drafted.copy(),
-                    )
+                self._on_trigger(output)
         return outputs
+
+    def _on_trigger(self, output: Any) -> None:
+        """A step of a request with stop strings hit its trigger set: snapshot if the step can
+        complete one; hold the request on every step while its text may be held back."""
+        request = self.requests.get(output.request_id)
+        trigger = self._trigger_of.get(output.request_id)
+        if request is None or trigger is None:
+            return
+        triggers = self._triggers
+        new = output.new_token_ids
+        if (
+            triggers is None
+            or isinstance(trigger, Every)
+            or triggers.completes(trigger, new, request.output_token_ids, request.prompt_token_ids)
+        ) and output.spec_decode_metrics is None:  # else vLLM's own, on the final output
+            output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
+        # Pieces of a character are in every trigger set's ``always``: only such steps (and
+        # steps of requests held already, whose trigger is EVERY) can change what is held.
+        if triggers is not None and (trigger is EVERY or not triggers.partial.isdisjoint(new)):
+            self._update_held(output.request_id, triggers.ends_inside_character(new))
+
+    def _update_held(self, rid: str, held: bool | None) -> None:
+        if held:
+            if rid not in self._held:
+                self._held[rid] = self._trigger_of[rid]
+                self._set_trigger(rid, EVERY)
+        elif held is False and rid in self._held:
+            self._set_trigger(rid, self._held.pop(rid))
+
+    def _snapshot_all(self, outputs: Any) -> None:
+        requests, watch, triggers = self.requests, self._watch, self._triggers
+        for engine_outputs in outputs.values():
+            for output in engine_outputs.outputs:
+                if output.spec_decode_metrics is None:  # else vLLM's own, on the final output
+                    request = requests.get(output.request_id)
+                    if request is not None and request.spec_decode_metrics is not None:
+                        output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
+                if triggers is not None and output.request_id in watch:
+                    self._update_held(output.request_id, triggers.ends_inside_character(output.new_token_ids))
+        for rid in watch.keys() - requests.keys():
+            del watch[rid]
+            del self._trigger_of[rid]
+            self._held.pop(rid, None)
+
+
+def _snapshot(m: RequestSpecDecodeMetrics | None) -> RequestSpecDecodeMetrics | None:
+    # Positional fields: a quarter of ``dataclasses.replace``'s cost.
+    if m is None:
+        return None
+    return RequestSpecDecodeMetrics(
+        m.num_spec_tokens,
+        m.histogram.copy(),
+        m.num_draft_tokens,
+        m.per_step_accepted.copy(),
+        m.per_step_drafted.copy(),
+    )
 
 
 class SpecMetricsScheduler(SpecMetricsSnapshots, Scheduler):

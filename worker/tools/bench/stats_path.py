@@ -13,56 +13,115 @@ path adds to each engine step instead, with vLLM's own types and serialiser:
 Stats on and off run alternately over the same steps, several times (the minimum is kept, as
 ``timeit`` does). For the n-gram drafts (vLLM's synchronous scheduler) all of it sits on the
 engine core's critical path, so its share of a step bounds the throughput it costs; with the
-async scheduler it overlaps the GPU. Requests with stop strings get a snapshot on every step:
-``stop_fraction`` of the batch has them.
+async scheduler it overlaps the GPU.
+
+A request with stop strings gets a snapshot on each step whose tokens can complete one, so that
+cost depends on the text: each request streams real English text (Python's own documentation,
+``pydoc_data``: prose and code, hard-wrapped lines), tokenized by a byte-level BPE trained on it
+offline (about 4.5 characters a token, as Llama 3 on English), ``accepted + 1`` tokens a step,
+from text in which its stop string does not occur (a request ends at its stop string). Three
+cases: no stop strings; ``"\\n\\n"`` on every request (a blank line: every line of that text ends
+in a newline); an agent's ``"Observation:"`` on every request (colons are frequent in it). Each
+reports the share of request-steps that got a snapshot (``snapshot_rate``, periodic ones
+included).
 """
 
 from __future__ import annotations
 
+import random
 import time
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["bench_stats_path"]
+__all__ = ["STOP_CASES", "bench_stats_path"]
+
+# Row key -> the stop string every request carries (None: no stop strings).
+STOP_CASES: dict[str, str | None] = {"no_stop": None, "all_stop": "\n\n", "agent_stop": "Observation:"}
 
 
-def _batch(size: int, k: int, stop_fraction: float) -> tuple[dict[str, Any], dict[int, Any]]:
+def _text_and_tokenizer() -> tuple[str, Any]:
+    """Python's documentation, and a byte-level BPE trained on it (offline)."""
+    import pydoc_data.topics
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    topics = pydoc_data.topics.topics
+    text = "\n\n".join(topics[name] for name in sorted(topics))
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=32000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tokenizer.train_from_iterator(text.split("\n\n"), trainer=trainer)
+    return text, tokenizer
+
+
+def _without(text: str, stop: str | None) -> str:
+    """The text with no occurrence of ``stop``: a request ends at its stop string (that step's
+    snapshot is needed, once a request), so the rate measured is that of the steps that could
+    have ended it and did not."""
+    if stop == "\n\n":
+        while "\n\n" in text:
+            text = text.replace("\n\n", "\n")
+        return text
+    return text.replace(stop, "") if stop else text
+
+
+def _step_tokens(stream: list[int], *, size: int, k: int, steps: int) -> list[list[list[int]]]:
+    """Per step, per request, the tokens it yields: ``accepted + 1`` from its own place in the text."""
+    rng = random.Random(0)
+    positions = [rng.randrange(len(stream) - (k + 1) * steps) for _ in range(size)]
+    accepted = [i % (k + 1) for i in range(steps)]
+    out = []
+    for step in range(steps):
+        n = accepted[step] + 1
+        row = []
+        for i, start in enumerate(positions):
+            row.append(stream[start : start + n])
+            positions[i] = start + n
+        out.append(row)
+    return out
+
+
+def _time_steps(
+    size: int, *, k: int, steps: int, stop: str | None, repeats: int, stream: list[int], triggers: Any
+) -> dict[str, float]:
+    """Microseconds per engine step of each piece, stats on minus stats off (minimum of ``repeats``)."""
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    num_stop = round(size * stop_fraction)
+    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS, SpecMetricsSnapshots
+
     requests = {
         f"req-{i}": SimpleNamespace(
             request_id=f"req-{i}",
+            prompt_token_ids=stream[:8],
+            output_token_ids=[],
             spec_decode_metrics=RequestSpecDecodeMetrics.new(k),
-            sampling_params=SamplingParams(stop=["\n\n"] if i < num_stop else None),
+            sampling_params=SamplingParams(stop=[stop] if stop else None),
         )
         for i in range(size)
     }
-    outputs = {0: EngineCoreOutputs(engine_index=0, outputs=[EngineCoreOutput(rid, [1, 2, 3]) for rid in requests])}
-    return requests, outputs
-
-
-def _time_steps(size: int, *, k: int, steps: int, stop_fraction: float, repeats: int) -> dict[str, float]:
-    """Microseconds per engine step of each piece, stats on minus stats off (minimum of ``repeats``)."""
-    from vllm.v1.engine import EngineCoreOutputs
-    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
-
-    from worker.spec_scheduler import SpecMetricsSnapshots
-
-    requests, outputs = _batch(size, k, stop_fraction)
-    flat = outputs[0].outputs
+    listed = list(requests.values())
+    flat = [EngineCoreOutput(rid, []) for rid in requests]
+    outputs = {0: EngineCoreOutputs(engine_index=0, outputs=flat)}
+    tokens = _step_tokens(stream, size=size, k=k, steps=steps)
 
     class Core:  # vLLM's scheduler, reduced to taking requests and handing back fresh outputs
         def __init__(self) -> None:
             self.requests: dict[str, Any] = {}
+            self.step = 0
 
         def add_request(self, request: Any) -> None:
             self.requests[request.request_id] = request
 
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-            for output in flat:
+            for output, new, request in zip(flat, tokens[self.step], listed, strict=True):
+                request.output_token_ids.extend(new)  # vLLM's update, before the hook runs
+                output.new_token_ids = new
                 output.spec_decode_metrics = None
             return outputs
 
@@ -70,6 +129,7 @@ def _time_steps(size: int, *, k: int, steps: int, stop_fraction: float, repeats:
         pass
 
     plain, hooked = Core(), Hooked()
+    hooked._triggers, hooked._triggers_started = triggers, True
     for request in requests.values():
         plain.add_request(request)
         hooked.add_request(request)
@@ -77,6 +137,7 @@ def _time_steps(size: int, *, k: int, steps: int, stop_fraction: float, repeats:
     metrics = [request.spec_decode_metrics for request in requests.values()]
     accepted = [i % (k + 1) for i in range(steps)]
     best = {name: float("inf") for name in ("observe", "hook", "plain", "transport_on", "transport_off")}
+    snapshots = 0
     for _ in range(repeats):
         started = time.perf_counter_ns()
         for step in range(steps):
@@ -85,18 +146,24 @@ def _time_steps(size: int, *, k: int, steps: int, stop_fraction: float, repeats:
         best["observe"] = min(best["observe"], time.perf_counter_ns() - started)
         for name, scheduler in (("hook", hooked), ("plain", plain)):
             started = time.perf_counter_ns()
-            for _ in range(steps):
+            for step in range(steps):
+                scheduler.step = step
                 scheduler.update_from_output(None, None)
             elapsed = time.perf_counter_ns() - started
             best[name] = min(best[name], elapsed)
         for name, scheduler in (("transport_on", hooked), ("transport_off", plain)):
             elapsed = 0
-            for _ in range(steps):
+            snapshots = 0
+            for step in range(steps):
+                scheduler.step = step
                 step_outputs = scheduler.update_from_output(None, None)
+                snapshots += sum(o.spec_decode_metrics is not None for o in flat)
                 started = time.perf_counter_ns()
                 decoder.decode(encoder.encode(step_outputs[0]))
                 elapsed += time.perf_counter_ns() - started
             best[name] = min(best[name], elapsed)
+            if name == "transport_on":
+                snapshot_rate = snapshots / (steps * size)
     per_step = {name: value / steps / 1000 for name, value in best.items()}
     costs = {
         "observe_us": per_step["observe"],
@@ -104,19 +171,33 @@ def _time_steps(size: int, *, k: int, steps: int, stop_fraction: float, repeats:
         "transport_us": per_step["transport_on"] - per_step["transport_off"],
     }
     costs["total_us"] = sum(costs.values())
+    costs["snapshot_rate"] = snapshot_rate
+    costs["periodic_rate"] = 1 / SNAPSHOT_EVERY_STEPS
     return costs
 
 
-def bench_stats_path(
-    batch_sizes: list[int], *, k: int = 4, steps: int = 800, stop_fraction: float = 0.0, repeats: int = 5
-) -> dict[str, Any]:
-    """Per batch size, what the stats path adds to an engine step (µs), with and without stop strings."""
+def bench_stats_path(batch_sizes: list[int], *, k: int = 4, steps: int = 800, repeats: int = 5) -> dict[str, Any]:
+    """Per batch size, what the stats path adds to an engine step (µs), for each case of STOP_CASES."""
     from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
+    from worker.stop_triggers import StopTriggers
 
+    text, tokenizer = _text_and_tokenizer()
+    triggers = StopTriggers.from_tokenizer(tokenizer)
+    streams = {stop: tokenizer.encode(_without(text, stop)).ids for stop in STOP_CASES.values()}
     rows = []
     for size in batch_sizes:
         row: dict[str, Any] = {"batch": size}
-        for label, fraction in (("no_stop", stop_fraction), ("all_stop", 1.0)):
-            row[label] = _time_steps(size, k=k, steps=steps, stop_fraction=fraction, repeats=repeats)
+        for label, stop in STOP_CASES.items():
+            row[label] = _time_steps(
+                size, k=k, steps=steps, stop=stop, repeats=repeats, stream=streams[stop], triggers=triggers
+            )
         rows.append(row)
-    return {"k": k, "steps": steps, "repeats": repeats, "snapshot_every_steps": SNAPSHOT_EVERY_STEPS, "rows": rows}
+    return {
+        "k": k,
+        "steps": steps,
+        "repeats": repeats,
+        "snapshot_every_steps": SNAPSHOT_EVERY_STEPS,
+        "stops": {label: stop for label, stop in STOP_CASES.items() if stop},
+        "text": "pydoc_data (Python's documentation), byte-level BPE trained on it",
+        "rows": rows,
+    }

@@ -92,27 +92,37 @@ def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> 
     same run measured one (the handler's mean inter-token latency at that concurrency: a step
     yields at least one token per request, so the share is an upper bound)."""
     itl_ms = {r["concurrency"]: r["handler"]["itl_mean_ms"] for r in (overhead or {}).get("rows", [])}
+    stops = stats.get("stops", {"all_stop": "\n\n"})
+    labels = [label for label in ("no_stop", "all_stop", "agent_stop") if label in stats["rows"][0]]
     lines = [
         "### Cost of the exact-stats path per engine step (CPU time, timed directly)",
         "",
         f"vLLM's types and serialiser, {stats['steps']} steps, minimum of {stats['repeats']} alternating runs, "
-        f"k={stats['k']}; stats on minus stats off. Without stop strings a request gets a snapshot "
+        f"k={stats['k']}; stats on minus stats off. Every request gets a snapshot "
         + (f"every {stats['snapshot_every_steps']} steps" if stats.get("snapshot_every_steps") else "periodically")
-        + "; with them, every step.",
+        + (
+            f"; one with stop strings also on each step that can complete one ({stats['text']})"
+            if stats.get("text")
+            else "; one with stop strings on every step (before trigger sets)"
+        )
+        + ". Stop strings: "
+        + ", ".join(f"{label} {stop!r}" for label, stop in stops.items())
+        + ".",
         "",
-        "| batch | vLLM's per-request tracking µs | worker's hook µs | snapshots' transport µs | total µs "
-        "| share of a step | total with stop strings µs | share of a step |",
+        "| batch | case | vLLM's per-request tracking µs | worker's hook µs | snapshots' transport µs "
+        "| total µs | snapshots per request-step | share of a step |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in stats["rows"]:
-        plain, stop = r["no_stop"], r["all_stop"]
         step_us = itl_ms[r["batch"]] * 1000 if itl_ms.get(r["batch"]) else None
-        shares = [f"{100 * t / step_us:.2f}%" if step_us else "-" for t in (plain["total_us"], stop["total_us"])]
-        lines.append(
-            f"| {r['batch']} | {fmt(plain['observe_us'], 1)} | {fmt(plain['hook_us'], 1)} | "
-            f"{fmt(plain['transport_us'], 1)} | {fmt(plain['total_us'], 1)} | {shares[0]} | "
-            f"{fmt(stop['total_us'], 1)} | {shares[1]} |"
-        )
+        for label in labels:
+            c = r[label]
+            share = f"{100 * c['total_us'] / step_us:.2f}%" if step_us else "-"
+            rate = f"{100 * c['snapshot_rate']:.1f}%" if "snapshot_rate" in c else "-"
+            lines.append(
+                f"| {r['batch']} | {label} | {fmt(c['observe_us'], 1)} | {fmt(c['hook_us'], 1)} | "
+                f"{fmt(c['transport_us'], 1)} | {fmt(c['total_us'], 1)} | {rate} | {share} |"
+            )
     return [*lines, ""]
 
 

@@ -1,0 +1,223 @@
+"""Which tokens can complete a stop string: a per-tokenizer table the engine core asks once per
+distinct set of stop strings.
+
+vLLM detects stop strings in its frontend, on the text each engine step adds to a request
+(``check_stop_strings`` looks for a stop string that *ends* in the step's new text). The engine
+core, which does not see that text, must attach the request's spec-decode counts to the output of
+the step that completes a stop string, or the request ends without exact counts. Attaching them on
+every step is what cost up to 5% of a step at 256 streams; this table lets the core attach them
+only on steps that *can* complete one. A step's new text comes from its tokens and from text the
+incremental detokenizer held back at the previous step, so a step can complete stop string ``s``
+only if one of these holds:
+
+- one of its tokens, decoded alone, contains ``s``, or begins with a non-empty proper suffix of
+  ``s`` and the token before it ends with the character before that suffix in ``s`` (where ``s``
+  ends inside a token's text, either all of ``s`` lies in that token or the token's text begins
+  with the end of ``s`` and the rest precedes it; a space there counts as always present, since
+  decoders add spaces a token decoded alone loses);
+- one of its tokens decodes alone to an incomplete character (U+FFFD) or is a byte-fallback
+  piece (``<0x..>``): characters are assembled from such pieces across tokens, so no single
+  piece tells;
+- the text before this step ended inside a character (the previous step's, or the prompt's,
+  last token that adds text was such a piece): the detokenizer held that text back (it emits
+  nothing while the decoded text ends in U+FFFD) and this step releases it, and when the prompt
+  was held, vLLM's decode stream releases the prompt's text with it.
+
+Decoders also insert the plain space that a token decoded alone loses (SentencePiece's leading
+``▁``, spaces between words or special tokens), so a stop string ending in a space can end on any
+step, and U+FFFD stands for bytes assembled anywhere: requests with such stop strings keep a
+snapshot on every step (:data:`EVERY`). ``tests/test_stop_triggers.py``
+checks the rule against vLLM's own detokenizer on byte-level and SentencePiece-style tokenizers.
+Written here because vLLM has no notion of it: it needs counts at a frontend-detected stop only
+for this worker's exact per-request stats.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+__all__ = ["EVERY", "Every", "StopTriggers", "TriggerSet"]
+
+_REPLACEMENT = "\ufffd"
+# SentencePiece byte-fallback pieces, as tokenizers' ``ByteFallback`` decoder reads them.
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+# Bound on the cache of trigger sets (one per distinct tuple of stop strings): a client sending
+# a new stop string with every request must not grow the engine core's memory without end.
+_MAX_CACHED = 512
+
+
+class Every:
+    """The trigger of a request that needs a snapshot on every step: every step is a trigger."""
+
+    __slots__ = ()
+
+    def isdisjoint(self, _token_ids: Iterable[int]) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "EVERY"
+
+
+EVERY: Final = Every()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class TriggerSet:
+    """The tokens that may complete one of a request's stop strings: ``ids`` all of them (a
+    frozenset, so the engine core's per-step test is one C-level ``isdisjoint``), ``always`` those
+    that may after any text, ``needs`` those that can only after a given character (a token that
+    begins with the end of ``"Observation:"``, say ``":"``, completes it only after an ``"n"``)."""
+
+    ids: frozenset[int]
+    always: frozenset[int]
+    needs: dict[int, frozenset[str]]
+
+
+class StopTriggers:
+    """The tokens after which a request's stop strings can be complete, from the tokenizer's pieces.
+
+    ``pieces[i]`` is token ``i`` decoded alone, special tokens included; ``vocab_size`` is the
+    model's (token ids from ``len(pieces)`` up to it, which the tokenizer cannot decode, count as
+    triggers). Building costs a sort of the vocabulary; a query a few bisections and one search
+    through the joined pieces, cached per tuple of stop strings.
+    """
+
+    def __init__(
+        self,
+        pieces: Sequence[str],
+        *,
+        vocab_size: int = 0,
+        byte_ids: Iterable[int] = (),
+        silent_ids: Iterable[int] = (),
+    ) -> None:
+        # U+0000 cannot be in a stop string a client sends as JSON text without escaping, and the
+        # search below also refuses stop strings holding it.
+        self._joined = "\0".join(pieces)
+        self._starts = list(_offsets(pieces))
+        order = sorted(range(len(pieces)), key=pieces.__getitem__)
+        self._sorted_pieces = [pieces[i] for i in order]
+        self._sorted_ids = order
+        # Tokens after which the detokenizer may hold text back: pieces of a character, byte
+        # pieces (a byte-fallback decoder turns even an ASCII byte after a lone lead byte into
+        # U+FFFD), and ids the tokenizer cannot decode.
+        partial = {i for i, piece in enumerate(pieces) if _REPLACEMENT in piece}
+        partial.update(byte_ids)
+        partial.update(range(len(pieces), vocab_size))
+        self.partial: frozenset[int] = frozenset(partial)
+        # Tokens that add no text when special tokens are skipped: they neither hold nor release.
+        self.silent: frozenset[int] = frozenset(silent_ids)
+        # The character each token's text ends with, where it is sure ("" where it is not: empty,
+        # partial or silent pieces).
+        self._last_char = [
+            "" if not piece or i in self.partial or i in self.silent else piece[-1] for i, piece in enumerate(pieces)
+        ]
+        self._cache: dict[tuple[str, ...], TriggerSet | Every] = {}
+
+    @classmethod
+    def from_tokenizer(cls, backend: Any, *, vocab_size: int = 0) -> StopTriggers:
+        """From a ``tokenizers.Tokenizer`` (what vLLM's fast detokenizer decodes with)."""
+        size = backend.get_vocab_size(with_added_tokens=True)
+        single = [[i] for i in range(size)]
+        pieces = backend.decode_batch(single, skip_special_tokens=False)
+        skipped = backend.decode_batch(single, skip_special_tokens=True)
+        byte_ids = [i for i in range(size) if _BYTE_PIECE.fullmatch(backend.id_to_token(i) or "")]
+        silent_ids = [i for i, text in enumerate(skipped) if not text]
+        return cls(pieces, vocab_size=vocab_size, byte_ids=byte_ids, silent_ids=silent_ids)
+
+    def ends_inside_character(self, token_ids: Sequence[int]) -> bool | None:
+        """Whether text decoded up to the last of ``token_ids`` may be held back (None: they all
+        add no text, so the state before them stands)."""
+        silent = self.silent
+        for token in reversed(token_ids):
+            if token not in silent:
+                return token in self.partial
+        return None
+
+    def completes(
+        self, trigger: TriggerSet, token_ids: Sequence[int], history: Sequence[int], prompt: Sequence[int] | None
+    ) -> bool:
+        """Whether a step's ``token_ids`` (which hit ``trigger``) can complete a stop string.
+        ``history`` is the request's output so far, ending with ``token_ids``; ``prompt`` precedes
+        it. Runs on every hit, so the common miss (a token that needs another character before
+        it) costs one lookup per token."""
+        if not trigger.always.isdisjoint(token_ids):
+            return True
+        needs = trigger.needs
+        last_char = self._last_char
+        i = 0
+        for token in token_ids:
+            need = needs.get(token)
+            if need is not None:
+                before = token_ids[i - 1] if i else _token_before(token_ids, history, prompt)
+                char = last_char[before] if before is not None and 0 <= before < len(last_char) else ""
+                if not char or char in need:
+                    return True
+            i += 1
+        return False
+
+    def for_stops(self, stops: Sequence[str]) -> TriggerSet | Every:
+        """The token ids whose presence in a step can complete one of ``stops`` (:data:`EVERY`
+        when any step can); :meth:`completes` then decides from the token before."""
+        key = tuple(stops)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._build(key)
+            if len(self._cache) >= _MAX_CACHED:
+                self._cache.clear()
+            self._cache[key] = found
+        return found
+
+    def _build(self, stops: tuple[str, ...]) -> TriggerSet | Every:
+        always = set(self.partial)
+        needs: dict[int, set[str]] = {}
+        for stop in stops:
+            if not stop or stop[-1] == " " or "\0" in stop or _REPLACEMENT in stop:
+                return EVERY
+            always.update(self._containing(stop))
+            for q in range(1, len(stop)):
+                before = stop[-q - 1]
+                for token in self._starting_with(stop[-q:]):
+                    if before == " ":  # a decoder may put that space in the token's own text
+                        always.add(token)
+                    else:
+                        needs.setdefault(token, set()).add(before)
+        return TriggerSet(
+            ids=frozenset(always | needs.keys()),
+            always=frozenset(always),
+            needs={token: frozenset(chars) for token, chars in needs.items() if token not in always},
+        )
+
+    def _containing(self, text: str) -> Iterable[int]:
+        joined, starts = self._joined, self._starts
+        position = joined.find(text)
+        while position != -1:
+            token = bisect.bisect_right(starts, position) - 1
+            yield token
+            # Next search from the following piece: one hit per token is enough.
+            position = joined.find(text, starts[token + 1]) if token + 1 < len(starts) else -1
+
+    def _starting_with(self, prefix: str) -> list[int]:
+        low = bisect.bisect_left(self._sorted_pieces, prefix)
+        high = bisect.bisect_left(self._sorted_pieces, prefix + "\U0010ffff", low)
+        return self._sorted_ids[low:high]
+
+
+def _token_before(token_ids: Sequence[int], history: Sequence[int], prompt: Sequence[int] | None) -> int | None:
+    """The token before a step's ``token_ids`` at the end of ``history`` (None: unknown). vLLM
+    appends a step's tokens to the request before it builds the step's output; checked anyway."""
+    num_new = len(token_ids)
+    num_out = len(history)
+    if num_out > num_new:
+        return history[-num_new - 1] if history[-num_new:] == token_ids else None
+    return prompt[-1] if num_out == num_new and prompt else None
+
+
+def _offsets(pieces: Sequence[str]) -> Iterable[int]:
+    offset = 0
+    for piece in pieces:
+        yield offset
+        offset += len(piece) + 1
