@@ -47,7 +47,7 @@ _REPLACEMENT = "\ufffd"
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # Bound on the cache of trigger sets (one per distinct tuple of stop strings): a client sending
 # a new stop string with every request must not grow the engine core's memory without end.
-_MAX_CACHED = 512
+_MAX_CACHED = 128
 
 
 class Every:
