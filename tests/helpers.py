@@ -81,6 +81,19 @@ async def assert_engine_empties(engine: Any, timeout_s: float = 5.0) -> None:
     assert engine.num_unfinished_requests == 0
 
 
+async def wait_for_spec_snapshot(engine: Any, timeout_s: float = 60.0) -> None:
+    """Wait until every running request's frontend state holds a spec-decode snapshot (the engine
+    core attaches one to every request every ``SNAPSHOT_EVERY_STEPS`` steps): what a request
+    cancelled from then on reports."""
+    states = engine._llm.output_processor.request_states
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if states and all(state.spec_decode_metrics is not None for state in states.values()):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no spec-decode snapshot within {timeout_s} s")
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, grandchildren, ...)."""
     out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import assert_engine_empties, boot_engine, engine_settings, job_items, worker_for
+from tests.helpers import (
+    assert_engine_empties,
+    boot_engine,
+    engine_settings,
+    job_items,
+    wait_for_spec_snapshot,
+    worker_for,
+)
 from worker.boot import WARMUP_SAMPLING_FEATURES, warm_up
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
@@ -122,7 +129,7 @@ async def test_cancelled_job_aborts_its_engine_request(worker: ServerlessWorker,
     try:
         task = asyncio.create_task(consume())
         await asyncio.wait_for(seen.wait(), 60)
-        await asyncio.sleep(0.3)  # let a few verify steps run
+        await wait_for_spec_snapshot(default_engine)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
