@@ -97,14 +97,12 @@ class SpecMetricsSnapshots:
             if triggers is None:
                 self._set_trigger(rid, EVERY)
                 return
-            trigger = triggers.for_stops(stops)
+            self._set_trigger(rid, triggers.for_stops(stops))
             prompt = request.prompt_token_ids
             if prompt is None or triggers.ends_inside_character(prompt[-16:]) is not False:
                 # The detokenizer holds back a prompt that ends inside a character and releases
                 # it with the first tokens: held from the start.
-                self._held[rid] = trigger
-                trigger = EVERY
-            self._set_trigger(rid, trigger)
+                self._update_held(rid, True)
 
     def _set_trigger(self, rid: str, trigger: TriggerSet | Every) -> None:
         self._trigger_of[rid] = trigger
@@ -144,7 +142,7 @@ class SpecMetricsSnapshots:
 
     def _on_trigger(self, output: Any) -> None:
         """A step of a request with stop strings hit its trigger set: snapshot if the step can
-        complete one; hold the request on every step while its text may be held back."""
+        complete one."""
         request = self.requests.get(output.request_id)
         trigger = self._trigger_of.get(output.request_id)
         if request is None or trigger is None:
@@ -157,10 +155,15 @@ class SpecMetricsSnapshots:
             or triggers.completes(trigger, new, request.output_token_ids, request.prompt_token_ids)
         ) and output.spec_decode_metrics is None:  # else vLLM's own, on the final output
             output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
-        # Pieces of a character are in every trigger set's ``always``: only such steps (and
-        # steps of requests held already, whose trigger is EVERY) can change what is held.
+        self._follow_held(output.request_id, trigger, new)
+
+    def _follow_held(self, rid: str, trigger: TriggerSet | Every, new: list[int]) -> None:
+        """Hold a request on every step while its text may be held back; release it after."""
+        triggers = self._triggers
+        # Only a step with a piece of a character (in every trigger set's ``always``), or a step
+        # of a request held already (whose trigger is EVERY), can change what is held.
         if triggers is not None and (trigger is EVERY or not triggers.partial.isdisjoint(new)):
-            self._update_held(output.request_id, triggers.ends_inside_character(new))
+            self._update_held(rid, triggers.ends_inside_character(new))
 
     def _update_held(self, rid: str, held: bool | None) -> None:
         if held:
@@ -171,15 +174,16 @@ class SpecMetricsSnapshots:
             self._set_trigger(rid, self._held.pop(rid))
 
     def _snapshot_all(self, outputs: Any) -> None:
-        requests, watch, triggers = self.requests, self._watch, self._triggers
+        requests, watch, trigger_of = self.requests, self._watch, self._trigger_of
         for engine_outputs in outputs.values():
             for output in engine_outputs.outputs:
                 if output.spec_decode_metrics is None:  # else vLLM's own, on the final output
                     request = requests.get(output.request_id)
                     if request is not None and request.spec_decode_metrics is not None:
                         output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
-                if triggers is not None and output.request_id in watch:
-                    self._update_held(output.request_id, triggers.ends_inside_character(output.new_token_ids))
+                trigger = trigger_of.get(output.request_id)
+                if trigger is not None:
+                    self._follow_held(output.request_id, trigger, output.new_token_ids)
         for rid in watch.keys() - requests.keys():
             del watch[rid]
             del self._trigger_of[rid]

@@ -61,11 +61,9 @@ def _without(text: str, stop: str | None) -> str:
     """The text with no occurrence of ``stop``: a request ends at its stop string (that step's
     snapshot is needed, once a request), so the rate measured is that of the steps that could
     have ended it and did not."""
-    if stop == "\n\n":
-        while "\n\n" in text:
-            text = text.replace("\n\n", "\n")
-        return text
-    return text.replace(stop, "") if stop else text
+    while stop and stop in text:
+        text = text.replace(stop, stop[:-1])
+    return text
 
 
 def _step_tokens(stream: list[int], *, size: int, k: int, steps: int) -> list[list[list[int]]]:
@@ -137,7 +135,7 @@ def _time_steps(
     metrics = [request.spec_decode_metrics for request in requests.values()]
     accepted = [i % (k + 1) for i in range(steps)]
     best = {name: float("inf") for name in ("observe", "hook", "plain", "transport_on", "transport_off")}
-    snapshots = 0
+    snapshot_rate = 0.0
     for _ in range(repeats):
         started = time.perf_counter_ns()
         for step in range(steps):
@@ -152,8 +150,7 @@ def _time_steps(
             elapsed = time.perf_counter_ns() - started
             best[name] = min(best[name], elapsed)
         for name, scheduler in (("transport_on", hooked), ("transport_off", plain)):
-            elapsed = 0
-            snapshots = 0
+            elapsed = snapshots = 0
             for step in range(steps):
                 scheduler.step = step
                 step_outputs = scheduler.update_from_output(None, None)
