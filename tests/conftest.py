@@ -30,6 +30,11 @@ _BOOTING_FIXTURES = {
 }
 
 
+# The session's shared engines: every test that uses one runs in one pytest-xdist worker, so
+# each boots once per run, not once per worker.
+_SESSION_ENGINES = {"default_engine", "plain_engine"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     unmarked = [
         item.nodeid
@@ -38,6 +43,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ]
     if unmarked:
         raise pytest.UsageError("tests that boot an engine must be marked slow: " + ", ".join(unmarked))
+    # Groups for `--dist loadgroup` (pyproject's addopts): the session engines' tests together;
+    # a module's tests together where they share a module-scoped server or model; the rest spread
+    # one by one over the workers.
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & _SESSION_ENGINES:
+            item.add_marker(pytest.mark.xdist_group("session-engines"))
+        elif used & _BOOTING_FIXTURES:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(autouse=True)

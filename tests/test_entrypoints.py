@@ -97,7 +97,7 @@ def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
 ) -> None:
     """RunPod's cached-models layout holding the tiny model under a hub id: served with the hub
     unreachable, its weights evicted from the page cache and read back by the prefetch before vLLM
-    is imported (the order of the boot's log lines; the files resident afterwards)."""
+    is imported (the order of the boot's log lines)."""
     repo = tmp_path / "hub" / "models--org--tiny-target"
     snapshot = repo / "snapshots" / "abc123"
     shutil.copytree(tiny_models.target, snapshot)
@@ -106,7 +106,8 @@ def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
     weights = prefetch.weight_files(snapshot)
     for path in weights:
         prefetch.evict(path)
-    is_evicted = max(prefetch.resident_share(p) for p in weights) < 0.5  # not on a filesystem held in memory
+    # (Residency afterwards would not tell the prefetch from vLLM's own load, which reads the
+    # files too: tests/test_prefetch.py checks what the prefetch reads.)
     env = {
         **subprocess_env,
         "MODEL_NAME": "org/tiny-target",
@@ -137,8 +138,6 @@ def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
     first_vllm_line = re.search(r" vllm\.|\(MainProcess pid=", log)
     assert first_vllm_line is not None and reading < first_vllm_line.start()
     assert reading < log.index("Initializing a V1 LLM engine")
-    if is_evicted:
-        assert min(prefetch.resident_share(p) for p in weights) == 1.0
     final_text = out.stdout[out.stdout.index("] final ") :]
     final, _ = json.JSONDecoder().raw_decode(final_text[final_text.index("{") :])  # log lines may follow
     assert final["usage"]["completion_tokens"] == 4 and final["served"]["model"] == "org/tiny-target"

@@ -45,7 +45,9 @@ def test_evicted_weights_are_read_back_into_the_page_cache(tmp_path: Path) -> No
     job = prefetch.start(load_settings({"MODEL_NAME": str(model), "PREFETCH_WEIGHTS": "true"}))
     assert job is not None and job.wait(30)
     assert job.num_read == job.num_bytes == 3 * 4 * 2**20
-    assert min(prefetch.resident_share(p) for p in files) == 1.0
+    # Resident now (evicted: under half). Not exactly all: a kernel with proactive reclaim (DAMON)
+    # may drop a few cold pages at any moment, as it did on the 2-core test machine (0.999).
+    assert min(prefetch.resident_share(p) for p in files) > 0.95
 
 
 def test_nothing_is_read_when_off_absent_or_too_large(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
