@@ -302,3 +302,24 @@ async def test_sampling_with_speculation_on_cpu_is_a_400_naming_the_cause_on_pod
     assert item["status"] == 400 and "temperature 0.9" in item["error"] and "SPECULATIVE_METHOD=none" in item["error"]
     ok = await both.ask("route", "/v1/chat/completions", {**body, "temperature": 0})
     assert ok["usage"]["completion_tokens"] == 4
+
+
+async def test_media_urls_reach_the_workers_guarded_connector_on_pod_and_route(both: Both) -> None:
+    """vLLM's layer loads the connector ``VLLM_MEDIA_CONNECTOR`` names in this process: the worker's
+    (tests/test_media.py: it refuses inside addresses). With this text-only model an image part is
+    a 400 on both paths, before any fetch."""
+    import vllm.envs as envs
+    from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
+
+    from worker.media import PublicMediaConnector
+
+    assert isinstance(MEDIA_CONNECTOR_REGISTRY.load(envs.VLLM_MEDIA_CONNECTOR), PublicMediaConnector)
+    content = [
+        {"type": "text", "text": "What is in it?"},
+        {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/"}},
+    ]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+    response = await both.http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    (item,) = await both.route("/v1/chat/completions", body)
+    assert item["status"] == 400 and isinstance(item["error"], str), item

@@ -31,6 +31,7 @@ from vllm.usage.usage_lib import UsageContext
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 
+import worker.media  # noqa: F401  (registers the media connector engine_environment selects)
 from worker.config import DeploymentMode, Settings
 from worker.draft_check import check_draft_compatible
 from worker.engine import Engine, one_line

@@ -163,6 +163,15 @@ class Settings(BaseSettings):
     chat_template: str | None = Field(None, description="a Jinja template, or a path to one")
     response_role: str = "assistant"
 
+    # Media URLs in OpenAI requests (a multimodal model): what the worker fetches (worker/media.py).
+    allowed_media_domains: list[str] | None = Field(
+        None, description="host names media URLs may name, comma-separated (vLLM's allowed_media_domains)"
+    )
+    allow_private_media_urls: bool = Field(
+        False,
+        description="fetch media from loopback, private and link-local addresses too, redirects as vLLM follows them",
+    )
+
     # LoRA adapters, selected by name: the OpenAI "model" field or the native "lora" field.
     enable_lora: bool = False
     lora_modules: list[LoraModule] = Field(default_factory=list)
@@ -228,6 +237,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
         if value is not None and not isinstance(value, dict):
             raise ValueError("must be a JSON object")
+        return value
+
+    @field_validator("allowed_media_domains", mode="before")
+    @classmethod
+    def _parse_domains(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [name.strip().lower() for name in value.split(",") if name.strip()] or None
         return value
 
     @field_validator("lora_modules", mode="before")

@@ -12,10 +12,18 @@ from typing import Any
 
 from worker.config import DeploymentMode, Settings
 
-__all__ = ["TINY_KV_CACHE_BYTES", "TINY_MAX_MODEL_LEN", "build_engine_kwargs", "engine_environment"]
+__all__ = [
+    "PUBLIC_MEDIA_CONNECTOR",
+    "TINY_KV_CACHE_BYTES",
+    "TINY_MAX_MODEL_LEN",
+    "build_engine_kwargs",
+    "engine_environment",
+]
 
 TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
+# The media connector that refuses URLs reaching inside the host (worker/media.py registers it).
+PUBLIC_MEDIA_CONNECTOR = "worker-public-only"
 
 
 def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) -> dict[str, Any]:
@@ -51,6 +59,7 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) ->
         "enable_lora": settings.enable_lora or None,
         "max_loras": settings.max_loras,
         "max_lora_rank": settings.max_lora_rank,
+        "allowed_media_domains": settings.allowed_media_domains,
     }
     spec = settings.resolved_speculative_config()
     if spec is not None:
@@ -88,6 +97,8 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str,
         # Serverless keeps fork: no re-import, a shorter boot.
         "VLLM_WORKER_MULTIPROC_METHOD": settings.vllm_worker_multiproc_method or ("spawn" if mode == "pod" else None),
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
+        # Media URLs (worker/media.py): public addresses only, no redirects; or vLLM's own connector.
+        "VLLM_MEDIA_CONNECTOR": None if settings.allow_private_media_urls else PUBLIC_MEDIA_CONNECTOR,
     }
 
 

@@ -271,7 +271,9 @@ def bench_pod(
                 server_env = {**env, "GPU_MEMORY_UTILIZATION": str(half.gpu_memory_utilization)}
             else:
                 args = vllm_server_args(half, model_path=model_path, port=port)
-                server_env = env
+                # vLLM's server as users launch it: its own media connector (the worker's is
+                # registered only in the worker's processes).
+                server_env = {k: v for k, v in env.items() if k != "VLLM_MEDIA_CONNECTOR"}
             # One after the other: two engines profiling GPU memory at once would each see the other's.
             ready[name], pids[name] = stack.enter_context(
                 server_process(args, env=server_env, base=bases[name], log_path=out / f"{name}.log")
