@@ -30,28 +30,59 @@ _BOOTING_FIXTURES = {
 }
 
 
-# The session's shared engines: every test that uses one runs in one pytest-xdist worker, so
-# each boots once per run, not once per worker.
+# How pytest-xdist spreads the tests (pyproject's addopts run them in parallel): the modules whose
+# tests use the session's engines run in one worker, so each engine boots once a run; a module with
+# a module-scoped server or model runs in one worker; every other test goes wherever a worker is
+# free. Named by module because xdist's scheduler sees node ids only (its own `xdist_group` marks
+# do not reach it under pytest 9); the collection check below keeps these sets true.
 _SESSION_ENGINES = {"default_engine", "plain_engine"}
+_SESSION_ENGINE_MODULES = {
+    "tests/test_engine_spec.py",
+    "tests/test_fuzz.py",
+    "tests/test_openai.py",
+    "tests/test_pod.py",
+    "tests/test_serverless.py",
+}
+_MODULE_GROUPED = {"tests/test_quantize.py"}
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    unmarked = [
-        item.nodeid
-        for item in items
-        if _BOOTING_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None
-    ]
-    if unmarked:
-        raise pytest.UsageError("tests that boot an engine must be marked slow: " + ", ".join(unmarked))
-    # Groups for `--dist loadgroup` (pyproject's addopts): the session engines' tests together;
-    # a module's tests together where they share a module-scoped server or model; the rest spread
-    # one by one over the workers.
+    unmarked, ungrouped = [], []
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
-        if used & _SESSION_ENGINES:
-            item.add_marker(pytest.mark.xdist_group("session-engines"))
-        elif used & _BOOTING_FIXTURES:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if _BOOTING_FIXTURES & used and item.get_closest_marker("slow") is None:
+            unmarked.append(item.nodeid)
+        module = _module(item.nodeid)
+        if (used & _SESSION_ENGINES and module not in _SESSION_ENGINE_MODULES) or (
+            used & _BOOTING_FIXTURES and module not in _SESSION_ENGINE_MODULES | _MODULE_GROUPED
+        ):
+            ungrouped.append(item.nodeid)
+    if unmarked:
+        raise pytest.UsageError("tests that boot an engine must be marked slow: " + ", ".join(unmarked))
+    if ungrouped:
+        raise pytest.UsageError(
+            "add the module to _SESSION_ENGINE_MODULES (session engines) or _MODULE_GROUPED (a module-scoped "
+            "server or model) in tests/conftest.py: " + ", ".join(ungrouped)
+        )
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
+        """xdist's scope scheduler (the largest group first) over the groups above."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = _module(nodeid)
+            if module in _SESSION_ENGINE_MODULES:
+                return "session-engines"
+            return module if module in _MODULE_GROUPED else nodeid
+
+    return Grouped(config, log)
 
 
 @pytest.fixture(autouse=True)
