@@ -9,6 +9,7 @@ from worker.engine_args import (
     TINY_MAX_MODEL_LEN,
     build_engine_kwargs,
     engine_environment,
+    lora_slots,
 )
 from worker.models import cached_snapshot, resolver
 from worker.tiny_models import TinyModels
@@ -208,3 +209,13 @@ def test_a_value_vllms_config_refuses_names_the_variable_that_set_it() -> None:
         boot.create_engine(settings)
     assert error.value.message.startswith("invalid engine configuration: DTYPE: Input should be 'auto'")
     assert "validation error" not in error.value.message and "\n" not in error.value.message
+
+
+def test_lora_slots_keep_the_last_one_empty_on_cpu_only() -> None:
+    """vLLM's CPU LoRA ops read slot -1 (the last) for tokens without an adapter."""
+    one = load_settings({"ENABLE_LORA": "true", "LORA_MODULES": "a=tiny:lora"})
+    three = load_settings({"ENABLE_LORA": "true", "LORA_MODULES": "a=x b=y c=z", "MAX_LORAS": "2"})
+    assert lora_slots(one, is_cpu=False) is None and lora_slots(three, is_cpu=False) == 2
+    assert lora_slots(one, is_cpu=True) == 2 and lora_slots(three, is_cpu=True) == 4
+    assert lora_slots(load_settings({}), is_cpu=True) is None
+    assert build_engine_kwargs(one, resolve=str, is_cpu=True)["max_loras"] == 2

@@ -27,6 +27,7 @@ from typing import Any
 import pydantic
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.platforms import current_platform
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -63,7 +64,7 @@ WARMUP_SAMPLING_FEATURES: dict[str, Any] = {
 def build_args(settings: Settings) -> AsyncEngineArgs:
     """vLLM's engine arguments for ``settings``, after the checks vLLM does not make (local paths
     exist, the draft can draft for the target, ``ENGINE_ARGS`` names only vLLM's own fields)."""
-    kwargs = build_engine_kwargs(settings, resolve=resolver(settings))
+    kwargs = build_engine_kwargs(settings, resolve=resolver(settings), is_cpu=current_platform.is_cpu())
     check_local_paths(kwargs)
     spec = kwargs.get("speculative_config")
     if spec is not None and settings.draft_ref is not None:

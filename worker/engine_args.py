@@ -18,6 +18,7 @@ __all__ = [
     "TINY_MAX_MODEL_LEN",
     "build_engine_kwargs",
     "engine_environment",
+    "lora_slots",
 ]
 
 TINY_MAX_MODEL_LEN = 1024
@@ -26,8 +27,9 @@ TINY_KV_CACHE_BYTES = 256 * 2**20
 PUBLIC_MEDIA_CONNECTOR = "worker-public-only"
 
 
-def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) -> dict[str, Any]:
-    """vLLM ``AsyncEngineArgs`` keyword arguments. Unset settings keep vLLM's defaults."""
+def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str], is_cpu: bool = False) -> dict[str, Any]:
+    """vLLM ``AsyncEngineArgs`` keyword arguments. Unset settings keep vLLM's defaults.
+    ``is_cpu``: the engine runs on vLLM's CPU build (``lora_slots``)."""
     is_tiny = settings.is_tiny_default
     kwargs: dict[str, Any] = {
         "model": resolve(settings.target_ref),
@@ -57,7 +59,7 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) ->
             **({"reasoning_parser": settings.reasoning_parser} if settings.reasoning_parser else {}),
         },
         "enable_lora": settings.enable_lora or None,
-        "max_loras": settings.max_loras,
+        "max_loras": lora_slots(settings, is_cpu=is_cpu),
         "max_lora_rank": settings.max_lora_rank,
         "allowed_media_domains": settings.allowed_media_domains,
     }
@@ -70,6 +72,25 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str]) ->
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot).
     return {**kwargs, **(settings.engine_args or {})}
+
+
+def lora_slots(settings: Settings, *, is_cpu: bool) -> int | None:
+    """vLLM's ``max_loras``: ``MAX_LORAS``, and on the CPU build one slot more than any adapter can fill.
+
+    vLLM 0.32's CPU LoRA ops (``PunicaWrapperCPU`` over ``lora/ops/torch_ops``) index the stacked
+    adapter weights with each token's slot, and a token without an adapter has slot -1, which
+    Python indexing turns into the last slot (vllm-project/vllm#48421, open). So in a batch that
+    mixes base-model and adapter requests, the base-model rows get the last slot's adapter added:
+    found by the soak (``python -m worker soak``), where base-model answers came back as the
+    tiny adapter's text whenever an adapter request ran beside them. vLLM fills the first free
+    slot and the worker loads only ``LORA_MODULES``, so with more slots than adapters the last
+    slot stays zero and -1 reads nothing. (Adapters loaded at run time through vLLM's
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` routes could still fill it.) GPUs use vLLM's Triton
+    kernels, which skip slot -1: nothing changes there.
+    """
+    if not (is_cpu and settings.enable_lora):
+        return settings.max_loras
+    return max(settings.max_loras or 1, len(settings.lora_modules)) + 1
 
 
 def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str, str | None]:
