@@ -46,6 +46,8 @@ def main(argv: list[str]) -> int:
     if args.rp_serve_api or is_on_runpod():
         import runpod  # reads its own --rp_* flags from sys.argv
 
+        _worker.serve_metrics_page()
+
         _worker.runpod_config.update(
             handler=handler,
             concurrency_modifier=_worker.concurrency_modifier,

@@ -4,6 +4,7 @@
     python -m worker bench [--smoke] [--parts ...]  # the benchmark against vLLM itself (worker/tools/bench/)
     python -m worker fit --model llama-3-8b --gpu H100 SXM ...   # memory and speed planner
     python -m worker plan --requests-per-hour 120 --tokens-per-s 2000 ...   # serverless vs pod cost
+    python -m worker soak --minutes 60 --out DIR   # mixed traffic, watching for growth (worker/tools/soak.py)
 
 Configuration is the same environment as the serverless handler's (``worker/config.py``).
 """
@@ -28,6 +29,7 @@ _TOOLS = {
     "plan": "serverless or pod: the cheaper deployment for a traffic profile",
     "quantize": "AWQ 4-bit quantization in its own environment",
     "download": "download a model (and draft) for baking into an image",
+    "soak": "an hour of mixed traffic against the pod and the handler, watching memory, fds and threads",
 }
 
 
@@ -79,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         from worker.tools.quantize import main as quantize_main
 
         return quantize_main(argv[1:])
+    if argv[:1] == ["soak"]:
+        from worker.tools.soak import main as soak_main
+
+        return soak_main(argv[1:])
     if argv[:1] == ["plan"]:
         from worker.tools.costs import main_plan
 

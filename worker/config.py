@@ -209,6 +209,9 @@ class Settings(BaseSettings):
     # Metrics: the acceptance watchdog warns when speculation stops paying.
     acceptance_watchdog_threshold: float = Field(1.5, ge=1.0, description="mean acceptance length floor")
     acceptance_watchdog_window: int = Field(50, ge=1, description="requests in the rolling window")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="serverless: the pod's /metrics page on 127.0.0.1:METRICS_PORT"
+    )
 
     # Pod mode
     host: str = "127.0.0.1"

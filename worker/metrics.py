@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client.metrics_core import Metric
 
 from worker.stats import mean_acceptance_length
 
 if TYPE_CHECKING:
     from worker.tracking import RequestEnd
 
-__all__ = ["AcceptanceWatchdog", "WorkerMetrics", "render_metrics"]
+__all__ = ["AcceptanceWatchdog", "WorkerMetrics", "render_metrics", "serve_metrics_page"]
 
 log = logging.getLogger(__name__)
 
@@ -140,3 +141,24 @@ def render_metrics(metrics: WorkerMetrics | None) -> bytes:
     if metrics is not None:
         body += generate_latest(metrics.registry)
     return body
+
+
+class _OnePage:
+    """vLLM's registry and the worker's (once the engine has booted) as one collector."""
+
+    def __init__(self, worker_metrics: Callable[[], WorkerMetrics | None]) -> None:
+        self._worker_metrics = worker_metrics
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+        metrics = self._worker_metrics()
+        if metrics is not None:
+            yield from metrics.registry.collect()
+
+
+def serve_metrics_page(port: int, worker_metrics: Callable[[], WorkerMetrics | None]) -> None:
+    """The pod's /metrics page on 127.0.0.1:``port`` (serverless ``METRICS_PORT``), served by
+    prometheus_client's own HTTP server on a daemon thread."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_OnePage(worker_metrics))
+    start_http_server(port, addr="127.0.0.1", registry=registry)

@@ -59,6 +59,20 @@ class ServerlessWorker:
             return int(engine.max_num_seqs)
         return settings.max_num_seqs or FALLBACK_CONCURRENCY
 
+    def serve_metrics_page(self) -> None:
+        """With ``METRICS_PORT`` set, the pod's /metrics page on that loopback port, from now on
+        (vLLM's gauges appear once the first job has booted the engine). A configuration error
+        is left to the first job to report."""
+        try:
+            port = self.holder.settings.metrics_port
+        except ConfigError:
+            return
+        if port is not None:
+            from worker.metrics import serve_metrics_page
+
+            serve_metrics_page(port, lambda: self.holder.metrics)
+            log.info("metrics on http://127.0.0.1:%d/metrics", port)
+
     def request_replacement(self, reason: str) -> None:
         log.error("asking RunPod to replace this worker: %s", reason)
         self.runpod_config["refresh_worker"] = True
