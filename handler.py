@@ -28,7 +28,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 
-from worker.config import is_on_runpod, local_run_environment
+from worker.config import is_on_runpod, local_run_environment, sdk_environment
 from worker.serverless import Job, JobItem, ServerlessWorker, local_arg_parser, main_local
 
 _worker = ServerlessWorker()
@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _worker.holder.install_signal_handlers()
     if args.rp_serve_api or is_on_runpod():
+        os.environ.update(sdk_environment())  # before the SDK reads its log level
         import runpod  # reads its own --rp_* flags from sys.argv
 
         _worker.serve_metrics_page()

@@ -1,6 +1,6 @@
 import pytest
 
-from worker.config import drafts_with_model, is_on_runpod, load_settings
+from worker.config import drafts_with_model, is_on_runpod, load_settings, sdk_environment
 from worker.errors import ConfigError
 
 
@@ -135,3 +135,10 @@ def test_a_rule_across_variables_is_stated_once() -> None:
         load_settings({"SPECULATIVE_CONFIG": "{}", "SPECULATIVE_METHOD": "ngram"})
     assert error.value.message.startswith("invalid configuration: SPECULATIVE_CONFIG cannot be combined")
     assert "configuration: configuration" not in error.value.message
+
+
+def test_the_sdk_logs_at_info_unless_told_otherwise() -> None:
+    """At its default (DEBUG) the RunPod SDK prints every item a job yields: users' text in the logs."""
+    assert sdk_environment({}) == {"RUNPOD_LOG_LEVEL": "INFO"}
+    assert sdk_environment({"RUNPOD_LOG_LEVEL": "DEBUG"}) == {}
+    assert sdk_environment({"RUNPOD_DEBUG_LEVEL": "WARN"}) == {}

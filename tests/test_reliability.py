@@ -386,3 +386,5 @@ def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     assert not alive_after(engine_processes, 30)
+    # The SDK at its default level (DEBUG) would print every streamed item, users' text included.
+    assert "Async Generator output" not in log.read_text()

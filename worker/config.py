@@ -31,6 +31,7 @@ __all__ = [
     "drafts_with_model",
     "is_on_runpod",
     "load_settings",
+    "sdk_environment",
 ]
 
 TINY_PREFIX = "tiny:"
@@ -388,6 +389,17 @@ def local_run_environment(env: Mapping[str, str] | None = None, *, is_verbose: b
     if is_verbose or "VLLM_LOGGING_LEVEL" in source:
         return {}
     return {"VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def sdk_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the handler sets before the RunPod SDK is imported: the SDK's log level at INFO unless
+    ``RUNPOD_LOG_LEVEL`` (or its older ``RUNPOD_DEBUG_LEVEL``) is set. The SDK defaults to DEBUG,
+    at which it prints every item a job yields: every user's generated text in the worker's
+    logs, one line per streamed item (12 MB in 28 minutes of the soak's light traffic)."""
+    source = os.environ if env is None else env
+    if "RUNPOD_LOG_LEVEL" in source or "RUNPOD_DEBUG_LEVEL" in source:
+        return {}
+    return {"RUNPOD_LOG_LEVEL": "INFO"}
 
 
 def is_on_runpod(env: Mapping[str, str] | None = None) -> bool:
