@@ -36,7 +36,7 @@ def plot(result: SoakResult, path: Path) -> None:
     ax.set_xlabel("minutes")
     ax.legend(fontsize=7)
     summary = result.summary
-    fig.suptitle(f"{summary['command']}: {summary['requests']} requests, outcomes {summary['outcomes']}", fontsize=9)
+    fig.suptitle(f"{summary['command']}\n{summary['requests']} requests: {summary['outcomes']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
