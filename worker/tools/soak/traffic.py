@@ -13,7 +13,6 @@ from typing import Any
 __all__ = [
     "ADAPTER",
     "DISCONNECTED",
-    "INTENDED",
     "JSON_HEADERS",
     "MODEL",
     "OK",
@@ -52,7 +51,6 @@ TOOLS = [
     }
 ]
 OK, REFUSED, DISCONNECTED = "ok", "refused", "disconnected"
-INTENDED = (OK, REFUSED, DISCONNECTED)
 
 
 class Lost(Exception):
