@@ -90,7 +90,7 @@ def _hooked_scheduler(triggers: StopTriggers) -> Any:
 
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
             for rid, tokens in self.step_tokens.items():  # as vLLM's does before the hook runs
-                self.requests[rid].output_token_ids.extend(tokens)
+                self.requests[rid].append_output_token_ids(tokens)
             outs = [EngineCoreOutput(rid, list(tokens)) for rid, tokens in self.step_tokens.items()]
             return {0: EngineCoreOutputs(outputs=outs)}
 
@@ -101,6 +101,15 @@ def _hooked_scheduler(triggers: StopTriggers) -> Any:
     scheduler._triggers = triggers
     scheduler._triggers_started = True
     return scheduler
+
+
+def _request(rid: str, prompt: list[int], params: Any, metrics: Any) -> Any:
+    """vLLM's own engine-core request, with the metrics vLLM's scheduler gives it."""
+    from vllm.v1.request import Request
+
+    request = Request(rid, prompt, params, None)
+    request.spec_decode_metrics = metrics
+    return request
 
 
 def _trial(rng: random.Random, tokenizer: Any, triggers: StopTriggers) -> tuple[int, int]:
@@ -134,15 +143,7 @@ def _trial(rng: random.Random, tokenizer: Any, triggers: StopTriggers) -> tuple[
     request: Any = SimpleNamespace(request_id="r", sampling_params=params, prompt_token_ids=prompt)
     detokenizer = FastIncrementalDetokenizer(tokenizer, request)
     scheduler = _hooked_scheduler(triggers)
-    scheduler.add_request(
-        SimpleNamespace(
-            request_id="r",
-            sampling_params=params,
-            prompt_token_ids=prompt,
-            output_token_ids=[],
-            spec_decode_metrics=RequestSpecDecodeMetrics.new(4),
-        )
-    )
+    scheduler.add_request(_request("r", prompt, params, RequestSpecDecodeMetrics.new(4)))
     found = snapshotted = 0
     position = 0
     while position < len(stream):
@@ -226,15 +227,7 @@ def test_the_hook_snapshots_only_on_trigger_steps_and_all_requests_periodically(
     pieces = ["a", "b", "\ufffd", "c"]
     scheduler = _hooked_scheduler(StopTriggers(pieces))
     for rid, stop in (("stop", ["ab"]), ("space", ["b "]), ("plain", None)):
-        scheduler.add_request(
-            SimpleNamespace(
-                request_id=rid,
-                prompt_token_ids=[0],
-                output_token_ids=[],
-                spec_decode_metrics=RequestSpecDecodeMetrics.new(3),
-                sampling_params=SamplingParams(stop=stop),
-            )
-        )
+        scheduler.add_request(_request(rid, [0], SamplingParams(stop=stop), RequestSpecDecodeMetrics.new(3)))
     # Step tokens for the request with a stop string: b after a can complete "ab"; the byte piece
     # holds the request on every step until a step ends on a whole character; b after b or c cannot.
     script = {1: [0], 2: [1], 3: [0, 0], 4: [2], 5: [0], 6: [0], 7: [3, 2], 8: [2], 9: [0, 3], 11: [3, 1], 12: [1]}

@@ -131,31 +131,34 @@ class SpecMetricsSnapshots:
         watch = self._watch
         if not watch:
             return outputs
-        get = watch.get
+        get, on_trigger = watch.get, self._on_trigger
         for engine_outputs in outputs.values():
             for output in engine_outputs.outputs:
                 isdisjoint = get(output.request_id)
                 if isdisjoint is None or isdisjoint(output.new_token_ids):
                     continue
-                self._on_trigger(output)
+                on_trigger(output)
         return outputs
 
     def _on_trigger(self, output: Any) -> None:
         """A step of a request with stop strings hit its trigger set: snapshot if the step can
         complete one."""
-        request = self.requests.get(output.request_id)
-        trigger = self._trigger_of.get(output.request_id)
-        if request is None or trigger is None:
-            return
+        rid = output.request_id
+        request = self.requests.get(rid)
+        trigger = self._trigger_of.get(rid)
+        if request is None or trigger is None or output.spec_decode_metrics is not None:
+            return  # gone, or vLLM's own metrics on the final output
         triggers = self._triggers
         new = output.new_token_ids
-        if (
-            triggers is None
-            or isinstance(trigger, Every)
-            or triggers.completes(trigger, new, request.output_token_ids, request.prompt_token_ids)
-        ) and output.spec_decode_metrics is None:  # else vLLM's own, on the final output
+        if triggers is None or isinstance(trigger, Every) or not trigger.always.isdisjoint(new):
             output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
-        self._follow_held(output.request_id, trigger, new)
+            self._follow_held(rid, trigger, new)
+        # Only tokens that complete a stop string after a given character: no piece of a
+        # character among them (those are in ``always``), so what is held stays as it is. vLLM's
+        # ``Request.output_token_ids`` is a read-only view whose slicing is a Python call: the
+        # list itself is read.
+        elif triggers.completes_after(trigger, new, request._output_token_ids, request.prompt_token_ids):
+            output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
 
     def _follow_held(self, rid: str, trigger: TriggerSet | Every, new: list[int]) -> None:
         """Hold a request on every step while its text may be held back; release it after."""

@@ -111,10 +111,10 @@ class StopTriggers:
         # Tokens that add no text when special tokens are skipped: they neither hold nor release.
         self.silent: frozenset[int] = frozenset(silent_ids)
         # The character each token's text ends with, where it is sure ("" where it is not: empty,
-        # partial or silent pieces).
+        # partial or silent pieces, and ids past the pieces up to the model's vocabulary).
         self._last_char = [
             "" if not piece or i in self.partial or i in self.silent else piece[-1] for i, piece in enumerate(pieces)
-        ]
+        ] + [""] * max(0, vocab_size - len(pieces))
         self._cache: dict[tuple[str, ...], TriggerSet | Every] = {}
 
     @classmethod
@@ -142,18 +142,37 @@ class StopTriggers:
     ) -> bool:
         """Whether a step's ``token_ids`` (which hit ``trigger``) can complete a stop string.
         ``history`` is the request's output so far, ending with ``token_ids``; ``prompt`` precedes
-        it. Runs on every hit, so the common miss (a token that needs another character before
-        it) costs one lookup per token."""
-        if not trigger.always.isdisjoint(token_ids):
-            return True
+        it."""
+        return not trigger.always.isdisjoint(token_ids) or self.completes_after(trigger, token_ids, history, prompt)
+
+    def completes_after(
+        self, trigger: TriggerSet, token_ids: Sequence[int], history: Sequence[int], prompt: Sequence[int] | None
+    ) -> bool:
+        """:meth:`completes` for a step that holds none of ``trigger.always``: whether one of its
+        tokens that needs a given character comes after it. Runs on every such hit (a quarter of
+        the steps of hard-wrapped text under a blank-line stop), so the common miss costs one
+        lookup per token; ``history`` should be a list (slicing vLLM's read-only view of one is a
+        Python call)."""
         needs = trigger.needs
-        last_char = self._last_char
         i = 0
         for token in token_ids:
             need = needs.get(token)
             if need is not None:
-                before = token_ids[i - 1] if i else _token_before(token_ids, history, prompt)
-                char = last_char[before] if before is not None and 0 <= before < len(last_char) else ""
+                if i:
+                    before = token_ids[i - 1]
+                else:  # the token before the step: vLLM appends a step's tokens to the request
+                    # before it builds the step's output (checked anyway: a mismatch assumes it can)
+                    num_new = len(token_ids)
+                    if len(history) > num_new and history[-num_new:] == token_ids:
+                        before = history[-num_new - 1]
+                    elif len(history) == num_new and prompt:
+                        before = prompt[-1]
+                    else:
+                        return True
+                try:
+                    char = self._last_char[before]
+                except IndexError:  # an id past the table: its character is not known
+                    return True
                 if not char or char in need:
                     return True
             i += 1
@@ -204,16 +223,6 @@ class StopTriggers:
         low = bisect.bisect_left(self._sorted_pieces, prefix)
         high = bisect.bisect_left(self._sorted_pieces, prefix + "\U0010ffff", low)
         return self._sorted_ids[low:high]
-
-
-def _token_before(token_ids: Sequence[int], history: Sequence[int], prompt: Sequence[int] | None) -> int | None:
-    """The token before a step's ``token_ids`` at the end of ``history`` (None: unknown). vLLM
-    appends a step's tokens to the request before it builds the step's output; checked anyway."""
-    num_new = len(token_ids)
-    num_out = len(history)
-    if num_out > num_new:
-        return history[-num_new - 1] if history[-num_new:] == token_ids else None
-    return prompt[-1] if num_out == num_new and prompt else None
 
 
 def _offsets(pieces: Sequence[str]) -> Iterable[int]:

@@ -7,7 +7,8 @@ path adds to each engine step instead, with vLLM's own types and serialiser:
 - vLLM's per-request tracking (``RequestSpecDecodeMetrics.observe``, once per request per step),
   which ``PER_REQUEST_SPEC_DECODE_METRICS=summary`` turns on in vLLM's scheduler;
 - the worker's scheduler hook (``worker/spec_scheduler.py``), over a stand-in for vLLM's
-  ``update_from_output`` that returns fresh outputs, as the real one does;
+  ``update_from_output`` that returns fresh outputs, as the real one does, for vLLM's own
+  ``Request`` objects (whose ``output_token_ids`` is a read-only view: slicing it is a Python call);
 - the snapshots' transport: vLLM's msgpack encode in the engine core and decode in the frontend.
 
 Stats on and off run alternately over the same steps, several times (the minimum is kept, as
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import random
 import time
-from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["STOP_CASES", "bench_stats_path"]
@@ -89,20 +89,18 @@ def _time_steps(
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+    from vllm.v1.request import Request
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
     from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS, SpecMetricsSnapshots
 
-    requests = {
-        f"req-{i}": SimpleNamespace(
-            request_id=f"req-{i}",
-            prompt_token_ids=stream[:8],
-            output_token_ids=[],
-            spec_decode_metrics=RequestSpecDecodeMetrics.new(k),
-            sampling_params=SamplingParams(stop=[stop] if stop else None),
-        )
-        for i in range(size)
-    }
+    requests = {}
+    metrics = []
+    for i in range(size):  # vLLM's own engine-core requests, with the metrics its scheduler gives them
+        request = Request(f"req-{i}", stream[:8], SamplingParams(stop=[stop] if stop else None), None)
+        request.spec_decode_metrics = RequestSpecDecodeMetrics.new(k)
+        metrics.append(request.spec_decode_metrics)
+        requests[request.request_id] = request
     listed = list(requests.values())
     flat = [EngineCoreOutput(rid, []) for rid in requests]
     outputs = {0: EngineCoreOutputs(engine_index=0, outputs=flat)}
@@ -118,7 +116,7 @@ def _time_steps(
 
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
             for output, new, request in zip(flat, tokens[self.step], listed, strict=True):
-                request.output_token_ids.extend(new)  # vLLM's update, before the hook runs
+                request.append_output_token_ids(new)  # vLLM's update, before the hook runs
                 output.new_token_ids = new
                 output.spec_decode_metrics = None
             return outputs
@@ -132,7 +130,6 @@ def _time_steps(
         plain.add_request(request)
         hooked.add_request(request)
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
-    metrics = [request.spec_decode_metrics for request in requests.values()]
     accepted = [i % (k + 1) for i in range(steps)]
     best = {name: float("inf") for name in ("observe", "hook", "plain", "transport_on", "transport_off")}
     snapshot_rate = 0.0
