@@ -44,6 +44,28 @@ _SESSION_ENGINE_MODULES = {
     "tests/test_serverless.py",
 }
 _MODULE_GROUPED = {"tests/test_quantize.py"}
+# The modules whose tests take longest (minutes each: servers booted in subprocesses, a soak), in
+# the order they are handed out, right after the session engines' group: longest first keeps the
+# last worker from starting a three-minute test when the others are done.
+_LONGEST_FIRST = [
+    "tests/test_soak.py",
+    "tests/test_bench.py",
+    "tests/test_quantize.py",
+    "tests/test_reliability.py",
+    "tests/test_lossless.py",
+    "tests/test_entrypoints.py",
+]
+
+
+def _rank(item: pytest.Item) -> int:
+    """Where a test goes in the queue: the session engines' group, then slow tests longest first,
+    then the rest (seconds each, they fill the gaps at the end)."""
+    module = _module(item.nodeid)
+    if module in _SESSION_ENGINE_MODULES:
+        return 0
+    if item.get_closest_marker("slow") is None:
+        return len(_LONGEST_FIRST) + 2
+    return 1 + _LONGEST_FIRST.index(module) if module in _LONGEST_FIRST else len(_LONGEST_FIRST) + 1
 
 
 def _module(nodeid: str) -> str:
@@ -68,13 +90,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             "add the module to _SESSION_ENGINE_MODULES (session engines) or _MODULE_GROUPED (a module-scoped "
             "server or model) in tests/conftest.py: " + ", ".join(ungrouped)
         )
+    items.sort(key=_rank)  # stable: each module keeps its own order (module-scoped fixtures)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class Grouped(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
-        """xdist's scope scheduler (the largest group first) over the groups above."""
+        """xdist's scope scheduler over the groups above, handed out in the collection's order
+        (``_rank``), not xdist's largest-group-first."""
 
         def _split_scope(self, nodeid: str) -> str:
             module = _module(nodeid)
@@ -82,6 +106,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 return "session-engines"
             return module if module in _MODULE_GROUPED else nodeid
 
+    config.option.loadscopereorder = False
     return Grouped(config, log)
 
 

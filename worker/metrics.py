@@ -135,16 +135,9 @@ class WorkerMetrics:
         self.low_acceptance.set(1 if self.watchdog.is_low else 0)
 
 
-def render_metrics(metrics: WorkerMetrics | None) -> bytes:
-    """vLLM's metrics (default registry) followed by the worker's."""
-    body = generate_latest(REGISTRY)
-    if metrics is not None:
-        body += generate_latest(metrics.registry)
-    return body
-
-
 class _OnePage:
-    """vLLM's registry and the worker's (once the engine has booted) as one collector."""
+    """vLLM's registry and the worker's (once the engine has booted) as one collector: the pod's
+    ``/metrics`` and the serverless ``METRICS_PORT`` page are this one page."""
 
     def __init__(self, worker_metrics: Callable[[], WorkerMetrics | None]) -> None:
         self._worker_metrics = worker_metrics
@@ -156,9 +149,18 @@ class _OnePage:
             yield from metrics.registry.collect()
 
 
+def _page(worker_metrics: Callable[[], WorkerMetrics | None]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_OnePage(worker_metrics))
+    return registry
+
+
+def render_metrics(metrics: WorkerMetrics | None) -> bytes:
+    """The metrics page: vLLM's metrics (its default registry) followed by the worker's."""
+    return generate_latest(_page(lambda: metrics))
+
+
 def serve_metrics_page(port: int, worker_metrics: Callable[[], WorkerMetrics | None]) -> None:
     """The pod's /metrics page on 127.0.0.1:``port`` (serverless ``METRICS_PORT``), served by
     prometheus_client's own HTTP server on a daemon thread."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_OnePage(worker_metrics))
-    start_http_server(port, addr="127.0.0.1", registry=registry)
+    start_http_server(port, addr="127.0.0.1", registry=_page(worker_metrics))
