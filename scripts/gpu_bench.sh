@@ -41,6 +41,9 @@
 #   coldstart-container  dummy weights, V1: a boot that fills an empty cache root, then one with that root and an
 #                     empty HOME and TMPDIR (a fresh container on a warm network volume), then one with every cache
 #                     warm; made the cold-container-* files (the same three boots, run by hand)
+#   coldstart-plan    dummy weights, V1, fresh containers on one warm cache root: vLLM's startup plan
+#                     (VLLM_ENABLE_STARTUP_PLAN) written once, then off / on alternating ($PLAN_ROUNDS)
+#   coldstart-seqs16  the same root: MAX_NUM_SEQS=16 (fewer CUDA-graph sizes), compiled once, then two boots
 #   coldstart-triton-ab  real-size weights, V1: a boot that fills an empty cache root, then four boots with that
 #                     root, each with an empty HOME, alternating the worker's TRITON_CACHE_DIR default and the old
 #                     behaviour (Triton's cache in HOME); made the cold-ab* files (one cache root, same loop)
@@ -183,6 +186,24 @@ for stage in "$@"; do
         mkdir -p $h/home $h/tmp
         HOME=$h/home TMPDIR=$h/tmp run cold-container-$l --parts coldstart_handler
       done ;;
+    coldstart-plan | coldstart-seqs16)
+      # Fresh containers (an empty HOME and TMPDIR each) on one warm cache root, dummy weights: after
+      # a boot that fills the root (skipped when a call before filled it), coldstart-plan boots once
+      # with vLLM's startup plan to write it, then alternates it off / on ($PLAN_ROUNDS, default "1 2");
+      # coldstart-seqs16 boots MAX_NUM_SEQS=16 (fewer CUDA-graph sizes: a configuration of its own,
+      # compiled first) in two fresh containers.
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-plan
+      fresh() { local h=/tmp/ctr-plan-$1-$$; shift; mkdir -p $h/home $h/tmp; HOME=$h/home TMPDIR=$h/tmp "$@"; }
+      [ -d $VLLM_CACHE_ROOT ] || fresh fill run cold-plan-fill --parts coldstart_handler
+      if [ $stage = coldstart-plan ]; then
+        VLLM_ENABLE_STARTUP_PLAN=true fresh write run cold-plan-write --parts coldstart_handler
+        for i in ${PLAN_ROUNDS:-1 2}; do
+          VLLM_ENABLE_STARTUP_PLAN=false fresh off$i run cold-plan-off-$i --parts coldstart_handler
+          VLLM_ENABLE_STARTUP_PLAN=true fresh on$i run cold-plan-on-$i --parts coldstart_handler
+        done
+      else
+        for l in fill 1 2; do MAX_NUM_SEQS=16 fresh s16-$l run cold-seqs16-$l --parts coldstart_handler; done
+      fi ;;
     coldstart-triton-ab)
       # What the TRITON_CACHE_DIR default changed, on one cache root: after a boot that fills it,
       # boots in fresh containers (each its own empty HOME) alternate between the worker's default

@@ -165,6 +165,15 @@ def test_engine_environment_spawns_the_pods_engine_core_unless_told() -> None:
     assert method("serverless", VLLM_WORKER_MULTIPROC_METHOD="spawn") == "spawn"
 
 
+def test_engine_environment_turns_vllms_startup_plan_on_unless_told() -> None:
+    def plan(**env: str) -> str | None:
+        return engine_environment(load_settings(env), mode="serverless")["VLLM_ENABLE_STARTUP_PLAN"]
+
+    assert plan() == "1"
+    assert plan(VLLM_ENABLE_STARTUP_PLAN="false") == plan(VLLM_ENABLE_STARTUP_PLAN="0") == "0"  # vLLM reads an int
+    assert plan(VLLM_ENABLE_STARTUP_PLAN="1") == "1"
+
+
 def test_engine_environment_keeps_tritons_cache_beside_vllms_compile_cache() -> None:
     def triton(**env: str) -> str | None:
         return engine_environment(load_settings(env), mode="serverless")["TRITON_CACHE_DIR"]

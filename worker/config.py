@@ -135,6 +135,11 @@ class Settings(BaseSettings):
         description="read the weight files into the page cache while vLLM is imported; unset: when they fit in "
         "the memory available",
     )
+    vllm_enable_startup_plan: bool = Field(
+        True,
+        description="vLLM's own variable: keep the memory profile's result under VLLM_CACHE_ROOT and reuse it on "
+        "later boots of the same configuration and GPU (skips the profile's measurement); on by default here",
+    )
     warmup_request: bool = Field(
         True,
         description="short requests during boot (prompt, chat, the sampler's optional kernels), so that the "

@@ -38,7 +38,13 @@ PHASE_MARKERS: list[tuple[str, str, str, str | None]] = [
     ("engine_config", "main process: imports, engine config", r"Initializing a V1 LLM engine", None),
     ("model_load", "engine core start, weights load", r"Model loading took", None),
     ("torch_compile", "torch.compile (or loading it from the cache)", r"torch\.compile (takes|took)", None),
-    ("kv_cache_profile", "profile run, CUDA-graph memory estimate", r"Available KV cache memory", None),
+    # With vLLM's startup plan applied the profile run stays, its memory measurement does not.
+    (
+        "kv_cache_profile",
+        "profile run, CUDA-graph memory estimate",
+        r"Available KV cache memory|for KV Cache as specified by kv_cache_memory_bytes",
+        None,
+    ),
     ("kernel_warmup", "kernel warm-up before the capture", r"Capturing CUDA graphs", "kv_cache_profile"),
     ("cuda_graph_capture", "CUDA-graph capture", r"Graph capturing finished", "kv_cache_profile"),
     ("engine_init_done", "rest of vLLM's engine init", r"init engine \(profile, create kv cache, warmup model\)", None),
