@@ -46,11 +46,12 @@ _SESSION_ENGINE_MODULES = {
 _MODULE_GROUPED = {"tests/test_quantize.py"}
 # The modules whose tests take longest (minutes each: servers booted in subprocesses, a soak), in
 # the order they are handed out, right after the session engines' group: longest first keeps the
-# last worker from starting a three-minute test when the others are done.
+# last worker from starting a three-minute test when the others are done. AWQ leads: on a fresh
+# machine its fixture also builds .venv-quant (a pip install, then the quantization: ~5 minutes).
 _LONGEST_FIRST = [
+    "tests/test_quantize.py",
     "tests/test_soak.py",
     "tests/test_bench.py",
-    "tests/test_quantize.py",
     "tests/test_reliability.py",
     "tests/test_lossless.py",
     "tests/test_entrypoints.py",
