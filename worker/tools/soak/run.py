@@ -71,8 +71,21 @@ def _start(role: str, args: list[str], env: dict[str, str], log_path: Path, metr
     return Server(role, proc, metrics_url, log_path)
 
 
+# How long the engine's processes may take to exit once their server has (vLLM stops them with
+# a bounded wait of its own; on a loaded 2-core machine that took over a second).
+_CHILDREN_EXIT_S = 20.0
+
+
 def _stop(servers: list[Server]) -> list[int]:
-    """SIGTERM each server; return the pids of its processes still alive 60 s later."""
+    """SIGTERM each server; return the pids of its processes still alive once the server has
+    exited (within 60 s) and its children have had ``_CHILDREN_EXIT_S`` more."""
+    import psutil
+
+    def alive(pid: int) -> bool:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        return False
+
     pids = [p.pid for server in servers for p in server.processes()]
     for server in servers:
         with contextlib.suppress(ProcessLookupError):
@@ -83,10 +96,11 @@ def _stop(servers: list[Server]) -> list[int]:
         except subprocess.TimeoutExpired:
             os.killpg(server.proc.pid, signal.SIGKILL)
             server.proc.wait()
-    time.sleep(1)
-    import psutil
-
-    left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    deadline = time.monotonic() + _CHILDREN_EXIT_S
+    left = [pid for pid in pids if alive(pid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [pid for pid in left if alive(pid)]
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
