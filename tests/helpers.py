@@ -16,7 +16,7 @@ from worker.config import Settings, load_settings
 from worker.runtime import EngineHolder, EngineProtocol
 from worker.serverless import ServerlessWorker
 from worker.tiny_models import TinyModels
-from worker.tools.bench.servers import free_port, wait_until_ready
+from worker.tools.bench.servers import alive_after, free_port, wait_until_ready
 
 if TYPE_CHECKING:
     from worker.engine import Engine
@@ -31,7 +31,6 @@ __all__ = [
     "descendants",
     "engine_settings",
     "free_port",
-    "is_alive",
     "job_items",
     "kill_while_jobs_stream",
     "wait_until_ready",
@@ -113,22 +112,6 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
     except OSError:
         return ""
-
-
-def is_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, or a reaped process, is not alive)."""
-    try:
-        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-
-
-def alive_after(pids: list[int], timeout_s: float) -> list[int]:
-    """Those of ``pids`` still running once they all exited or ``timeout_s`` passed."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and any(is_alive(pid) for pid in pids):
-        time.sleep(0.3)
-    return [pid for pid in pids if is_alive(pid)]
 
 
 async def kill_while_jobs_stream(

@@ -36,6 +36,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, or a reaped process, is not alive)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def alive_after(pids: list[int], timeout_s: float) -> list[int]:
+    """Those of ``pids`` still running once they all exited or ``timeout_s`` passed."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and any(is_alive(pid) for pid in pids):
+        time.sleep(0.3)
+    return [pid for pid in pids if is_alive(pid)]
+
+
 def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[str]:
     """vLLM's own server with the engine arguments our worker builds (speculation excluded)."""
     kwargs = build_engine_kwargs(settings, resolve=lambda ref: model_path if ref == settings.target_ref else ref)

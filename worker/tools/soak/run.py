@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.tools.bench.servers import free_port, wait_until_ready
+from worker.tools.bench.servers import alive_after, free_port, wait_until_ready
 from worker.tools.soak.pod_traffic import PodTraffic
 from worker.tools.soak.serverless_traffic import ServerlessTraffic
 from worker.tools.soak.traffic import ADAPTER, Lost
@@ -79,13 +79,6 @@ _CHILDREN_EXIT_S = 20.0
 def _stop(servers: list[Server]) -> list[int]:
     """SIGTERM each server; return the pids of its processes still alive once the server has
     exited (within 60 s) and its children have had ``_CHILDREN_EXIT_S`` more."""
-    import psutil
-
-    def alive(pid: int) -> bool:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-        return False
-
     pids = [p.pid for server in servers for p in server.processes()]
     for server in servers:
         with contextlib.suppress(ProcessLookupError):
@@ -96,11 +89,7 @@ def _stop(servers: list[Server]) -> list[int]:
         except subprocess.TimeoutExpired:
             os.killpg(server.proc.pid, signal.SIGKILL)
             server.proc.wait()
-    deadline = time.monotonic() + _CHILDREN_EXIT_S
-    left = [pid for pid in pids if alive(pid)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = [pid for pid in left if alive(pid)]
+    left = alive_after(pids, _CHILDREN_EXIT_S)
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
