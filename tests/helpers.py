@@ -4,12 +4,17 @@ and port helpers of the tests that start servers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import httpx
 
 from worker import runtime
 from worker.config import Settings, load_settings
@@ -24,15 +29,18 @@ if TYPE_CHECKING:
 __all__ = [
     "CACHE_DIR",
     "LORA_ENV",
+    "Pod",
     "alive_after",
     "assert_engine_empties",
     "boot_engine",
     "cmdline",
     "descendants",
+    "engine_core_of",
     "engine_settings",
     "free_port",
     "job_items",
     "kill_while_jobs_stream",
+    "start_pod",
     "wait_until_ready",
     "worker_for",
 ]
@@ -40,6 +48,7 @@ __all__ = [
 # The session engine's LoRA adapter (tests of vLLM's OpenAI layer select it by name).
 LORA_ENV = {"ENABLE_LORA": "true", "LORA_MODULES": "tiny-lora=tiny:lora"}
 
+ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("WORKER_CACHE_DIR", str(Path.home() / ".cache" / "runpod-vllm-worker")))
 
 
@@ -134,3 +143,58 @@ async def kill_while_jobs_stream(
     kill()
     results = await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
     return list(results), time.perf_counter() - killed_at
+
+
+def engine_core_of(pid: int, *, among: set[int] | None = None) -> int:
+    """The engine-core process below ``pid`` (``among``: only these pids)."""
+    for child in descendants(pid):
+        if (among is None or child in among) and "EngineCore" in cmdline(child):
+            return child
+    raise AssertionError("no engine-core process found")
+
+
+class Pod:
+    """A pod server (``python -m worker serve``) in a subprocess, its output in ``log``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], base: str, log: Path, *, api_key: str | None) -> None:
+        self.proc, self.base, self.log = proc, base, log
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def metric(self, name: str) -> float:
+        """One sample of the pod's ``/metrics`` page, by its name with labels (``a{b="c"}``)."""
+        for line in httpx.get(self.base + "/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        raise AssertionError(f"{name} missing from /metrics")
+
+    def in_engine(self) -> float:
+        return self.metric("worker_requests_in_engine")
+
+
+@contextlib.contextmanager
+def start_pod(subprocess_env: dict[str, str], tmp_path: Path, **env: str) -> Iterator[Pod]:
+    """A pod booted with ``env`` on a free port, ready; stopped with SIGTERM (then killed) after."""
+    port = free_port()
+    log = tmp_path / f"pod-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "serve", "--port", str(port)],
+            cwd=ROOT,
+            env={**subprocess_env, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    pod = Pod(proc, f"http://127.0.0.1:{port}", log, api_key=env.get("API_KEY"))
+    try:
+        try:
+            wait_until_ready(pod.base, proc, timeout_s=240)
+        except RuntimeError as exc:
+            raise AssertionError(f"{exc}: {log.read_text()[-3000:]}") from None
+        yield pod
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -7,7 +7,6 @@ per test with the prefix RELIABILITY, so that a run's own output documents it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import os
@@ -16,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +22,16 @@ import httpx
 import pytest
 
 from tests.helpers import (
+    Pod,
     alive_after,
     boot_engine,
-    cmdline,
     descendants,
+    engine_core_of,
     engine_settings,
     free_port,
     job_items,
     kill_while_jobs_stream,
-    wait_until_ready,
+    start_pod,
     worker_for,
 )
 from worker.runtime import EngineHolder
@@ -48,54 +47,6 @@ MODEL = "tiny:target"
 
 def report(name: str, **figures: Any) -> None:
     print("RELIABILITY " + json.dumps({"test": name, **figures}))
-
-
-def _engine_core(pid: int, *, among: set[int] | None = None) -> int:
-    for child in descendants(pid):
-        if (among is None or child in among) and "EngineCore" in cmdline(child):
-            return child
-    raise AssertionError("no engine-core process found")
-
-
-class Pod:
-    def __init__(self, proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
-        self.proc, self.base, self.log = proc, base, log
-        self.headers = {"Authorization": f"Bearer {API_KEY}"}
-
-    def in_engine(self) -> float:
-        for line in httpx.get(self.base + "/metrics", timeout=10).text.splitlines():
-            if line.startswith("worker_requests_in_engine "):
-                return float(line.split()[1])
-        raise AssertionError("worker_requests_in_engine missing")
-
-
-@contextlib.contextmanager
-def start_pod(subprocess_env: dict[str, str], tmp_path: Path, **env: str) -> Iterator[Pod]:
-    port = free_port()
-    log = tmp_path / f"pod-{port}.log"
-    full_env = {**subprocess_env, "API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, **env}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "serve", "--port", str(port)],
-            cwd=ROOT,
-            env=full_env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    pod = Pod(proc, f"http://127.0.0.1:{port}", log)
-    try:
-        try:
-            wait_until_ready(pod.base, proc, timeout_s=240)
-        except RuntimeError as exc:
-            raise AssertionError(f"{exc}: {log.read_text()[-3000:]}") from None
-        yield pod
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 async def _one(client: httpx.AsyncClient, pod: Pod, i: int) -> dict[str, Any]:
@@ -139,7 +90,15 @@ async def _one(client: httpx.AsyncClient, pod: Pod, i: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str, str], tmp_path: Path) -> None:
-    with start_pod(subprocess_env, tmp_path, MAX_NUM_SEQS="4", MAX_QUEUE_DEPTH="4", SHUTDOWN_GRACE_S="60") as pod:
+    with start_pod(
+        subprocess_env,
+        tmp_path,
+        API_KEY=API_KEY,
+        HF_TOKEN=HF_TOKEN,
+        MAX_NUM_SEQS="4",
+        MAX_QUEUE_DEPTH="4",
+        SHUTDOWN_GRACE_S="60",
+    ) as pod:
 
         async def load() -> list[dict[str, Any]]:
             limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
@@ -220,7 +179,7 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
 
 @pytest.mark.timeout(400)
 def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict[str, str], tmp_path: Path) -> None:
-    with start_pod(subprocess_env, tmp_path) as pod:
+    with start_pod(subprocess_env, tmp_path, API_KEY=API_KEY) as pod:
         body = {
             "model": MODEL,
             "prompt": "The",
@@ -233,7 +192,7 @@ def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict
         with httpx.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers, timeout=60) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
-            os.kill(_engine_core(pod.proc.pid), signal.SIGKILL)
+            os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL)
             try:
                 rest = list(lines)
             except httpx.HTTPError:
@@ -269,7 +228,7 @@ async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_
     try:
         # Killed as soon as every job streams (900 tokens take about a second on a fast CPU).
         results, _ = await kill_while_jobs_stream(
-            worker, job, lambda: os.kill(_engine_core(os.getpid(), among=own), signal.SIGKILL)
+            worker, job, lambda: os.kill(engine_core_of(os.getpid(), among=own), signal.SIGKILL)
         )
         for items in results:
             assert items[-1].get("error_type") == "engine_dead", items[-1]

@@ -42,7 +42,7 @@ from worker.models import check_local_paths, resolver
 from worker.schema import parse_request
 from worker.spec_scheduler import SpecMetricsAsyncScheduler, SpecMetricsScheduler
 
-__all__ = ["WARMUP_SAMPLING_FEATURES", "boot", "build_args", "build_config", "create_engine", "warm_up"]
+__all__ = ["WARMUP_SAMPLING_FEATURES", "ApiProcess", "boot", "build_args", "build_config", "create_engine", "warm_up"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,17 @@ WARMUP_SAMPLING_FEATURES: dict[str, Any] = {
     "repetition_penalty": 1.1,
     "seed": 7,
 }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiProcess:
+    """One of several API server processes over one engine core (``worker/api_servers.py``): the
+    engine core's addresses for this process (vLLM's ``client_config`` without count and index),
+    how many such processes there are and which one this is."""
+
+    addresses: dict[str, Any]
+    count: int
+    index: int
 
 
 def build_args(settings: Settings) -> AsyncEngineArgs:
@@ -84,7 +95,9 @@ def build_args(settings: Settings) -> AsyncEngineArgs:
     return AsyncEngineArgs(**kwargs)
 
 
-def build_config(settings: Settings, *, mode: DeploymentMode = "serverless") -> VllmConfig:
+def build_config(
+    settings: Settings, *, mode: DeploymentMode = "serverless", api_process_count: int = 1, api_process_rank: int = 0
+) -> VllmConfig:
     """vLLM's config for ``settings``, with the stats scheduler where it applies.
 
     What the settings leave unset takes vLLM's defaults for the deployment: a pod, vLLM's own
@@ -94,7 +107,10 @@ def build_config(settings: Settings, *, mode: DeploymentMode = "serverless") -> 
     the jobs a worker takes at once, follows ``max_num_seqs``.
     """
     context = UsageContext.OPENAI_API_SERVER if mode == "pod" else UsageContext.ENGINE_CONTEXT
-    vllm_config = build_args(settings).create_engine_config(usage_context=context)
+    args = build_args(settings)
+    # What vLLM's multi-API-server launcher sets (rank -1: the process that starts the engine core).
+    args._api_process_count, args._api_process_rank = api_process_count, api_process_rank
+    vllm_config = args.create_engine_config(usage_context=context)
     if vllm_config.speculative_config is not None and settings.per_request_spec_decode_metrics != "none":
         sched = vllm_config.scheduler_config
         if sched.scheduler_cls is None:
@@ -103,13 +119,29 @@ def build_config(settings: Settings, *, mode: DeploymentMode = "serverless") -> 
     return vllm_config
 
 
-def create_engine(settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
+def create_engine(
+    settings: Settings, *, mode: DeploymentMode = "serverless", api_process: ApiProcess | None = None
+) -> Engine:
     """Build and start the engine (blocking; call it off the event loop). The process
-    environment vLLM reads (``engine_args.engine_environment``) is set by the caller."""
-    tail = _OutputTail.start()
+    environment vLLM reads (``engine_args.engine_environment``) is set by the caller. With
+    ``api_process``, connect to an engine core another process started instead of starting one."""
+    tail = _OutputTail.start() if api_process is None else None
     try:
-        vllm_config = build_config(settings, mode=mode)
-        llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False)
+        if api_process is None:
+            vllm_config = build_config(settings, mode=mode)
+            llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False)
+        else:
+            vllm_config = build_config(
+                settings, mode=mode, api_process_count=api_process.count, api_process_rank=api_process.index
+            )
+            llm = AsyncLLM.from_vllm_config(
+                vllm_config,
+                usage_context=UsageContext.OPENAI_API_SERVER,
+                disable_log_stats=False,
+                client_addresses=dict(api_process.addresses),
+                client_count=api_process.count,
+                client_index=api_process.index,
+            )
     except WorkerError:
         raise
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
@@ -124,8 +156,10 @@ def create_engine(settings: Settings, *, mode: DeploymentMode = "serverless") ->
     return Engine(llm, settings=settings, model_label=settings.target_ref)
 
 
-async def boot(settings: Settings, *, mode: DeploymentMode = "serverless") -> Engine:
-    engine = await asyncio.to_thread(functools.partial(create_engine, settings, mode=mode))
+async def boot(
+    settings: Settings, *, mode: DeploymentMode = "serverless", api_process: ApiProcess | None = None
+) -> Engine:
+    engine = await asyncio.to_thread(functools.partial(create_engine, settings, mode=mode, api_process=api_process))
     if settings.warmup_request:
         await warm_up(engine)
     # What vLLM's own server does once it has started: move everything allocated so far

@@ -228,6 +228,9 @@ class Settings(BaseSettings):
         None, ge=0, description="requests waiting beyond max_num_seqs before 429s; unset: max_num_seqs"
     )
     shutdown_grace_s: float = Field(30.0, ge=0, description="how long SIGTERM waits for in-flight requests")
+    api_server_count: int = Field(
+        1, ge=1, le=64, description="pod: API server processes over one engine core (1: the in-process pod)"
+    )
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, *_: Any, **__: Any) -> tuple[Any, ...]:

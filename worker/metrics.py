@@ -18,12 +18,24 @@ falls below ``threshold`` it sets the gauge and logs one warning per window, not
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
-from collections import deque
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Callable, Iterator, MutableSequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    start_http_server,
+)
 from prometheus_client.metrics_core import Metric
 
 from worker.stats import mean_acceptance_length
@@ -31,53 +43,105 @@ from worker.stats import mean_acceptance_length
 if TYPE_CHECKING:
     from worker.tracking import RequestEnd
 
-__all__ = ["AcceptanceWatchdog", "WorkerMetrics", "render_metrics", "serve_metrics_page"]
+__all__ = [
+    "AcceptanceWatchdog",
+    "WatchdogWindow",
+    "WorkerMetrics",
+    "is_multiprocess",
+    "render_metrics",
+    "serve_metrics_page",
+]
 
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class WatchdogWindow:
+    """The watchdog's rolling window: a ring of (steps, accepted) per request, and ``meta`` =
+    [next slot, slots filled, requests since the last warning], under ``lock``. In plain lists for
+    one process; in shared memory (:meth:`shared`) when several API processes serve one engine,
+    so that the window pools every process's requests and the warning is logged once per window."""
+
+    steps: MutableSequence[int]
+    accepted: MutableSequence[int]
+    meta: MutableSequence[int]
+    lock: AbstractContextManager[Any]
+
+    @classmethod
+    def local(cls, window: int) -> WatchdogWindow:
+        return cls([0] * window, [0] * window, [0, 0, window], contextlib.nullcontext())
+
+    @classmethod
+    def shared(cls, window: int, context: Any) -> WatchdogWindow:
+        """In ``context``'s shared memory (a ``multiprocessing`` context), handed to its processes."""
+        meta = context.RawArray("q", 3)
+        meta[2] = window
+        return cls(context.RawArray("q", window), context.RawArray("q", window), meta, context.Lock())
+
+
 class AcceptanceWatchdog:
-    def __init__(self, *, threshold: float, window: int) -> None:
-        """Defaults live in ``Settings`` (``ACCEPTANCE_WATCHDOG_THRESHOLD`` / ``_WINDOW``)."""
+    def __init__(self, *, threshold: float, window: int, memory: WatchdogWindow | None = None) -> None:
+        """Defaults live in ``Settings`` (``ACCEPTANCE_WATCHDOG_THRESHOLD`` / ``_WINDOW``); ``memory``:
+        a window shared with other processes (its length is the window)."""
         self.threshold = threshold
-        self.window = max(1, window)
-        self._steps: deque[tuple[int, int]] = deque(maxlen=self.window)  # (num_steps, num_accepted)
-        self._since_warning = self.window
+        self.window = max(1, window) if memory is None else len(memory.steps)
+        self._memory = WatchdogWindow.local(self.window) if memory is None else memory
         self.is_low = False
 
     @property
     def rolling_mean(self) -> float | None:
-        steps = sum(s for s, _ in self._steps)
+        with self._memory.lock:
+            return self._mean()[0]
+
+    def _mean(self) -> tuple[float | None, int]:
+        m = self._memory
+        filled = m.meta[1]
+        steps = sum(m.steps[:filled])
         if not steps:
-            return None
-        return mean_acceptance_length(num_accepted=sum(a for _, a in self._steps), num_steps=steps)
+            return None, filled
+        return mean_acceptance_length(num_accepted=sum(m.accepted[:filled]), num_steps=steps), filled
 
     def observe(self, *, num_steps: int, num_accepted: int) -> bool:
         """Record a request; return True when this call logged a warning."""
         if num_steps <= 0:
             return False
-        self._steps.append((num_steps, num_accepted))
-        self._since_warning += 1
-        mean = self.rolling_mean
-        self.is_low = mean is not None and len(self._steps) >= min(self.window, 5) and mean < self.threshold
-        if self.is_low and self._since_warning >= self.window:
-            self._since_warning = 0
+        m = self._memory
+        with m.lock:
+            slot = m.meta[0]
+            m.steps[slot], m.accepted[slot] = num_steps, num_accepted
+            m.meta[0] = (slot + 1) % self.window
+            m.meta[1] = min(self.window, m.meta[1] + 1)
+            m.meta[2] += 1
+            mean, filled = self._mean()
+            self.is_low = mean is not None and filled >= min(self.window, 5) and mean < self.threshold
+            should_warn = self.is_low and m.meta[2] >= self.window
+            if should_warn:
+                m.meta[2] = 0
+        if should_warn:
             log.warning(
                 "speculative decoding is not paying off: mean acceptance length %.2f over the last %d requests "
                 "is below %.2f (fewer than %.2f accepted draft tokens per step); consider a better draft, "
                 "fewer speculative tokens, or none",
                 mean,
-                len(self._steps),
+                filled,
                 self.threshold,
                 self.threshold - 1,
             )
-            return True
-        return False
+        return should_warn
+
+
+def is_multiprocess() -> bool:
+    """Whether prometheus_client keeps its values in files shared by processes (vLLM sets
+    ``PROMETHEUS_MULTIPROC_DIR`` for several API server processes; ``worker/api_servers.py`` too)."""
+    return "PROMETHEUS_MULTIPROC_DIR" in os.environ
 
 
 class WorkerMetrics:
-    def __init__(self, *, num_spec_tokens: int | None, threshold: float, window: int) -> None:
+    def __init__(
+        self, *, num_spec_tokens: int | None, threshold: float, window: int, shared_window: WatchdogWindow | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._count_in_engine: Callable[[], float] | None = None
         k = max(1, num_spec_tokens or 8)
         length_buckets = sorted({1.0 + i * 0.25 for i in range(int(k * 4) + 1)})
         self.acceptance_length = Histogram(
@@ -103,20 +167,35 @@ class WorkerMetrics:
             "worker_spec_decode_rolling_mean_acceptance_length",
             "Mean acceptance length over the watchdog window",
             registry=self.registry,
+            multiprocess_mode="mostrecent",  # the window is shared: the latest value of any process
         )
         self.low_acceptance = Gauge(
             "worker_spec_decode_low_acceptance",
             "1 while the rolling mean acceptance length is below the threshold",
             registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.in_engine = Gauge(
-            "worker_requests_in_engine", "Requests the engine holds (running or waiting)", registry=self.registry
+            "worker_requests_in_engine",
+            "Requests the engine holds (running or waiting)",
+            registry=self.registry,
+            multiprocess_mode="livesum",  # each API process's own requests, summed over live processes
         )
-        self.watchdog = AcceptanceWatchdog(threshold=threshold, window=window)
+        self.watchdog = AcceptanceWatchdog(threshold=threshold, window=window, memory=shared_window)
 
     def count_in_engine(self, count: Callable[[], float]) -> None:
-        """Read ``worker_requests_in_engine`` from ``count`` at every scrape."""
-        self.in_engine.set_function(count)
+        """Read ``worker_requests_in_engine`` from ``count`` at every scrape; with several processes,
+        whenever :meth:`refresh` runs (a scrape reads other processes' files, not their functions)."""
+        if is_multiprocess():
+            self._count_in_engine = count
+            self.refresh()
+        else:
+            self.in_engine.set_function(count)
+
+    def refresh(self) -> None:
+        """Write the values read from functions to the shared files (several processes only)."""
+        if self._count_in_engine is not None:
+            self.in_engine.set(self._count_in_engine())
 
     def observe(self, end: RequestEnd) -> None:
         """An engine request observer."""
@@ -156,7 +235,15 @@ def _page(worker_metrics: Callable[[], WorkerMetrics | None]) -> CollectorRegist
 
 
 def render_metrics(metrics: WorkerMetrics | None) -> bytes:
-    """The metrics page: vLLM's metrics (its default registry) followed by the worker's."""
+    """The metrics page: vLLM's metrics (its default registry) followed by the worker's; with
+    several processes, both as every process wrote them to the shared files, summed (vLLM's
+    ``get_prometheus_registry`` reads them the same way)."""
+    if is_multiprocess():
+        if metrics is not None:
+            metrics.refresh()
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
     return generate_latest(_page(lambda: metrics))
 
 

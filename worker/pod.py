@@ -22,21 +22,22 @@ import hmac
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from worker.errors import AuthError, EngineBusy, InvalidRequest, RequestTooLarge, WorkerError, to_openai_error
-from worker.metrics import render_metrics
+from worker.metrics import is_multiprocess, render_metrics
 from worker.runtime import EngineHolder
 
-__all__ = ["create_app"]
+__all__ = ["FATAL_EXIT_DELAY_S", "InFlight", "create_app"]
 
 log = logging.getLogger(__name__)
 
 FATAL_EXIT_DELAY_S = 2.0  # long enough for a health check to see the 503
+METRICS_REFRESH_S = 1.0  # several API processes: how often each writes its requests-in-engine gauge
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,10 +65,11 @@ class _Gate:
     streamed chunk: 2 of the 7 wrappers a chunk passed through, about 1% of the API process's
     CPU under 32 streams (py-spy, CPU), and that process is what limits a pod at 256 streams."""
 
-    def __init__(self, holder: EngineHolder, own: ASGIApp) -> None:
+    def __init__(self, holder: EngineHolder, own: ASGIApp, *, peers: InFlight | None = None) -> None:
         self._holder = holder
         self._settings = holder.settings
         self._own = own
+        self._peers = peers
         self.num_in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -86,16 +88,21 @@ class _Gate:
             engine = self._holder.ready_engine()
             server = await self._holder.openai()
             queue = engine.max_num_seqs if self._settings.max_queue_depth is None else self._settings.max_queue_depth
-            if self.num_in_flight >= engine.max_num_seqs + queue:
-                raise EngineBusy(f"server at capacity ({self.num_in_flight} requests in flight); retry shortly")
+            num_in_flight = self.num_in_flight if self._peers is None else self._peers.get_num_requests()
+            if num_in_flight >= engine.max_num_seqs + queue:
+                raise EngineBusy(f"server at capacity ({num_in_flight} requests in flight); retry shortly")
         except WorkerError as exc:
             await _error_response(exc)(scope, receive, send)
             return
         self.num_in_flight += 1
+        if self._peers is not None:
+            self._peers.set_num_requests(self.num_in_flight)
         try:
             await server.app(scope, _replay(body, receive), send)
         finally:
             self.num_in_flight -= 1
+            if self._peers is not None:
+                self._peers.set_num_requests(self.num_in_flight)
 
     def _authorize(self, scope: Scope) -> None:
         key = self._settings.api_key
@@ -147,7 +154,20 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def create_app(holder: EngineHolder, *, boot_on_startup: bool = True) -> ASGIApp:
+class InFlight(Protocol):
+    """Requests in flight over every API process of a pod (vLLM's ``SharedAdmissionStats``: each
+    process writes its own count to its slot of shared memory, a reader sums the slots; lock-free,
+    so processes admitting at the same instant can overshoot the limit by at most one each)."""
+
+    def set_num_requests(self, count: int) -> None: ...
+
+    def get_num_requests(self) -> int: ...
+
+
+def create_app(holder: EngineHolder, *, boot_on_startup: bool = True, peers: InFlight | None = None) -> ASGIApp:
+    """The pod's app over ``holder``; ``peers``: the in-flight count shared with the other API
+    processes of the pod (``worker/api_servers.py``), for back-pressure over all of them."""
+
     async def watch_engine(app: FastAPI) -> None:
         """A dead engine or a failed boot cannot recover in-process: exit non-zero so a supervisor
         restarts the pod (after a moment in which /health answers 503)."""
@@ -160,6 +180,13 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True) -> ASGIApp
         logging.shutdown()
         os._exit(1)
 
+    async def refresh_metrics() -> None:
+        """With several API processes a scrape reads the others' files: keep this one's current."""
+        while True:
+            await asyncio.sleep(METRICS_REFRESH_S)
+            if holder.metrics is not None:
+                holder.metrics.refresh()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.fatal = False
@@ -168,6 +195,8 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True) -> ASGIApp
             boot = asyncio.create_task(holder.openai())
             boot.add_done_callback(lambda task: task.cancelled() or task.exception())  # errors show in /health
             tasks += [boot, asyncio.create_task(watch_engine(app))]
+        if is_multiprocess():
+            tasks.append(asyncio.create_task(refresh_metrics()))
         try:
             yield
         finally:
@@ -196,4 +225,4 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True) -> ASGIApp
     async def metrics() -> Response:
         return Response(render_metrics(holder.metrics), media_type=CONTENT_TYPE_LATEST)
 
-    return _Gate(holder, app)
+    return _Gate(holder, app, peers=peers)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from worker.config import DeploymentMode, Settings, load_settings
 from worker.errors import EngineBootError, EngineDead, EngineNotReady, WorkerError
-from worker.metrics import WorkerMetrics
+from worker.metrics import WatchdogWindow, WorkerMetrics
 from worker.schema import GenerateRequest, Served, StreamChunk
 
 if TYPE_CHECKING:
@@ -80,8 +80,12 @@ class EngineHolder:
         settings_loader: Callable[[], Settings] = load_settings,
         mode: DeploymentMode = "serverless",
         engine_factory: Callable[[Settings], Awaitable[EngineProtocol]] | None = None,
+        shared_window: WatchdogWindow | None = None,
     ) -> None:
-        """``engine_factory`` replaces vLLM's engine (tests, benchmarks that share one engine)."""
+        """``engine_factory`` replaces vLLM's engine boot (tests, benchmarks that share one engine,
+        an API process of a pod that connects to its engine core); ``shared_window``: the acceptance
+        watchdog's window shared with the pod's other API processes."""
+        self._shared_window = shared_window
         self._settings_loader = settings_loader
         self._mode: DeploymentMode = mode
         self._engine_factory = engine_factory
@@ -155,6 +159,7 @@ class EngineHolder:
                 num_spec_tokens=engine.served.num_speculative_tokens,
                 threshold=settings.acceptance_watchdog_threshold,
                 window=settings.acceptance_watchdog_window,
+                shared_window=self._shared_window,
             )
             self.metrics.count_in_engine(lambda: engine.num_unfinished_requests)
             engine.observers.append(self.metrics.observe)

@@ -1,0 +1,204 @@
+"""Pod mode over several API server processes: ``API_SERVER_COUNT`` > 1.
+
+At high concurrency one Python process turning engine outputs into HTTP chunks is what limits a
+pod (on an H200 at 256 streams the pod's API process, like vLLM's server's, was 89-94% busy while
+raw ``AsyncLLM`` decoded 1.4-1.8x faster). vLLM's server answers with ``vllm serve
+--api-server-count N``: N API processes accept on one listening socket and talk to one engine core
+over ZeroMQ, each as its own client. This module runs that machinery of vLLM's, as its
+``vllm/entrypoints/cli/serve.py`` (``run_multi_api_server``) does: ``bind_engine_zmq_listeners``,
+``launch_core_engines``, ``APIServerProcessManager`` and ``wait_for_completion_or_failure``, with
+the worker's own app in every API process instead of vLLM's:
+
+- this process reads the settings, starts the weight prefetch, sets the engine's environment,
+  opens the listening socket, starts the engine core (with the worker's stats scheduler) and the N
+  API processes, then watches them;
+- each API process connects vLLM's ``AsyncLLM`` to the engine core as client i of N and serves
+  the pod app (``worker/pod.py``: the API key, body limit, back-pressure, ``/health``, ``/metrics``,
+  vLLM's OpenAI layer) with vLLM's uvicorn server class, which accepts each new connection in the
+  least loaded process.
+
+What the processes share, allocated here: the requests in flight, which the gate's back-pressure
+sums over all processes (vLLM's ``SharedAdmissionStats``); the acceptance watchdog's window
+(``WatchdogWindow.shared``); and Prometheus's files (``PROMETHEUS_MULTIPROC_DIR``, set as vLLM
+sets it), so that ``/metrics`` on any process shows every process's requests, summed.
+
+Shutdown: SIGTERM (or SIGINT) here stops each API process, which drains its requests (uvicorn's
+graceful shutdown, ``SHUTDOWN_GRACE_S``), then the engine core. If the engine core dies, each API
+process answers 503 and exits with status 1 (``worker/pod.py``); this process then stops what is
+left and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from collections.abc import MutableSequence
+from types import FrameType
+from typing import Any
+
+from worker.config import Settings
+from worker.errors import WorkerError
+from worker.metrics import WatchdogWindow
+
+__all__ = ["run_api_process", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shared:
+    """Shared memory of the pod's API processes, handed to each when it is spawned."""
+
+    in_flight: MutableSequence[int]  # vLLM's SharedAdmissionStats slots
+    window: WatchdogWindow
+
+
+def serve(settings: Settings) -> int:
+    """Run the pod with ``settings.api_server_count`` API processes; the exit status."""
+    from worker import prefetch
+
+    # Before vLLM is imported: the weights are read while the imports run (worker/runtime.py alike).
+    prefetch.start(settings)
+    from worker.engine_args import engine_environment
+
+    for key, value in engine_environment(settings, mode="pod").items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+    from vllm.entrypoints.launchers.launcher import create_server_socket
+    from vllm.utils.system_utils import set_ulimit
+    from vllm.v1.engine.admission_control import SharedAdmissionStats
+    from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
+    from vllm.v1.executor import Executor
+    from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
+    from vllm.v1.utils import APIServerProcessManager, wait_for_completion_or_failure
+
+    from worker.boot import build_config
+    from worker.pod import FATAL_EXIT_DELAY_S
+
+    count = settings.api_server_count
+    # Before any API process starts: they inherit the directory and keep their metrics in it.
+    setup_multiprocess_prometheus()
+    try:
+        vllm_config = build_config(settings, mode="pod", api_process_count=count, api_process_rank=-1)
+    except WorkerError as exc:
+        log.error("engine boot failed: %s", exc.message)
+        return 1
+
+    is_stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal is_stopping
+        if not is_stopping:
+            is_stopping = True
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    sock = create_server_socket((settings.host, settings.port), reuse_port=True)
+    set_ulimit()  # as vLLM's server does: many connections per process
+    context = multiprocessing.get_context("spawn")
+    shared = _Shared(
+        in_flight=context.RawArray("q", SharedAdmissionStats.num_counters(count)),
+        window=WatchdogWindow.shared(settings.acceptance_watchdog_window, context),
+    )
+    listeners = bind_engine_zmq_listeners(vllm_config, count)
+    manager: Any = None
+    engines: Any = None
+    status = 0
+    log.info("pod on http://%s:%d with %d API server processes", settings.host, settings.port, count)
+    try:
+        with launch_core_engines(vllm_config, Executor.get_class(vllm_config), True, listeners.addresses) as launch:
+            engines = launch.engine_manager
+            manager = APIServerProcessManager(
+                target_server_fn=run_api_process,
+                listen_address=f"http://{settings.host}:{settings.port}",
+                sock=sock,
+                args=argparse.Namespace(settings=settings, shared=shared),
+                num_servers=count,
+                input_listeners=listeners.inputs,
+                output_listeners=listeners.outputs,
+                stats_update_address=launch.coordinator.get_stats_publish_address() if launch.coordinator else None,
+                tensor_queue=launch.tensor_queue,
+            )
+            launch.watched_frontend_processes = manager.processes
+        wait_for_completion_or_failure(api_server_manager=manager, engine_manager=engines)
+    except SystemExit:
+        log.info("stopping: draining the API processes (up to %.0f s), then the engine", settings.shutdown_grace_s)
+    except Exception as exc:
+        status = 1
+        log.error("pod failed: %s; exiting with status 1 so that the pod is restarted", exc)
+        if manager is not None:
+            # The API processes answer 503 for a moment, then exit by themselves (worker/pod.py).
+            deadline = time.monotonic() + FATAL_EXIT_DELAY_S + 5
+            for proc in manager.processes:
+                proc.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if manager is not None:
+            manager.shutdown(timeout=settings.shutdown_grace_s + 5)
+        if engines is not None:
+            engines.shutdown(timeout=vllm_config.shutdown_timeout)
+        sock.close()
+    return status
+
+
+def run_api_process(listen_address: str, sock: socket.socket, args: argparse.Namespace, client: dict[str, Any]) -> None:
+    """One API process (the target vLLM's ``APIServerProcessManager`` spawns): the pod app over
+    an ``AsyncLLM`` that is client ``client_index`` of the engine core."""
+    import uvloop
+    from vllm.utils.system_utils import decorate_logs, set_process_title
+
+    settings: Settings = args.settings
+    set_process_title("APIServer", str(client["client_index"]))
+    decorate_logs()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvloop.run(_serve_api_process(sock, settings, args.shared, dict(client)))
+
+
+async def _serve_api_process(sock: socket.socket, settings: Settings, shared: _Shared, client: dict[str, Any]) -> None:
+    import uvicorn
+    from vllm.entrypoints.launchers.launcher import NoSignalServer
+    from vllm.v1.engine.admission_control import SharedAdmissionStats
+
+    from worker.boot import ApiProcess, boot
+    from worker.pod import create_app
+    from worker.runtime import EngineHolder
+
+    loads = client.pop("api_server_loads", None)
+    count, index = client.pop("client_count"), client.pop("client_index")
+    api_process = ApiProcess(addresses=client, count=count, index=index)
+    holder = EngineHolder(
+        settings_loader=lambda: settings,
+        mode="pod",
+        engine_factory=lambda s: boot(s, mode="pod", api_process=api_process),
+        shared_window=shared.window,
+    )
+    peers = SharedAdmissionStats({"mp_admission_counters": shared.in_flight}, count, index)
+    app = create_app(holder, peers=peers)
+    config = uvicorn.Config(
+        app,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
+    server = NoSignalServer(config, peer_loads=None if loads is None else (loads, index))
+
+    def stop() -> None:
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await server.serve(sockets=[sock])
