@@ -19,6 +19,9 @@
 #                     each kernel alone: quant-marlin, quant-machete
 #   pod               pod server vs vLLM's OpenAI server booted side by side, concurrency
 #                     $POD_CONCURRENCY (default 1,8,64,256), $POD_REPEATS (default 3) alternating runs
+#   pod-api-servers   the pod stage with API_SERVER_COUNT=N for N in $API_SERVERS (default "2 1"), vLLM's server
+#                     with the same --api-server-count, at $POD_CONCURRENCY (default 64,256,512), MAX_NUM_SEQS=512
+#                     and MAX_QUEUE_DEPTH=512 (no 429 at 512 streams), $POD_REPEATS alternating runs (default 3)
 #   pod-spawn         the pod stage with VLLM_WORKER_MULTIPROC_METHOD=spawn given to both servers: what measured
 #                     the pod's switch from vLLM's library default (fork) to spawn, now the pod's own default
 #   pod-profile       the pod stage at 1 and 64 streams, 2 runs, with a py-spy profile of each server's API
@@ -142,6 +145,11 @@ for stage in "$@"; do
     pod-profile)
       POD_BENCH_PY_SPY=${PY_SPY:?PY_SPY must name a py-spy binary} run pod-profile --parts pod --concurrency 1,64 \
         --repeats 2 ;;
+    pod-api-servers)
+      for n in ${API_SERVERS:-2 1}; do
+        MAX_NUM_SEQS=512 MAX_QUEUE_DEPTH=512 API_SERVER_COUNT=$n run "pod-api$n" --parts pod \
+          --concurrency "${POD_CONCURRENCY:-64,256,512}" --repeats "${POD_REPEATS:-3}"
+      done ;;
     pod) run pod --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" --repeats "${POD_REPEATS:-3}" ;;
     coldstart)
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-$$

@@ -115,7 +115,7 @@ def test_metrics_sum_every_process_and_a_stop_string_ending_is_exact(pod: Pod) -
     stats = by_stop["metrics"]["speculative_decoding"]
     assert stats["num_spec_steps"] > 0 and stats == by_length["metrics"]["speculative_decoding"]
     requests = 8
-    for i in range(requests - 2):
+    for _ in range(requests - 2):
         response = httpx.post(pod.base + "/v1/completions", json=_completion(max_tokens=4), headers=pod.headers)
         assert response.status_code == 200, response.text
     # Every scrape is a new connection, answered by either process: each sums both processes' files.

@@ -87,7 +87,7 @@ def serve(settings: Settings) -> int:
 
     count = settings.api_server_count
     # Before any API process starts: they inherit the directory and keep their metrics in it.
-    setup_multiprocess_prometheus()
+    setup_multiprocess_prometheus()  # type: ignore[no-untyped-call]
     try:
         vllm_config = build_config(settings, mode="pod", api_process_count=count, api_process_rank=-1)
     except WorkerError as exc:

