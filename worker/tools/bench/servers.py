@@ -141,11 +141,27 @@ async def http_stream(client: Any, base: str, body: dict[str, Any], timing: Requ
     timing.end = time.perf_counter()
 
 
+def _gpu_pids() -> set[int]:
+    """Processes holding a CUDA context (the engine core, GPU workers), as ``nvidia-smi`` lists
+    them; none where there is no NVIDIA GPU."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {int(word) for word in done.stdout.split() if word.isdigit()}
+
+
 def cpu_seconds(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) a server has used so far: its API processes (HTTP, tokenizing,
-    detokenizing, the engine client: the server's own process, or with several API processes those
-    vLLM titles ``APIServer``, ours and vLLM's alike, plus the launching process) and the rest of
-    its descendants (engine core, GPU workers)."""
+    detokenizing, the engine client: the server's own process, and with several API processes each
+    of them) and its engine (the engine core and GPU workers: the processes holding the GPU or
+    titled so by vLLM, with their descendants). The engine is told apart by the GPU because vLLM's
+    process titles need ``setproctitle``, which an install may lack."""
     import psutil
 
     root = psutil.Process(pid)
@@ -156,16 +172,21 @@ def cpu_seconds(pid: int) -> dict[str, float]:
             return float(times.user + times.system)
         return 0.0
 
-    def is_api(process: psutil.Process) -> bool:
+    def is_engine(process: psutil.Process, gpu: set[int]) -> bool:
         with contextlib.suppress(psutil.Error):
-            return "APIServer" in " ".join(process.cmdline())
+            title = " ".join(process.cmdline())
+            return process.pid in gpu or "EngineCore" in title or "::Worker" in title
         return False
 
+    gpu = _gpu_pids()
+    engine: set[int] = set()
+    for child in root.children(recursive=False):
+        if is_engine(child, gpu):
+            engine |= {child.pid, *(p.pid for p in child.children(recursive=True))}
     children = root.children(recursive=True)
-    api = [child for child in children if is_api(child)]
     return {
-        "api": used(root) + sum(used(child) for child in api),
-        "engine": sum(used(child) for child in children if child not in api),
+        "api": used(root) + sum(used(c) for c in children if c.pid not in engine),
+        "engine": sum(used(c) for c in children if c.pid in engine),
     }
 
 
