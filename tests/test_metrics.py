@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from worker.metrics import AcceptanceWatchdog, WorkerMetrics, render_metrics
+from worker.metrics import AcceptanceWatchdog, WatchdogWindow, WorkerMetrics, render_metrics
 from worker.stats import spec_stats_from_histogram
 
 
@@ -39,6 +40,42 @@ def test_watchdog_stays_quiet_when_drafts_pay_and_recovers() -> None:
     assert not watchdog.is_low and watchdog.rolling_mean == pytest.approx(3.0)
     assert watchdog.observe(num_steps=0, num_accepted=0) is False  # a request without speculation
     assert watchdog.rolling_mean == pytest.approx(3.0)
+
+
+def _observe_in_child(window: WatchdogWindow, num_requests: int) -> None:
+    watchdog = AcceptanceWatchdog(threshold=1.5, window=0, memory=window)
+    for _ in range(num_requests):
+        watchdog.observe(num_steps=10, num_accepted=0)
+
+
+def test_a_shared_window_pools_the_requests_of_every_process(caplog: pytest.LogCaptureFixture) -> None:
+    # The pod's API processes (worker/api_servers.py) each have a watchdog over one shared window:
+    # a process that saw only good requests still sees the bad ones another process observed, and
+    # the warning comes once per window over all of them, not once per process.
+    context = multiprocessing.get_context("spawn")
+    window = WatchdogWindow.shared(10, context)
+    here = AcceptanceWatchdog(threshold=1.5, window=0, memory=window)  # the window's length wins
+    assert here.window == 10
+    for _ in range(2):
+        here.observe(num_steps=10, num_accepted=30)  # mean 4.0
+    child = context.Process(target=_observe_in_child, args=(window, 8))  # mean 1.0 there
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert here.rolling_mean == pytest.approx(1 + 60 / 100)  # 10 requests, 100 steps, 60 accepted
+    assert not here.is_low
+    with caplog.at_level(logging.WARNING, logger="worker.metrics"):
+        # One more bad request here rolls a good one out: 30 accepted in 100 steps, below 1.5.
+        assert here.observe(num_steps=10, num_accepted=0) is True and here.is_low
+        assert here.rolling_mean == pytest.approx(1.3)
+        child = context.Process(target=_observe_in_child, args=(window, 5))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        # The other process's requests counted toward the same window: no second warning yet...
+        assert [here.observe(num_steps=10, num_accepted=0) for _ in range(4)] == [False] * 4
+        assert here.observe(num_steps=10, num_accepted=0) is True  # ... until 10 more in all
+    assert len([r for r in caplog.records if "not paying off" in r.getMessage()]) == 2
 
 
 def test_metrics_page_shows_what_the_observer_saw() -> None:
