@@ -1,6 +1,6 @@
 """``python -m worker``: the pod-mode server and the tools around it.
 
-    python -m worker serve [--host H] [--port P]   # OpenAI-compatible server; HOST, PORT, API_KEY env too
+    python -m worker serve [--host H] [--port P]   # OpenAI-compatible server (HOST, PORT, API_KEY, API_SERVER_COUNT)
     python -m worker bench [--smoke] [--parts ...]  # the benchmark against vLLM itself (worker/tools/bench/)
     python -m worker fit --model llama-3-8b --gpu H100 SXM ...   # memory and speed planner
     python -m worker plan --requests-per-hour 120 --tokens-per-s 2000 ...   # serverless vs pod cost

@@ -12,6 +12,9 @@ and, in front of every other route, a gate vLLM's layer does not have: the API k
 back-pressure (429 with ``Retry-After`` beyond ``max_num_seqs`` plus ``MAX_QUEUE_DEPTH``
 requests in flight). A dead engine or a failed boot makes the process exit with status 1; a
 client that disconnects aborts its engine request (vLLM's layer does that).
+
+With ``API_SERVER_COUNT`` > 1 this app runs in each of N API processes over one engine core
+(``worker/api_servers.py``), the in-flight count summed over all of them (``peers``).
 """
 
 from __future__ import annotations

@@ -310,7 +310,12 @@ def bench_pod(
     """The pod server and vLLM's own server booted side by side (half the GPU memory each, so both
     fit one GPU), then driven in turn, the order alternating per repeat: each figure is the median
     of ``repeats`` runs, and the two servers see the same machine state. Booting each server once
-    per repeat instead cost ~70 s a boot on the H200, more than the measurements."""
+    per repeat instead cost ~70 s a boot on the H200, more than the measurements.
+
+    With ``POD_BENCH_BASELINE=pod1`` in ``env`` the second server (still filed as ``vllm_server``,
+    named in ``baseline``) is the pod itself with one API process: how the pod's
+    ``API_SERVER_COUNT`` compares with today's single-process pod, side by side."""
+    is_pod_baseline = env.get("POD_BENCH_BASELINE") == "pod1"
     runs: dict[str, list[list[dict[str, Any]]]] = {"pod": [], "vllm_server": []}
     half = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
     bases: dict[str, str] = {}
@@ -320,9 +325,11 @@ def bench_pod(
         for name in runs:
             port = free_port()
             bases[name] = f"http://127.0.0.1:{port}"
-            if name == "pod":
+            if name == "pod" or is_pod_baseline:
                 args = [sys.executable, "-m", "worker", "serve", "--port", str(port)]
                 server_env = {**env, "GPU_MEMORY_UTILIZATION": str(half.gpu_memory_utilization)}
+                if name != "pod":
+                    server_env["API_SERVER_COUNT"] = "1"
             else:
                 args = vllm_server_args(half, model_path=model_path, port=port)
                 # vLLM's server as users launch it: its own media connector (the worker's is
@@ -357,5 +364,7 @@ def bench_pod(
         "repeats": repeats,
         "ready_s": ready,
         "side_by_side": True,
+        "baseline": "pod with API_SERVER_COUNT=1" if is_pod_baseline else "vLLM's OpenAI server",
+        "api_server_count": settings.api_server_count,
         "rows": table,
     }

@@ -203,14 +203,16 @@ def pod_section(results: dict[str, Any]) -> list[str]:
     if "pod" not in results:
         return []
     p = results["pod"]
+    baseline = p.get("baseline", "vLLM's OpenAI server")
+    short = "1-API pod" if baseline.startswith("pod") else "vLLM"
     lines = [
-        "### Pod server vs vLLM's OpenAI server (same engine arguments, same streaming client)",
+        f"### Pod server vs {baseline} (same engine arguments, same streaming client)",
         "",
         f"{p['num_requests']} requests x {p['max_tokens']} tokens, `/v1/completions` streaming, median of "
-        f"{p['repeats']} runs per server.",
+        f"{p['repeats']} runs per server; the pod with API_SERVER_COUNT={p.get('api_server_count', 1)}.",
         "",
-        "| concurrency | pod tok/s | vLLM server tok/s | throughput ratio | TTFT p50 ms (pod / vLLM) | "
-        "TTFT p99 ms (pod / vLLM) | ITL ms (pod / vLLM) | API process CPU ms per token (pod / vLLM) |",
+        f"| concurrency | pod tok/s | {short} tok/s | throughput ratio | TTFT p50 ms (pod / {short}) | "
+        f"TTFT p99 ms (pod / {short}) | ITL ms (pod / {short}) | API processes' CPU ms per token (pod / {short}) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in p["rows"]:
