@@ -83,6 +83,7 @@ def serve(settings: Settings) -> int:
     from vllm.v1.utils import APIServerProcessManager, wait_for_completion_or_failure
 
     from worker.boot import build_config
+    from worker.engine import one_line
     from worker.pod import FATAL_EXIT_DELAY_S
 
     count = settings.num_api_servers()
@@ -92,6 +93,9 @@ def serve(settings: Settings) -> int:
         vllm_config = build_config(settings, mode="pod", api_process_count=count, api_process_rank=-1)
     except WorkerError as exc:
         log.error("engine boot failed: %s", exc.message)
+        return 1
+    except Exception as exc:
+        log.error("engine boot failed: %s", one_line(exc))
         return 1
 
     is_stopping = False
@@ -149,7 +153,7 @@ def serve(settings: Settings) -> int:
         if manager is not None:
             manager.shutdown(timeout=settings.shutdown_grace_s + 5)
         if engines is not None:
-            engines.shutdown(timeout=vllm_config.shutdown_timeout)
+            engines.shutdown(timeout=None)  # vLLM's own grace for the engine core (5 s), as its server gives
         sock.close()
     return status
 

@@ -110,7 +110,10 @@ def build_config(
     args = build_args(settings)
     # What vLLM's multi-API-server launcher sets (rank -1: the process that starts the engine core).
     args._api_process_count, args._api_process_rank = api_process_count, api_process_rank
-    vllm_config = args.create_engine_config(usage_context=context)
+    try:
+        vllm_config = args.create_engine_config(usage_context=context)
+    except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
+        raise EngineBootError(f"invalid engine configuration: {_describe_config_error(exc, settings)}") from None
     if vllm_config.speculative_config is not None and settings.per_request_spec_decode_metrics != "none":
         sched = vllm_config.scheduler_config
         if sched.scheduler_cls is None:
