@@ -1,6 +1,8 @@
+from pathlib import Path
+
 import pytest
 
-from worker.config import drafts_with_model, is_on_runpod, load_settings, sdk_environment
+from worker.config import Settings, drafts_with_model, is_on_runpod, load_settings, sdk_environment
 from worker.errors import ConfigError
 
 
@@ -155,3 +157,11 @@ def test_api_server_count_is_a_number_or_auto_from_the_host() -> None:
         with pytest.raises(ConfigError) as info:
             load_settings({"API_SERVER_COUNT": bad})
         assert "API_SERVER_COUNT" in info.value.message
+
+
+def test_every_setting_is_in_the_readmes_configuration_table() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("## Configuration")
+    table = readme[start : readme.index("\n## ", start)]
+    missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in table]
+    assert not missing, f"not in the README's configuration table: {missing}"
