@@ -170,6 +170,20 @@ class Pod:
     def in_engine(self) -> float:
         return self.metric("worker_requests_in_engine")
 
+    def stream_through(self, body: dict[str, Any], during: Callable[[], None], *, timeout_s: float) -> list[str]:
+        """Stream a completion; once its first event has arrived, call ``during`` (a signal, a kill),
+        then read the rest: its non-empty lines, or ``["(connection closed)"]`` if the connection broke."""
+        with httpx.stream(
+            "POST", self.base + "/v1/completions", json=body, headers=self.headers, timeout=timeout_s
+        ) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            during()
+            try:
+                return [line for line in lines if line]
+            except httpx.HTTPError:
+                return ["(connection closed)"]
+
 
 @contextlib.contextmanager
 def start_pod(subprocess_env: dict[str, str], tmp_path: Path, **env: str) -> Iterator[Pod]:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import LORA_ENV, Pod, alive_after, descendants, engine_core_of, start_pod
+from tests.helpers import LORA_ENV, Pod, alive_after, cmdline, descendants, engine_core_of, start_pod
 
 pytestmark = pytest.mark.slow  # every test here boots a pod
 
@@ -48,7 +48,7 @@ def _completion(**body: Any) -> dict[str, Any]:
 
 
 def test_the_pod_runs_two_api_processes_over_one_engine_core(pod: Pod) -> None:
-    names = [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in descendants(pod.proc.pid)]
+    names = [cmdline(pid) for pid in descendants(pod.proc.pid)]
     assert sum("APIServer" in name for name in names) == 2, names
     assert sum("EngineCore" in name for name in names) == 1, names
 
@@ -140,11 +140,7 @@ def test_lora_adapters_are_served_by_name(pod: Pod) -> None:
 def test_sigterm_drains_every_process_and_leaves_none(pod: Pod) -> None:
     processes = descendants(pod.proc.pid)
     body = _completion(max_tokens=300, ignore_eos=True, stream=True)
-    with httpx.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers, timeout=120) as response:
-        lines = response.iter_lines()
-        assert next(lines).startswith("data: ")
-        pod.proc.send_signal(signal.SIGTERM)
-        rest = [line for line in lines if line]
+    rest = pod.stream_through(body, lambda: pod.proc.send_signal(signal.SIGTERM), timeout_s=120)
     assert rest[-1] == "data: [DONE]", rest[-3:]
     assert not any('"error"' in line for line in rest)
     assert pod.proc.wait(timeout=90) == 0
@@ -156,14 +152,7 @@ def test_engine_core_death_ends_the_whole_pod_with_status_1(subprocess_env: dict
     with start_pod(subprocess_env, tmp_path, **env) as pod:
         processes = descendants(pod.proc.pid)
         body = _completion(max_tokens=900, ignore_eos=True, stream=True)
-        with httpx.stream("POST", pod.base + "/v1/completions", json=body, timeout=60) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: ")
-            os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL)
-            try:
-                rest = list(lines)
-            except httpx.HTTPError:
-                rest = ["(connection closed)"]
+        rest = pod.stream_through(body, lambda: os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL), timeout_s=60)
         assert rest == ["(connection closed)"] or any('"error"' in line for line in rest), rest[-3:]
         assert pod.proc.wait(timeout=60) == 1
         assert not alive_after(processes, 30), "processes left after the engine core died"

@@ -159,13 +159,7 @@ def test_load_backpressure_secrets_and_graceful_sigterm(subprocess_env: dict[str
             "stream": True,
             "temperature": 0,
         }
-        with httpx.stream(
-            "POST", pod.base + "/v1/completions", json=last, headers=pod.headers, timeout=120
-        ) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: ")
-            pod.proc.send_signal(signal.SIGTERM)
-            rest = [line for line in lines if line]
+        rest = pod.stream_through(last, lambda: pod.proc.send_signal(signal.SIGTERM), timeout_s=120)
         assert rest[-1] == "data: [DONE]", rest[-3:]
         assert not any('"error"' in line for line in rest)
         # uvicorn re-raises the signal it was stopped by once it has drained: "terminated by SIGTERM".
@@ -189,14 +183,7 @@ def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict
             "temperature": 0,
         }
         started = time.perf_counter()
-        with httpx.stream("POST", pod.base + "/v1/completions", json=body, headers=pod.headers, timeout=60) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
-            os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL)
-            try:
-                rest = list(lines)
-            except httpx.HTTPError:
-                rest = ["(connection closed)"]
+        rest = pod.stream_through(body, lambda: os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL), timeout_s=60)
         ended_after = time.perf_counter() - started
         assert any('"error"' in line for line in rest) or rest == ["(connection closed)"], rest[-3:]
         statuses = []

@@ -35,7 +35,6 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
-import os
 import signal
 import socket
 import time
@@ -62,18 +61,9 @@ class _Shared:
 
 def serve(settings: Settings) -> int:
     """Run the pod with ``settings.num_api_servers()`` API processes; the exit status."""
-    from worker import prefetch
+    from worker.runtime import prepare_boot
 
-    # Before vLLM is imported: the weights are read while the imports run (worker/runtime.py alike).
-    prefetch.start(settings)
-    from worker.engine_args import engine_environment
-
-    for key, value in engine_environment(settings, mode="pod").items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
+    prepare_boot(settings, mode="pod")  # before vLLM is imported
     from vllm.entrypoints.launchers.launcher import create_server_socket
     from vllm.utils.system_utils import set_ulimit
     from vllm.v1.engine.admission_control import SharedAdmissionStats

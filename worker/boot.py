@@ -129,22 +129,19 @@ def create_engine(
     environment vLLM reads (``engine_args.engine_environment``) is set by the caller. With
     ``api_process``, connect to an engine core another process started instead of starting one."""
     tail = _OutputTail.start() if api_process is None else None
+    count, index = (1, 0) if api_process is None else (api_process.count, api_process.index)
+    # vLLM's client of an engine core another process started (what its API server processes pass).
+    client: dict[str, Any] = {}
+    if api_process is not None:
+        client = {
+            "usage_context": UsageContext.OPENAI_API_SERVER,
+            "client_addresses": dict(api_process.addresses),
+            "client_count": count,
+            "client_index": index,
+        }
     try:
-        if api_process is None:
-            vllm_config = build_config(settings, mode=mode)
-            llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False)
-        else:
-            vllm_config = build_config(
-                settings, mode=mode, api_process_count=api_process.count, api_process_rank=api_process.index
-            )
-            llm = AsyncLLM.from_vllm_config(
-                vllm_config,
-                usage_context=UsageContext.OPENAI_API_SERVER,
-                disable_log_stats=False,
-                client_addresses=dict(api_process.addresses),
-                client_count=api_process.count,
-                client_index=api_process.index,
-            )
+        vllm_config = build_config(settings, mode=mode, api_process_count=count, api_process_rank=index)
+        llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
     except WorkerError:
         raise
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it

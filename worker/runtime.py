@@ -28,21 +28,20 @@ if TYPE_CHECKING:
     from worker.openai import OpenAIServer
     from worker.tracking import RequestEnd
 
-__all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine"]
+__all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine", "prepare_boot"]
 
 log = logging.getLogger(__name__)
 
 EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
 
 
-async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
-    """vLLM's engine for ``settings``: the process environment it must inherit first (a pure
-    function of the settings and the deployment mode), then the boot."""
+def prepare_boot(settings: Settings, *, mode: DeploymentMode) -> None:
+    """What a process that starts vLLM's engine does before importing vLLM: start reading the
+    weights (they are read while the imports run) and set the environment the engine must inherit
+    (a pure function of the settings and the deployment mode)."""
     from worker import prefetch
 
-    # Before vLLM is imported (worker.boot imports it): the weights are read while the imports run.
     prefetch.start(settings)
-    from worker.boot import boot
     from worker.engine_args import engine_environment
 
     for key, value in engine_environment(settings, mode=mode).items():
@@ -50,6 +49,13 @@ async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
+    """vLLM's engine for ``settings``: :func:`prepare_boot`, then the boot."""
+    prepare_boot(settings, mode=mode)
+    from worker.boot import boot  # imports vLLM
+
     return await boot(settings, mode=mode)
 
 
