@@ -12,6 +12,16 @@ from tests.helpers import CACHE_DIR, LORA_ENV, boot_engine
 from worker.config import Settings
 from worker.tiny_models import TinyModels, ensure_tiny_models
 
+# The engines the tests boot share this machine's cores with each other. vLLM's CPU build binds
+# every engine's model worker to the same core ("auto" binding: core 0 on a 2-core machine, core 1
+# reserved), so engines running at once in the two test workers, and the subprocess servers, all
+# computed on core 0: one chat request waited 147 s behind them in a full run (vLLM logged no free
+# broadcast block for 60 s, twice). Unbound, with one thread each (what the binding gave them), the
+# kernel spreads them: the full suite took 712 s instead of 895 s on a 2-core machine. Set before
+# anything boots; servers inherit it through ``subprocess_env``.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Variables the worker reads; each test starts without them (engines get explicit settings).
 _WORKER_ENV = {name.upper() for name in Settings.model_fields} | {"RUNPOD_WEBHOOK_GET_JOB"}
 
