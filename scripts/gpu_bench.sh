@@ -24,6 +24,8 @@
 #                     and MAX_QUEUE_DEPTH=512 (no 429 at 512 streams), $POD_REPEATS alternating runs (default 3)
 #   pod-api2-vs-1     the pod with API_SERVER_COUNT=2 against the pod with 1, side by side, at $POD_CONCURRENCY
 #                     (default 1,8), the same settings as pod-api-servers
+#   pod-api2-vs-vllm1 the pod with API_SERVER_COUNT=2 against vLLM's server with one API process (vllm serve's
+#                     default), side by side, at $POD_CONCURRENCY (default 256,512), the same settings
 #   pod-spawn         the pod stage with VLLM_WORKER_MULTIPROC_METHOD=spawn given to both servers: what measured
 #                     the pod's switch from vLLM's library default (fork) to spawn, now the pod's own default
 #   pod-profile       the pod stage at 1 and 64 streams, 2 runs, with a py-spy profile of each server's API
@@ -152,6 +154,9 @@ for stage in "$@"; do
         MAX_NUM_SEQS=512 MAX_QUEUE_DEPTH=512 API_SERVER_COUNT=$n run "pod-api$n" --parts pod \
           --concurrency "${POD_CONCURRENCY:-64,256,512}" --repeats "${POD_REPEATS:-3}"
       done ;;
+    pod-api2-vs-vllm1)
+      MAX_NUM_SEQS=512 MAX_QUEUE_DEPTH=512 API_SERVER_COUNT=2 POD_BENCH_BASELINE=vllm1 run pod-api2-vs-vllm1 --parts pod \
+        --concurrency "${POD_CONCURRENCY:-256,512}" --repeats "${POD_REPEATS:-3}" ;;
     pod-api2-vs-1)
       MAX_NUM_SEQS=512 MAX_QUEUE_DEPTH=512 API_SERVER_COUNT=2 POD_BENCH_BASELINE=pod1 run pod-api2-vs-1 --parts pod \
         --concurrency "${POD_CONCURRENCY:-1,8}" --repeats "${POD_REPEATS:-3}" ;;

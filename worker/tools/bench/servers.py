@@ -315,8 +315,11 @@ def bench_pod(
 
     With ``POD_BENCH_BASELINE=pod1`` in ``env`` the second server (still filed as ``vllm_server``,
     named in ``baseline``) is the pod itself with one API process: how the pod's
-    ``API_SERVER_COUNT`` compares with today's single-process pod, side by side."""
+    ``API_SERVER_COUNT`` compares with today's single-process pod, side by side. With
+    ``POD_BENCH_BASELINE=vllm1`` it is vLLM's server with one API process (``vllm serve``'s
+    default, as most people launch it) beside the pod with its own count."""
     is_pod_baseline = env.get("POD_BENCH_BASELINE") == "pod1"
+    vllm_api_servers = 1 if env.get("POD_BENCH_BASELINE") == "vllm1" else settings.num_api_servers()
     runs: dict[str, list[list[dict[str, Any]]]] = {"pod": [], "vllm_server": []}
     half = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
     bases: dict[str, str] = {}
@@ -332,9 +335,7 @@ def bench_pod(
                 if name != "pod":
                     server_env["API_SERVER_COUNT"] = "1"
             else:
-                args = vllm_server_args(
-                    half, model_path=model_path, port=port, api_server_count=settings.num_api_servers()
-                )
+                args = vllm_server_args(half, model_path=model_path, port=port, api_server_count=vllm_api_servers)
                 # vLLM's server as users launch it: its own media connector (the worker's is
                 # registered only in the worker's processes).
                 server_env = {k: v for k, v in env.items() if k != "VLLM_MEDIA_CONNECTOR"}
@@ -367,7 +368,10 @@ def bench_pod(
         "repeats": repeats,
         "ready_s": ready,
         "side_by_side": True,
-        "baseline": "pod with API_SERVER_COUNT=1" if is_pod_baseline else "vLLM's OpenAI server",
+        "baseline": "pod with API_SERVER_COUNT=1"
+        if is_pod_baseline
+        else f"vLLM's OpenAI server with {vllm_api_servers} API process(es)",
         "api_server_count": settings.num_api_servers(),
+        "baseline_api_server_count": 1 if is_pod_baseline else vllm_api_servers,
         "rows": table,
     }
