@@ -113,7 +113,7 @@ def build_config(
     try:
         vllm_config = args.create_engine_config(usage_context=context)
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
-        raise EngineBootError(f"invalid engine configuration: {_describe_config_error(exc, settings)}") from None
+        raise _config_error(exc, settings) from None
     if vllm_config.speculative_config is not None and settings.per_request_spec_decode_metrics != "none":
         sched = vllm_config.scheduler_config
         if sched.scheduler_cls is None:
@@ -145,7 +145,7 @@ def create_engine(
     except WorkerError:
         raise
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
-        raise EngineBootError(f"invalid engine configuration: {_describe_config_error(exc, settings)}") from None
+        raise _config_error(exc, settings) from None
     except Exception as exc:
         cause = tail.root_cause() if tail is not None else None
         reason = one_line(exc) if cause is None else f"{cause} (in vLLM's engine core)"
@@ -206,9 +206,9 @@ async def warm_up(engine: Engine) -> None:
     log.info("warm-up request done in %.2f s", time.perf_counter() - started)
 
 
-def _describe_config_error(exc: pydantic.ValidationError, settings: Settings) -> str:
-    """vLLM's config validation error, each field named as the worker's variable that set it
-    (``DTYPE``), or as an ``ENGINE_ARGS`` key."""
+def _config_error(exc: pydantic.ValidationError, settings: Settings) -> EngineBootError:
+    """vLLM's config validation error as the boot error, each field named as the worker's variable
+    that set it (``DTYPE``), or as an ``ENGINE_ARGS`` key."""
     problems: dict[str, str] = {}  # the first complaint per field (a union's other branches add only noise)
     for error in exc.errors(include_url=False):
         field = str(error["loc"][0]) if error["loc"] else ""
@@ -219,7 +219,7 @@ def _describe_config_error(exc: pydantic.ValidationError, settings: Settings) ->
         else:
             name = field or "configuration"
         problems.setdefault(name, str(error["msg"]).removeprefix("Value error, "))
-    return "; ".join(f"{name}: {message}" for name, message in problems.items())
+    return EngineBootError("invalid engine configuration: " + "; ".join(f"{n}: {m}" for n, m in problems.items()))
 
 
 # A traceback's last line: the exception's type (dotted names allowed) and its message.

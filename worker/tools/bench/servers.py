@@ -318,8 +318,9 @@ def bench_pod(
     ``API_SERVER_COUNT`` compares with today's single-process pod, side by side. With
     ``POD_BENCH_BASELINE=vllm1`` it is vLLM's server with one API process (``vllm serve``'s
     default, as most people launch it) beside the pod with its own count."""
-    is_pod_baseline = env.get("POD_BENCH_BASELINE") == "pod1"
-    vllm_api_servers = 1 if env.get("POD_BENCH_BASELINE") == "vllm1" else settings.num_api_servers()
+    baseline = env.get("POD_BENCH_BASELINE")
+    is_pod_baseline = baseline == "pod1"
+    vllm_api_servers = 1 if baseline == "vllm1" else settings.num_api_servers()
     runs: dict[str, list[list[dict[str, Any]]]] = {"pod": [], "vllm_server": []}
     half = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
     bases: dict[str, str] = {}
