@@ -193,6 +193,7 @@ def test_trigger_sets() -> None:
     blank = _trigger_set(triggers, ["\n\n"])
     assert blank.ids == {ids["\n"], ids["\n\n"]} | partial
     assert blank.needs == {ids["\n"]: {"\n"}}
+    assert blank.check == {ids["\n"]: {"\n"}, ids["\n\n"]: None} | dict.fromkeys(partial)
     # ``history``: the output so far, ending with the step's tokens; the prompt before it.
     assert not triggers.completes(blank, [ids["\n"]], [ids["a"], ids["\n"]], None)
     assert not triggers.completes(blank, [ids["\n"]], [ids["\n"]], [ids["a"]])
@@ -201,6 +202,8 @@ def test_trigger_sets() -> None:
     assert triggers.completes(blank, [ids["a"], ids["\n\n"]], [ids["a"], ids["\n\n"]], None)
     assert triggers.completes(blank, [ids["\n"]], [ids["\n"]], None), "nothing before: assume it can"
     assert triggers.completes(blank, [ids["\n"]], [ids["x\ufffd"], ids["\n"]], None), "a partial piece: it can"
+    assert triggers.completes(blank, [ids["\n"]], [ids[".\n"], ids["a"]], None), "history not ending with the step"
+    assert not triggers.completes(blank, [ids["a"], ids["\n"]], [ids[".\n"], ids["a"], ids["\n"]], None)
     agent = _trigger_set(triggers, ["Observation:"])
     assert agent.ids == {ids[":"], ids["n:"], ids["tion:"]} | partial
     assert agent.needs == {ids[":"]: {"n"}, ids["n:"]: {"o"}, ids["tion:"]: {"a"}}

@@ -48,6 +48,8 @@ _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # Bound on the cache of trigger sets (one per distinct tuple of stop strings): a client sending
 # a new stop string with every request must not grow the engine core's memory without end.
 _MAX_CACHED = 128
+# What a token that is no trigger looks up to in ``TriggerSet.check`` (compared by identity).
+_MISS: Final = frozenset({""})
 
 
 class Every:
@@ -70,11 +72,13 @@ class TriggerSet:
     """The tokens that may complete one of a request's stop strings: ``ids`` all of them (a
     frozenset, so the engine core's per-step test is one C-level ``isdisjoint``), ``always`` those
     that may after any text, ``needs`` those that can only after a given character (a token that
-    begins with the end of ``"Observation:"``, say ``":"``, completes it only after an ``"n"``)."""
+    begins with the end of ``"Observation:"``, say ``":"``, completes it only after an ``"n"``), and
+    ``check`` both in one dict (None for a token of ``always``): a hit looks each token up once."""
 
     ids: frozenset[int]
     always: frozenset[int]
     needs: dict[int, frozenset[str]]
+    check: dict[int, frozenset[str] | None]
 
 
 class StopTriggers:
@@ -141,36 +145,31 @@ class StopTriggers:
         self, trigger: TriggerSet, token_ids: Sequence[int], history: Sequence[int], prompt: Sequence[int] | None
     ) -> bool:
         """Whether a step's ``token_ids`` (which hit ``trigger``) can complete a stop string.
-        ``history`` is the request's output so far, ending with ``token_ids``; ``prompt`` precedes
-        it."""
-        return not trigger.always.isdisjoint(token_ids) or self.completes_after(trigger, token_ids, history, prompt)
-
-    def completes_after(
-        self, trigger: TriggerSet, token_ids: Sequence[int], history: Sequence[int], prompt: Sequence[int] | None
-    ) -> bool:
-        """:meth:`completes` for a step that holds none of ``trigger.always``: whether one of its
-        tokens that needs a given character comes after it. Runs on every such hit (a quarter of
-        the steps of hard-wrapped text under a blank-line stop), so the common miss costs one
-        lookup per token; ``history`` should be a list (slicing vLLM's read-only view of one is a
-        Python call)."""
-        needs = trigger.needs
+        ``history`` is the request's output so far, ending with ``token_ids`` (a list: slicing
+        vLLM's read-only view of one is a Python call); ``prompt`` precedes it. Runs in the engine
+        core on every hit (a quarter of the steps of hard-wrapped text under a blank-line stop), so
+        a token costs one dict lookup and the common miss no call and no copy."""
+        check, last_char = trigger.check, self._last_char
         i = 0
         for token in token_ids:
-            need = needs.get(token)
-            if need is not None:
+            need = check.get(token, _MISS)
+            if need is not _MISS:
+                if need is None:
+                    return True
                 if i:
                     before = token_ids[i - 1]
                 else:  # the token before the step: vLLM appends a step's tokens to the request
-                    # before it builds the step's output (checked anyway: a mismatch assumes it can)
-                    num_new = len(token_ids)
-                    if len(history) > num_new and history[-num_new:] == token_ids:
-                        before = history[-num_new - 1]
-                    elif len(history) == num_new and prompt:
+                    # before it builds the step's output (checked at both ends: a mismatch assumes
+                    # it can)
+                    start = len(history) - len(token_ids)
+                    if start > 0 and history[start] == token and history[-1] == token_ids[-1]:
+                        before = history[start - 1]
+                    elif start == 0 and prompt:
                         before = prompt[-1]
                     else:
                         return True
                 try:
-                    char = self._last_char[before]
+                    char = last_char[before]
                 except IndexError:  # an id past the table: its character is not known
                     return True
                 if not char or char in need:
@@ -204,11 +203,10 @@ class StopTriggers:
                         always.add(token)
                     else:
                         needs.setdefault(token, set()).add(before)
-        return TriggerSet(
-            ids=frozenset(always | needs.keys()),
-            always=frozenset(always),
-            needs={token: frozenset(chars) for token, chars in needs.items() if token not in always},
-        )
+        only_after = {token: frozenset(chars) for token, chars in needs.items() if token not in always}
+        check: dict[int, frozenset[str] | None] = dict.fromkeys(always)
+        check.update(only_after)
+        return TriggerSet(ids=frozenset(check), always=frozenset(always), needs=only_after, check=check)
 
     def _containing(self, text: str) -> Iterable[int]:
         joined, starts = self._joined, self._starts
