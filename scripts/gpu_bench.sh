@@ -57,6 +57,9 @@
 #   coldstart-disk    real-size weights from a cold disk (scripts/page_cache.py evicts them, residency checked):
 #                     after a fill, rounds of PREFETCH_WEIGHTS=false / true evicted ($DISK_ROUNDS), then in the
 #                     page cache ($CACHE_ROUNDS); a later call on the same machine reuses the filled cache root
+#   coldstart-beside  real-size weights: the handler and vLLM's own server (its own cache root) one after the other,
+#                     both roots empty (the fill), then rounds ($BESIDE_ROUNDS) with the weights evicted before each
+#                     boot (cold disk) and in the page cache; the handler logs its import and config stamps
 #   lossless          is speculation lossless at temperature > 0? The tiny models (draft model, with and without the
 #                     stats path, and n-gram) against an A/A control, token distributions position by position
 #   coldstart-server-real  real-size weights, both on vLLM's default V2 runner: a handler boot that fills an
@@ -255,6 +258,19 @@ for stage in "$@"; do
       for i in ${CACHE_ROUNDS:-1}; do
         python3 scripts/page_cache.py residency $R > "$OUT/cold-cache-$i.residency"
         run cold-cache-$i --parts coldstart_handler
+      done ;;
+    coldstart-beside)
+      # The handler and vLLM's own server (its defaults for the rest, its own cache root) booted one after the
+      # other in each case, real-size weights: both roots empty (each fills its own), then rounds
+      # ($BESIDE_ROUNDS, default "1 2 3") of the weights evicted before each boot (cold disk, the handler with
+      # its default PREFETCH_WEIGHTS) and in the page cache. A later call on the same machine skips the fill.
+      real_weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-beside COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-beside-srv
+      export MODEL_NAME=$R LOAD_FORMAT=auto
+      [ -d $VLLM_CACHE_ROOT ] || run cold-beside-fill --parts coldstart
+      for i in ${BESIDE_ROUNDS-1 2 3}; do
+        COLDSTART_EVICT_WEIGHTS=1 run cold-beside-disk-$i --parts coldstart
+        run cold-beside-cache-$i --parts coldstart
       done ;;
     lossless)
       # The tiny models (built on first use, real weights): speculation at temperature 1, and 0.7 with

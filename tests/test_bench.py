@@ -49,6 +49,8 @@ def test_parse_boot_log() -> None:
 # stamped by the cold-start bench; the CUDA-graph lines come twice (memory estimate, then capture).
 COMPILED_BOOT = """\
 [   0.700] INFO worker.runtime: booting engine for model /tmp/llama8b-real
+[  20.500] INFO worker.runtime: vLLM imported in 19.80 s
+[  27.900] INFO worker.boot: engine config built in 7.40 s; starting the engine core
 [  28.784] (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
 [  39.258] (EngineCore pid=1) INFO [model_runner.py:424] Model loading took 14.96 GiB memory and 6.69 seconds
 [  46.343] (EngineCore pid=1) INFO [monitor.py:62] [backbone] torch.compile took 6.51 s in total
@@ -71,6 +73,7 @@ def test_boot_phases_follow_the_log_in_order() -> None:
     # The second capture, not the memory estimate's: those lines count only after the KV-cache line.
     assert phases["kernel_warmup"] == 91.356 and phases["cuda_graph_capture"] == 100.196
     assert phases["first_token"] == 101.594
+    assert (phases["vllm_import"], phases["vllm_config"], phases["engine_config"]) == (20.5, 27.9, 28.784)
     eager = "\n".join(
         line for line in COMPILED_BOOT.splitlines() if "Capturing" not in line and "Graph capturing" not in line
     )
@@ -82,6 +85,14 @@ def test_boot_phases_follow_the_log_in_order() -> None:
     # In eager mode the KV-cache phase runs from the weights load (no compile phase before it).
     assert rows["profile run, CUDA-graph memory estimate"].endswith("| 10.8 | 17.8 |")
     assert rows["**process start to first token**"].endswith("| **101.6** | **101.6** |")
+    assert rows["engine core process start (its first line)"].endswith("| 0.9 | 0.9 |")
+    # A log from before the worker's stamps: the engine core's first line ends the whole main process.
+    unstamped = boot_phases(
+        "\n".join(
+            line for line in COMPILED_BOOT.splitlines() if " built in " not in line and " imported in " not in line
+        )
+    )
+    assert "vllm_import" not in unstamped and unstamped["engine_config"] == 28.784
 
 
 def test_pod_table_takes_the_runs_both_servers_finished() -> None:
@@ -242,6 +253,9 @@ def test_smoke_run_of_the_server_parts(tmp_path: Path, subprocess_env: dict[str,
     # The handler's boot, phase by phase, from its stamped log (vLLM's INFO lines: --verbose).
     phases = cold["handler"]["phases_end_s"]
     assert phases["engine_config"] < phases["engine_ready"] < phases["first_token"] == cold["handler"]["first_token_s"]
+    # The worker's own stamps split the main process: vLLM's imports, then the engine config.
+    assert phases["vllm_import"] < phases["vllm_config"] < phases["engine_config"]
+    assert 0.0 <= cold["handler"]["weights_resident_at_start"] <= 1.0
     assert 0 < cold["handler_import_s"] < 5
     assert "python -m worker bench --smoke" in (out / "bench.md").read_text()
 

@@ -140,7 +140,9 @@ def create_engine(
             "client_index": index,
         }
     try:
+        started = time.perf_counter()
         vllm_config = build_config(settings, mode=mode, api_process_count=count, api_process_rank=index)
+        log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
     except WorkerError:
         raise

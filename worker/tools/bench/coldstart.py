@@ -35,7 +35,15 @@ LOG_MARKERS = {
 # Seconds are the bench's own clock on every line, so the table needs no log timestamps (vLLM's
 # have whole seconds).
 PHASE_MARKERS: list[tuple[str, str, str, str | None]] = [
-    ("engine_config", "main process: imports, engine config", r"Initializing a V1 LLM engine", None),
+    ("vllm_import", "main process: vLLM's imports", r"vLLM imported in", None),
+    (
+        "vllm_config",
+        "main process: engine config (vLLM's args, model config, tokenizer files)",
+        r"engine config built in",
+        None,
+    ),
+    # In logs without the two lines above (before they were written) this phase is the whole main process.
+    ("engine_config", "engine core process start (its first line)", r"Initializing a V1 LLM engine", None),
     ("model_load", "engine core start, weights load", r"Model loading took", None),
     ("torch_compile", "torch.compile (or loading it from the cache)", r"torch\.compile (takes|took)", None),
     # With vLLM's startup plan applied the profile run stays, its memory measurement does not.
@@ -96,12 +104,34 @@ def import_seconds(env: dict[str, str], repeats: int = 5) -> float:
     return statistics.median(values)
 
 
+def _weights_before_boot(env: dict[str, str], model_path: str) -> float | None:
+    """The share of the model's weight files in the page cache as a boot starts, after evicting
+    them when ``COLDSTART_EVICT_WEIGHTS=1`` (the cold-disk case: each boot, the handler's and vLLM
+    server's alike, reads them from the disk); None where the model has no local weight files."""
+    from worker import prefetch
+
+    files = prefetch.weight_files(Path(model_path))
+    if not files:
+        return None
+    if env.get("COLDSTART_EVICT_WEIGHTS") == "1":
+        for path in files:
+            prefetch.evict(path)
+    sizes = [path.stat().st_size for path in files]
+    resident = sum(prefetch.resident_share(path) * size for path, size in zip(files, sizes, strict=True))
+    return round(resident / max(1, sum(sizes)), 4)
+
+
 def bench_coldstart(
     settings: Settings, env: dict[str, str], *, model_path: str, out: Path, with_server: bool = True
 ) -> dict[str, Any]:
+    """The handler's boot to its first streamed token, then (``with_server``) vLLM's own server's
+    to its first token, one after the other on the same caches. ``COLDSTART_EVICT_WEIGHTS=1``
+    evicts the weights before each; ``COLDSTART_SERVER_CACHE_ROOT`` gives vLLM's server its own
+    ``VLLM_CACHE_ROOT`` (its first boot there fills it, as the handler's fills the handler's)."""
     import httpx
 
     job = json.dumps({"input": {"prompt": PROMPT, "sampling_params": {"max_tokens": 8, "temperature": 0}}})
+    handler_resident = _weights_before_boot(env, model_path)
     started = time.perf_counter()
     proc = subprocess.Popen(
         # --verbose: vLLM's INFO lines, which the phase table reads (a local run logs WARNING otherwise).
@@ -126,6 +156,7 @@ def bench_coldstart(
         "process_exit_s": exit_s,
         "breakdown": parse_boot_log(log),
         "phases_end_s": phases,
+        "weights_resident_at_start": handler_resident,
     }
     if not with_server:
         return {"handler": handler, "handler_import_s": import_seconds(env)}
@@ -133,9 +164,13 @@ def bench_coldstart(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = out / "coldstart-vllm-server.log"
+    server_env = dict(env)
+    if env.get("COLDSTART_SERVER_CACHE_ROOT"):
+        server_env["VLLM_CACHE_ROOT"] = env["COLDSTART_SERVER_CACHE_ROOT"]
+    server_resident = _weights_before_boot(env, model_path)
     started = time.perf_counter()
     with server_process(
-        vllm_server_args(settings, model_path=model_path, port=port), env=env, base=base, log_path=log_path
+        vllm_server_args(settings, model_path=model_path, port=port), env=server_env, base=base, log_path=log_path
     ) as (ready_s, _):
         timing = RequestTiming(start=time.perf_counter())
 
@@ -146,7 +181,12 @@ def bench_coldstart(
 
         asyncio.run(first())
         server_first = (timing.first_token or time.perf_counter()) - started
-    server = {"ready_s": ready_s, "first_token_s": server_first, "breakdown": parse_boot_log(log_path.read_text())}
+    server = {
+        "ready_s": ready_s,
+        "first_token_s": server_first,
+        "breakdown": parse_boot_log(log_path.read_text()),
+        "weights_resident_at_start": server_resident,
+    }
     return {"handler": handler, "vllm_server": server, "handler_import_s": import_seconds(env)}
 
 
