@@ -33,6 +33,7 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 
 import worker.media  # noqa: F401  (registers the media connector engine_environment selects)
+from worker import modelinfo
 from worker.config import DeploymentMode, Settings
 from worker.draft_check import check_draft_compatible
 from worker.engine import Engine, one_line
@@ -140,6 +141,7 @@ def create_engine(
             "client_index": index,
         }
     try:
+        modelinfo.wait()  # the model-class inspection prepare_boot started, if any
         started = time.perf_counter()
         vllm_config = build_config(settings, mode=mode, api_process_count=count, api_process_rank=index)
         log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)

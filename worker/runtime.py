@@ -49,6 +49,9 @@ def prepare_boot(settings: Settings, *, mode: DeploymentMode) -> None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    from worker import modelinfo
+
+    modelinfo.start(settings)  # after the environment: it reads VLLM_CACHE_ROOT
 
 
 async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:

@@ -1,0 +1,69 @@
+"""vLLM's model-class inspection run beside the main process's imports on an empty cache root
+(worker/modelinfo.py): which architectures it looks for, when it starts, and that vLLM reads
+what it writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from worker import modelinfo
+from worker.config import load_settings
+from worker.tiny_models import TinyModels
+
+
+def _model(directory: Path, config: object) -> Path:
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_architectures_come_from_the_local_configs_of_target_and_draft(tmp_path: Path) -> None:
+    target = _model(tmp_path / "t", {"architectures": ["LlamaForCausalLM"]})
+    draft = _model(tmp_path / "d", {"architectures": ["LlamaForCausalLM", "EagleLlamaForCausalLM"]})
+    settings = load_settings(
+        {"MODEL_NAME": str(target), "SPECULATIVE_MODEL": str(draft), "NUM_SPECULATIVE_TOKENS": "3"}
+    )
+    assert modelinfo.architectures(settings) == ["LlamaForCausalLM", "EagleLlamaForCausalLM"]
+    # A hub id (vLLM downloads it later) or a config without architectures: nothing to inspect.
+    assert modelinfo.architectures(load_settings({"MODEL_NAME": "org/not-here"})) == []
+    odd = _model(tmp_path / "odd", {"architectures": "LlamaForCausalLM"})
+    assert modelinfo.architectures(load_settings({"MODEL_NAME": str(odd)})) == []
+
+
+def test_only_architectures_without_an_answer_are_inspected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    names = ["LlamaForCausalLM", "Qwen2ForCausalLM"]
+    assert modelinfo.missing(names, tmp_path / "absent") == names
+    (tmp_path / "vllm-model_executor-models-llama-LlamaForCausalLM.json").write_text("{}")
+    assert modelinfo.missing(names, tmp_path) == ["Qwen2ForCausalLM"]
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))
+    assert modelinfo.cache_dir() == tmp_path / "root" / "modelinfos"
+    modelinfo.wait()  # nothing started: returns at once
+
+
+@pytest.mark.slow
+def test_an_empty_cache_root_gets_the_answer_vllm_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_models: TinyModels
+) -> None:
+    """The subprocess writes vLLM's own answer for the tiny model's class, checked by vLLM's own
+    cache reader (its module hash); a second start finds it and starts nothing."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))
+    settings = load_settings({"MODEL_NAME": "tiny:target"})
+    assert modelinfo.architectures(settings) == ["LlamaForCausalLM"]
+    process = modelinfo.start(settings)
+    assert process is not None
+    modelinfo.wait()
+    assert process.returncode == 0
+    assert modelinfo.missing(["LlamaForCausalLM"], modelinfo.cache_dir()) == []
+    from vllm.model_executor.models.registry import ModelRegistry, _LazyRegisteredModel
+
+    model = ModelRegistry.models["LlamaForCausalLM"]
+    assert isinstance(model, _LazyRegisteredModel)
+    module_file = __import__(model.module_name, fromlist=["_"]).__file__
+    assert module_file is not None
+    origin = Path(module_file)
+    info = model._load_modelinfo_from_cache(model._get_modelinfo_module_hash(origin))
+    assert info is not None and info.architecture == "LlamaForCausalLM"
+    assert modelinfo.start(settings) is None

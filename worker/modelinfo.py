@@ -1,0 +1,139 @@
+"""vLLM's inspection of the model's class on a cold cache root, run while the main process imports vLLM.
+
+Before it builds the engine config vLLM inspects the model's class (what it supports: pooling,
+multimodal input, ...) and keeps the answer under ``VLLM_CACHE_ROOT/modelinfos``. On a miss, which
+is every boot on an empty cache root (an endpoint's first worker, and every cold start of an
+endpoint without a network volume), it runs the inspection in a subprocess that imports vLLM
+again, after the main process has imported it: 18.2 s of a 102.6 s boot on an H200
+(docs/benchmarks.md). ``start(settings)`` runs the same inspection in a subprocess started before
+the main process imports vLLM, so that the two imports overlap; the boot waits for it (``wait``)
+just before vLLM builds the config, which then reads the answer from its cache.
+
+Written here because vLLM has no switch for it. The subprocess calls vLLM's own registry (private
+names: ``_LazyRegisteredModel``, ``_ModelInfo``), so the file it writes is the one vLLM reads and
+checks against the model module's hash; whatever goes wrong there (a renamed function, an
+architecture vLLM does not know, a timeout) leaves vLLM to inspect as it does today.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from worker.config import Settings
+from worker.models import resolver
+
+__all__ = ["architectures", "cache_dir", "fill", "missing", "start", "wait"]
+
+log = logging.getLogger(__name__)
+
+# The longest the boot waits for the inspection (it takes about as long as vLLM's import): past
+# this vLLM inspects on its own, as without this module.
+WAIT_S = 120.0
+
+_pending: subprocess.Popen[bytes] | None = None
+
+
+def cache_dir() -> Path:
+    """Where vLLM keeps its model-class answers (its ``VLLM_CACHE_ROOT``, default as vLLM's)."""
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm"
+    )
+    return Path(root).expanduser() / "modelinfos"
+
+
+def architectures(settings: Settings) -> list[str]:
+    """The architectures named by the local ``config.json`` of the target and of a separate draft
+    (none for a model vLLM will download: its config is not here yet)."""
+    resolve = resolver(settings)
+    found: list[str] = []
+    for ref in [settings.target_ref, *([settings.draft_ref] if settings.draft_ref else [])]:
+        try:
+            config = json.loads((Path(resolve(ref)).expanduser() / "config.json").read_text())
+        except Exception:  # not a local model, or no readable config: vLLM will say why
+            continue
+        names = config.get("architectures") if isinstance(config, dict) else None
+        for name in names if isinstance(names, list) else []:
+            if isinstance(name, str) and name not in found:
+                found.append(name)
+    return found
+
+
+def missing(names: list[str], directory: Path) -> list[str]:
+    """The architectures with no answer in ``directory``. vLLM names a file after the model's
+    module and class (``vllm-model_executor-models-llama-LlamaForCausalLM.json``), and the class
+    is the architecture's name for nearly all of them; one found stale by its hash is vLLM's to
+    redo, as without this module."""
+    try:
+        files = os.listdir(directory)
+    except OSError:
+        return list(names)
+    return [name for name in names if not any(f.endswith(f"-{name}.json") for f in files)]
+
+
+def start(settings: Settings) -> subprocess.Popen[bytes] | None:
+    """Start the inspection of the local model's architectures that vLLM's cache lacks (None: nothing to do)."""
+    global _pending
+    names = missing(architectures(settings), cache_dir())
+    if not names:
+        return None
+    log.info("inspecting %s for vLLM's model-class cache while vLLM loads", ", ".join(names))
+    # This package's own directory first on the path, wherever the process was started from.
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+    _pending = subprocess.Popen(
+        [sys.executable, "-m", "worker.modelinfo", *names],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return _pending
+
+
+def wait(timeout_s: float = WAIT_S) -> None:
+    """Wait for an inspection ``start`` began (no-op otherwise); past ``timeout_s`` stop it."""
+    global _pending
+    process, _pending = _pending, None
+    if process is None:
+        return
+    started = time.perf_counter()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        log.warning("model-class inspection still running after %.0f s: stopped, vLLM inspects on its own", timeout_s)
+        return
+    log.info("model-class inspection waited for %.2f s (exit %d)", time.perf_counter() - started, process.returncode)
+
+
+def fill(names: list[str]) -> int:
+    """In the subprocess: vLLM's own inspection of each architecture, saved where vLLM reads it;
+    the number of answers written."""
+    import importlib.util
+
+    from vllm.model_executor.models.registry import ModelRegistry, _LazyRegisteredModel, _ModelInfo
+
+    written = 0
+    for name in names:
+        model = ModelRegistry.models.get(name)
+        if not isinstance(model, _LazyRegisteredModel):
+            continue  # unknown to vLLM, or already imported (no inspection subprocess either)
+        spec = importlib.util.find_spec(model.module_name)
+        if spec is None or not spec.origin:
+            continue
+        module_hash = model._get_modelinfo_module_hash(Path(spec.origin))
+        if model._load_modelinfo_from_cache(module_hash) is None:
+            model._save_modelinfo_to_cache(_ModelInfo.from_model_cls(model.load_model_cls()), module_hash)
+            written += 1
+    return written
+
+
+if __name__ == "__main__":
+    fill(sys.argv[1:])
