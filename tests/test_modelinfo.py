@@ -57,13 +57,15 @@ def test_an_empty_cache_root_gets_the_answer_vllm_reads(
     modelinfo.wait()
     assert process.returncode == 0
     assert modelinfo.missing(["LlamaForCausalLM"], modelinfo.cache_dir()) == []
-    from vllm.model_executor.models.registry import ModelRegistry, _LazyRegisteredModel
+    from vllm.model_executor.models.registry import ModelRegistry, _LazyRegisteredModel, _ModelInfo
 
+    # What vLLM's reader checks (``_load_modelinfo_from_cache``), read here from this root: vLLM may
+    # have cached its environment (another cache root) in this process already.
     model = ModelRegistry.models["LlamaForCausalLM"]
     assert isinstance(model, _LazyRegisteredModel)
     module_file = __import__(model.module_name, fromlist=["_"]).__file__
     assert module_file is not None
-    origin = Path(module_file)
-    info = model._load_modelinfo_from_cache(model._get_modelinfo_module_hash(origin))
-    assert info is not None and info.architecture == "LlamaForCausalLM"
+    saved = json.loads((modelinfo.cache_dir() / model._get_cache_filename()).read_text())
+    assert saved["hash"] == model._get_modelinfo_module_hash(Path(module_file))
+    assert _ModelInfo(**saved["modelinfo"]).architecture == "LlamaForCausalLM"
     assert modelinfo.start(settings) is None
