@@ -38,6 +38,14 @@ def test_only_architectures_without_an_answer_are_inspected(tmp_path: Path, monk
     assert modelinfo.missing(names, tmp_path / "absent") == names
     (tmp_path / "vllm-model_executor-models-llama-LlamaForCausalLM.json").write_text("{}")
     assert modelinfo.missing(names, tmp_path) == ["Qwen2ForCausalLM"]
+    # An architecture answered under another class's name: found through what the subprocess recorded.
+    alias, answer = "Ministral3ForCausalLM", "vllm-model_executor-models-mistral-MistralForCausalLM.json"
+    (tmp_path / "worker-architectures.json").write_text(json.dumps({alias: answer}))
+    assert modelinfo.missing([alias], tmp_path) == [alias], "recorded, but vLLM's file is gone"
+    (tmp_path / answer).write_text("{}")
+    assert modelinfo.missing([alias], tmp_path) == []
+    (tmp_path / "worker-architectures.json").write_text("[not json")
+    assert modelinfo.missing([alias], tmp_path) == [alias]
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))
     assert modelinfo.cache_dir() == tmp_path / "root" / "modelinfos"
     modelinfo.wait()  # nothing started: returns at once
@@ -68,4 +76,6 @@ def test_an_empty_cache_root_gets_the_answer_vllm_reads(
     saved = json.loads((modelinfo.cache_dir() / model._get_cache_filename()).read_text())
     assert saved["hash"] == model._get_modelinfo_module_hash(Path(module_file))
     assert _ModelInfo(**saved["modelinfo"]).architecture == "LlamaForCausalLM"
+    recorded = json.loads((modelinfo.cache_dir() / "worker-architectures.json").read_text())
+    assert recorded == {"LlamaForCausalLM": model._get_cache_filename()}
     assert modelinfo.start(settings) is None

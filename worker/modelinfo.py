@@ -64,16 +64,33 @@ def architectures(settings: Settings) -> list[str]:
     return found
 
 
+# Beside vLLM's answers: architecture -> the name of vLLM's file for it, as the subprocess found
+# it. vLLM names a file after the model's module and class
+# (``vllm-model_executor-models-llama-LlamaForCausalLM.json``), which only vLLM's registry knows;
+# the class is the architecture's own name for most, not all (``Ministral3ForCausalLM`` is
+# answered by ``...-mistral-MistralForCausalLM.json``).
+_NAMES_FILE = "worker-architectures.json"
+
+
 def missing(names: list[str], directory: Path) -> list[str]:
-    """The architectures with no answer in ``directory``. vLLM names a file after the model's
-    module and class (``vllm-model_executor-models-llama-LlamaForCausalLM.json``), and the class
-    is the architecture's name for nearly all of them; one found stale by its hash is vLLM's to
+    """The architectures with no answer in ``directory``: no file named after the architecture and
+    none the subprocess recorded for it. One found stale by its hash (another vLLM) is vLLM's to
     redo, as without this module."""
     try:
-        files = os.listdir(directory)
+        files = set(os.listdir(directory))
     except OSError:
         return list(names)
-    return [name for name in names if not any(f.endswith(f"-{name}.json") for f in files)]
+    try:
+        recorded = json.loads((directory / _NAMES_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    if not isinstance(recorded, dict):
+        recorded = {}
+    return [
+        name
+        for name in names
+        if recorded.get(name) not in files and not any(f.endswith(f"-{name}.json") for f in files)
+    ]
 
 
 def start(settings: Settings) -> subprocess.Popen[bytes] | None:
@@ -121,6 +138,7 @@ def fill(names: list[str]) -> int:
     from vllm.model_executor.models.registry import ModelRegistry, _LazyRegisteredModel, _ModelInfo
 
     written = 0
+    found: dict[str, str] = {}
     for name in names:
         model = ModelRegistry.models.get(name)
         if not isinstance(model, _LazyRegisteredModel):
@@ -132,6 +150,17 @@ def fill(names: list[str]) -> int:
         if model._load_modelinfo_from_cache(module_hash) is None:
             model._save_modelinfo_to_cache(_ModelInfo.from_model_cls(model.load_model_cls()), module_hash)
             written += 1
+        found[name] = model._get_cache_filename()
+    if found:
+        directory = cache_dir()
+        try:
+            recorded = json.loads((directory / _NAMES_FILE).read_text())
+        except (OSError, ValueError):
+            recorded = {}
+        recorded = {**(recorded if isinstance(recorded, dict) else {}), **found}
+        temporary = directory / f".{_NAMES_FILE}.{os.getpid()}"
+        temporary.write_text(json.dumps(recorded, indent=1, sort_keys=True))
+        temporary.replace(directory / _NAMES_FILE)  # atomic: a boot reading it sees all or nothing
     return written
 
 
