@@ -108,6 +108,7 @@ def build_config(
     the jobs a worker takes at once, follows ``max_num_seqs``.
     """
     context = UsageContext.OPENAI_API_SERVER if mode == "pod" else UsageContext.ENGINE_CONTEXT
+    modelinfo.wait()  # the model-class inspection prepare_boot started in this process, if any
     args = build_args(settings)
     # What vLLM's multi-API-server launcher sets (rank -1: the process that starts the engine core).
     args._api_process_count, args._api_process_rank = api_process_count, api_process_rank
@@ -141,7 +142,6 @@ def create_engine(
             "client_index": index,
         }
     try:
-        modelinfo.wait()  # the model-class inspection prepare_boot started, if any
         started = time.perf_counter()
         vllm_config = build_config(settings, mode=mode, api_process_count=count, api_process_rank=index)
         log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)
