@@ -69,16 +69,22 @@ EVERY: Final = Every()
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class TriggerSet:
-    """The tokens that may complete one of a request's stop strings: ``ids`` all of them (a
-    frozenset, so the engine core's per-step test is one C-level ``isdisjoint``), ``always`` those
-    that may after any text, ``needs`` those that can only after a given character (a token that
-    begins with the end of ``"Observation:"``, say ``":"``, completes it only after an ``"n"``), and
-    ``check`` both in one dict (None for a token of ``always``): a hit looks each token up once."""
+    """The tokens that may complete one of a request's stop strings: ``check`` maps each to None
+    when it may after any text (``always``) or to the characters one of which must come before it
+    (``needs``: a token that begins with the end of ``"Observation:"``, say ``":"``, completes it
+    only after an ``"n"``), so a hit looks each token up once; ``ids`` its keys as a frozenset, so
+    the engine core's per-step test is one C-level ``isdisjoint``."""
 
     ids: frozenset[int]
-    always: frozenset[int]
-    needs: dict[int, frozenset[str]]
     check: dict[int, frozenset[str] | None]
+
+    @property
+    def always(self) -> frozenset[int]:
+        return frozenset(token for token, need in self.check.items() if need is None)
+
+    @property
+    def needs(self) -> dict[int, frozenset[str]]:
+        return {token: need for token, need in self.check.items() if need is not None}
 
 
 class StopTriggers:
@@ -203,10 +209,9 @@ class StopTriggers:
                         always.add(token)
                     else:
                         needs.setdefault(token, set()).add(before)
-        only_after = {token: frozenset(chars) for token, chars in needs.items() if token not in always}
         check: dict[int, frozenset[str] | None] = dict.fromkeys(always)
-        check.update(only_after)
-        return TriggerSet(ids=frozenset(check), always=frozenset(always), needs=only_after, check=check)
+        check.update((token, frozenset(chars)) for token, chars in needs.items() if token not in always)
+        return TriggerSet(ids=frozenset(check), check=check)
 
     def _containing(self, text: str) -> Iterable[int]:
         joined, starts = self._joined, self._starts
