@@ -24,9 +24,10 @@ def main(argv: list[str]) -> int:
     if argv[0] == "evict":
         for path in files:
             prefetch.evict(path)
-    sizes = [path.stat().st_size for path in files]
-    resident = sum(prefetch.resident_share(path) * size for path, size in zip(files, sizes, strict=True))
-    print(json.dumps({"files": len(files), "bytes": sum(sizes), "resident": round(resident / max(1, sum(sizes)), 4)}))
+    num_bytes = sum(path.stat().st_size for path in files)
+    print(
+        json.dumps({"files": len(files), "bytes": num_bytes, "resident": round(prefetch.resident_fraction(files), 4)})
+    )
     return 0
 
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from worker.config import Settings
-from worker.models import resolver
+from worker.models import local_paths
 
 __all__ = ["architectures", "cache_dir", "fill", "missing", "start", "wait"]
 
@@ -50,12 +50,11 @@ def cache_dir() -> Path:
 def architectures(settings: Settings) -> list[str]:
     """The architectures named by the local ``config.json`` of the target and of a separate draft
     (none for a model vLLM will download: its config is not here yet)."""
-    resolve = resolver(settings)
     found: list[str] = []
-    for ref in [settings.target_ref, *([settings.draft_ref] if settings.draft_ref else [])]:
+    for directory in local_paths(settings):
         try:
-            config = json.loads((Path(resolve(ref)).expanduser() / "config.json").read_text())
-        except Exception:  # not a local model, or no readable config: vLLM will say why
+            config = json.loads((directory / "config.json").read_text())
+        except (OSError, ValueError):  # not a local model, or no readable config: vLLM will say why
             continue
         names = config.get("architectures") if isinstance(config, dict) else None
         for name in names if isinstance(names, list) else []:
@@ -80,17 +79,21 @@ def missing(names: list[str], directory: Path) -> list[str]:
         files = set(os.listdir(directory))
     except OSError:
         return list(names)
-    try:
-        recorded = json.loads((directory / _NAMES_FILE).read_text())
-    except (OSError, ValueError):
-        recorded = {}
-    if not isinstance(recorded, dict):
-        recorded = {}
+    recorded = _recorded(directory)
     return [
         name
         for name in names
         if recorded.get(name) not in files and not any(f.endswith(f"-{name}.json") for f in files)
     ]
+
+
+def _recorded(directory: Path) -> dict[str, str]:
+    """What the subprocess recorded in ``directory`` (nothing where it is missing or unreadable)."""
+    try:
+        recorded = json.loads((directory / _NAMES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
 
 
 def start(settings: Settings) -> subprocess.Popen[bytes] | None:
@@ -153,11 +156,7 @@ def fill(names: list[str]) -> int:
         found[name] = model._get_cache_filename()
     if found:
         directory = cache_dir()
-        try:
-            recorded = json.loads((directory / _NAMES_FILE).read_text())
-        except (OSError, ValueError):
-            recorded = {}
-        recorded = {**(recorded if isinstance(recorded, dict) else {}), **found}
+        recorded = {**_recorded(directory), **found}
         temporary = directory / f".{_NAMES_FILE}.{os.getpid()}"
         temporary.write_text(json.dumps(recorded, indent=1, sort_keys=True))
         temporary.replace(directory / _NAMES_FILE)  # atomic: a boot reading it sees all or nothing

@@ -22,9 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.config import Settings
-from worker.models import resolver
+from worker.models import local_paths
 
-__all__ = ["Prefetch", "available_memory_bytes", "evict", "resident_share", "start", "weight_files"]
+__all__ = [
+    "Prefetch",
+    "available_memory_bytes",
+    "evict",
+    "resident_fraction",
+    "resident_share",
+    "start",
+    "weight_files",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +83,7 @@ def start(settings: Settings) -> Prefetch | None:
     """Start reading the weights on background threads, if ``settings`` ask for it and they fit."""
     if settings.prefetch_weights is False:
         return None
-    resolve = resolver(settings)
-    refs = [settings.target_ref, *([settings.draft_ref] if settings.draft_ref else [])]
-    files: list[Path] = []
-    for ref in refs:
-        try:
-            files += weight_files(Path(resolve(ref)).expanduser())
-        except Exception:  # a reference that does not resolve: vLLM's loader will say why
-            log.debug("prefetch: cannot resolve %s", ref, exc_info=True)
+    files = [path for directory in local_paths(settings) for path in weight_files(directory)]
     sizes = {}
     for path in files:
         try:
@@ -182,6 +183,13 @@ def resident_share(path: Path) -> float:
             libc.munmap(ctypes.c_void_p(address), size)
     finally:
         os.close(fd)
+
+
+def resident_fraction(files: list[Path]) -> float:
+    """The share of all of ``files``' bytes in the page cache, 0.0-1.0 (each file weighted by its size)."""
+    sizes = [path.stat().st_size for path in files]
+    resident = sum(resident_share(path) * size for path, size in zip(files, sizes, strict=True))
+    return resident / max(1, sum(sizes))
 
 
 def evict(path: Path) -> None:

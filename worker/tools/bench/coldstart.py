@@ -116,9 +116,7 @@ def _weights_before_boot(env: dict[str, str], model_path: str) -> float | None:
     if env.get("COLDSTART_EVICT_WEIGHTS") == "1":
         for path in files:
             prefetch.evict(path)
-    sizes = [path.stat().st_size for path in files]
-    resident = sum(prefetch.resident_share(path) * size for path, size in zip(files, sizes, strict=True))
-    return round(resident / max(1, sum(sizes)), 4)
+    return round(prefetch.resident_fraction(files), 4)
 
 
 def bench_coldstart(
