@@ -137,6 +137,10 @@ def tiny_models() -> TinyModels:
 def subprocess_env(tiny_models: TinyModels) -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if k.upper() not in _WORKER_ENV}
     env["WORKER_CACHE_DIR"] = str(CACHE_DIR)
+    # Pods fork their engine core too (their default is spawn, as vLLM's server does): on a CPU a
+    # spawned engine core and model worker each import vLLM again, ~20 s a boot on two cores.
+    # tests/test_pod.py's pod keeps the default.
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
     yield env
 
 

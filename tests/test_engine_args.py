@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,7 @@ def test_engine_environment_spawns_the_pods_engine_core_unless_told() -> None:
         return engine_environment(load_settings(env), mode=mode)["VLLM_WORKER_MULTIPROC_METHOD"]
 
     assert method("pod") == "spawn"  # as vLLM's own server starts its engine core
-    assert method("serverless") is None  # vLLM's default (fork on a GPU): no re-import at boot
+    assert method("serverless") == "fork"  # no re-import at boot (vLLM's CPU platform would spawn)
     assert method("pod", VLLM_WORKER_MULTIPROC_METHOD="fork") == "fork"
     assert method("serverless", VLLM_WORKER_MULTIPROC_METHOD="spawn") == "spawn"
 
@@ -204,9 +205,15 @@ def test_a_pod_takes_vllms_server_defaults_and_serverless_the_librarys(
         config = boot.build_config(settings, mode=mode).scheduler_config
         return config.max_num_batched_tokens, config.max_num_seqs
 
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "unset by the test")
     assert scheduler("pod") == (8192, 1024)  # what `vllm serve` would run
+    # vLLM's CPU platform sets spawn while it builds the config; the boot's own choice is put back.
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert scheduler("serverless") == (2048, 128)  # MAX_CONCURRENCY follows max_num_seqs
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
     assert scheduler("pod", MAX_NUM_SEQS="16", MAX_NUM_BATCHED_TOKENS="4096") == (4096, 16)
+    assert scheduler("serverless", VLLM_WORKER_MULTIPROC_METHOD="spawn") == (2048, 128)
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
 
 def test_a_value_vllms_config_refuses_names_the_variable_that_set_it() -> None:

@@ -49,6 +49,7 @@ class PodServer:
 def pod(subprocess_env: dict[str, str]) -> Iterator[PodServer]:
     port = free_port()
     env = {**subprocess_env, "API_KEY": API_KEY, "MAX_NUM_SEQS": "16"}
+    del env["VLLM_WORKER_MULTIPROC_METHOD"]  # the pod's own default (spawn), which the other pods skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", "serve", "--port", str(port)],
         cwd=ROOT,

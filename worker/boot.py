@@ -37,7 +37,7 @@ from worker import modelinfo
 from worker.config import DeploymentMode, Settings
 from worker.draft_check import check_draft_compatible
 from worker.engine import Engine, one_line
-from worker.engine_args import build_engine_kwargs
+from worker.engine_args import build_engine_kwargs, start_method
 from worker.errors import EngineBootError, InvalidRequest, WorkerError
 from worker.models import check_local_paths, resolver
 from worker.schema import parse_request
@@ -116,6 +116,8 @@ def build_config(
         vllm_config = args.create_engine_config(usage_context=context)
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
         raise _config_error(exc, settings) from None
+    # vLLM's CPU platform has just set spawn, whatever was asked: put back what this boot asked for.
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = start_method(settings, mode=mode)
     if vllm_config.speculative_config is not None and settings.per_request_spec_decode_metrics != "none":
         sched = vllm_config.scheduler_config
         if sched.scheduler_cls is None:

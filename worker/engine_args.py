@@ -19,6 +19,7 @@ __all__ = [
     "build_engine_kwargs",
     "engine_environment",
     "lora_slots",
+    "start_method",
 ]
 
 TINY_MAX_MODEL_LEN = 1024
@@ -111,12 +112,7 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str,
     return {
         "VLLM_DISABLED_KERNELS": ",".join(disabled) or None,
         "VLLM_USE_V2_MODEL_RUNNER": _model_runner_flag(settings, mode=mode),
-        # vLLM's own server starts its engine core with spawn (its CLI sets this); the library
-        # default on a GPU is fork. On an H200 the pod with a forked engine core answered the
-        # first token of one stream later than vLLM's server in all 8 paired runs (+0.6 to
-        # +4.9 ms); spawned, the pairs split both ways, median +0.3 ms over 14 (docs/benchmarks.md).
-        # Serverless keeps fork: no re-import, a shorter boot.
-        "VLLM_WORKER_MULTIPROC_METHOD": settings.vllm_worker_multiproc_method or ("spawn" if mode == "pod" else None),
+        "VLLM_WORKER_MULTIPROC_METHOD": start_method(settings, mode=mode),
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
         # vLLM's startup plan (off in vLLM, on here): a boot keeps the memory profile's result under
         # VLLM_CACHE_ROOT, keyed by the configuration, GPU and library versions, and a later boot
@@ -128,6 +124,22 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str,
         # Media URLs (worker/media.py): public addresses only, no redirects; or vLLM's own connector.
         "VLLM_MEDIA_CONNECTOR": None if settings.allow_private_media_urls else PUBLIC_MEDIA_CONNECTOR,
     }
+
+
+def start_method(settings: Settings, *, mode: DeploymentMode) -> str:
+    """How vLLM starts its engine core (and, on a CPU, its model worker): ``fork`` or ``spawn``.
+
+    vLLM's own server starts its engine core with spawn (its CLI sets this); the library default
+    on a GPU is fork. On an H200 the pod with a forked engine core answered the first token of one
+    stream later than vLLM's server in all 8 paired runs (+0.6 to +4.9 ms); spawned, the pairs split
+    both ways, median +0.3 ms over 14 (docs/benchmarks.md): pods spawn. Serverless forks: no
+    re-import, a shorter boot. vLLM still spawns where fork is unsafe (CUDA already initialised in
+    the process). vLLM's CPU platform sets spawn whatever was asked while it builds its config;
+    ``worker.boot.build_config`` puts this back: a spawned process imports vLLM again, twice per
+    engine on a CPU (engine core, model worker), and the tiny model's boot took 30 s spawned
+    against 9 s forked on 2 cores.
+    """
+    return settings.vllm_worker_multiproc_method or ("spawn" if mode == "pod" else "fork")
 
 
 def _triton_cache_dir(settings: Settings) -> str | None:
