@@ -272,6 +272,29 @@ for stage in "$@"; do
         COLDSTART_EVICT_WEIGHTS=1 run cold-beside-disk-$i --parts coldstart
         run cold-beside-cache-$i --parts coldstart
       done ;;
+    coldstart-empty)
+      # The endpoint's first worker: an empty cache root of its own for every boot, the weights evicted
+      # before it (a new host), PREFETCH_WEIGHTS on and off alternating ($EMPTY_ROUNDS, default "1 2 3").
+      real_weights
+      export MODEL_NAME=$R LOAD_FORMAT=auto COLDSTART_EVICT_WEIGHTS=1
+      for i in ${EMPTY_ROUNDS:-1 2 3}; do
+        for p in true false; do
+          VLLM_CACHE_ROOT=/tmp/vllm-cache-empty-$i-$p PREFETCH_WEIGHTS=$p run cold-empty-$i-$p --parts coldstart_handler
+        done
+      done ;;
+    coldstart-cache-ab)
+      # Weights in the page cache, warm cache root (the last empty-root boot's, or one filled here):
+      # PREFETCH_WEIGHTS off and on alternating ($CACHE_AB_ROUNDS, default "1 2 3"), residency recorded.
+      real_weights
+      root=$(ls -d /tmp/vllm-cache-empty-* 2>/dev/null | tail -1)
+      export VLLM_CACHE_ROOT=${root:-/tmp/vllm-cache-ab} MODEL_NAME=$R LOAD_FORMAT=auto
+      [ -d $VLLM_CACHE_ROOT ] || run cold-ab-fill --parts coldstart_handler
+      for i in ${CACHE_AB_ROUNDS:-1 2 3}; do
+        for p in false true; do
+          cat $R/*.safetensors > /dev/null
+          PREFETCH_WEIGHTS=$p run cold-cache-$i-$p --parts coldstart_handler
+        done
+      done ;;
     lossless)
       # The tiny models (built on first use, real weights): speculation at temperature 1, and 0.7 with
       # top-p 0.9, against an A/A control of the same engine without it (bench part lossless).

@@ -148,7 +148,9 @@ def test_sigterm_drains_every_process_and_leaves_none(pod: Pod) -> None:
 
 
 def test_engine_core_death_ends_the_whole_pod_with_status_1(subprocess_env: dict[str, str], tmp_path: Path) -> None:
-    env = {"API_SERVER_COUNT": "2", "MODEL_NAME": MODEL, "SPECULATIVE_METHOD": "none"}
+    # The API process serving the stream gets no word of the death: the stream ends when the pod's
+    # SIGTERM to it has waited its grace (30 s by default), so the grace here is short.
+    env = {"API_SERVER_COUNT": "2", "MODEL_NAME": MODEL, "SPECULATIVE_METHOD": "none", "SHUTDOWN_GRACE_S": "3"}
     with start_pod(subprocess_env, tmp_path, **env) as pod:
         processes = descendants(pod.proc.pid)
         body = _completion(max_tokens=900, ignore_eos=True, stream=True)

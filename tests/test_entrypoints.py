@@ -94,6 +94,28 @@ def test_local_test_input_argument_reports_bad_input(subprocess_env: dict[str, s
 
 
 @pytest.mark.slow
+def test_an_engine_core_dying_at_boot_fails_the_job_with_its_root_cause(subprocess_env: dict[str, str]) -> None:
+    """The engine core dies while starting (a KV cache too small for one sequence): vLLM's own
+    error says "see root cause above"; the job's error quotes the root cause itself, read from what
+    the forked engine core wrote. In a process of its own: under pytest's output capture a forked
+    engine core would write to pytest's files instead of the descriptors the boot reads."""
+    env = {**subprocess_env, "MODEL_NAME": "tiny:target", "SPECULATIVE_METHOD": "none", "KV_CACHE_MEMORY_BYTES": "4096"}
+    out = subprocess.run(
+        [sys.executable, "handler.py", "--test_input", json.dumps({"input": {"prompt": "hi"}})],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 1
+    error = json.loads(out.stdout[out.stdout.rindex("ERROR {") + len("ERROR ") :].splitlines()[0])
+    assert error["error_type"] == "engine_boot_error", error
+    assert "ValueError: No available memory for the cache blocks" in error["error"], error
+    assert "root cause above" not in error["error"]
+
+
+@pytest.mark.slow
 def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
     subprocess_env: dict[str, str], tiny_models: TinyModels, tmp_path: Path
 ) -> None:
