@@ -11,6 +11,7 @@ n-gram drafts (then ``SpecMetricsScheduler``) and keeps it for draft models
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Callable
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 # Engine steps between snapshots of every request: a cancelled request then reports counts at
 # most this many steps old (marked partial); exact endings need no periodic snapshot.
 SNAPSHOT_EVERY_STEPS = 64
+# The per-step test of an output no request watches: no trigger in it.
+_UNWATCHED = frozenset[int]().isdisjoint
 
 
 def stop_triggers(tokenizer: Any, *, vocab_size: int) -> StopTriggers | None:
@@ -79,6 +82,10 @@ class SpecMetricsSnapshots:
         # that trigger (EVERY: every step is one, e.g. while the detokenizer holds text back).
         self._watch: dict[str, Callable[[list[int]], bool]] = {}
         self._trigger_of: dict[str, TriggerSet | Every] = {}
+        # How many watched requests have each trigger, and the one they all share (None: none
+        # watched, several, or EVERY): then the per-step test needs no lookup by request id.
+        self._trigger_count: collections.Counter[TriggerSet | Every] = collections.Counter()
+        self._shared: TriggerSet | None = None
         # Requests whose text ends inside a character: their own trigger, restored once a step
         # ends on a whole character.
         self._held: dict[str, TriggerSet | Every] = {}
@@ -104,9 +111,22 @@ class SpecMetricsSnapshots:
                 # it with the first tokens: held from the start.
                 self._update_held(rid, True)
 
-    def _set_trigger(self, rid: str, trigger: TriggerSet | Every) -> None:
-        self._trigger_of[rid] = trigger
-        self._watch[rid] = trigger.isdisjoint if isinstance(trigger, Every) else trigger.ids.isdisjoint
+    def _set_trigger(self, rid: str, trigger: TriggerSet | Every | None) -> None:
+        """Watch ``rid`` with ``trigger`` (None: stop watching it)."""
+        count = self._trigger_count
+        old = self._trigger_of.pop(rid, None)
+        if old is not None:
+            count[old] -= 1
+            if not count[old]:
+                del count[old]
+        if trigger is None:
+            self._watch.pop(rid, None)
+        else:
+            self._trigger_of[rid] = trigger
+            self._watch[rid] = trigger.isdisjoint if isinstance(trigger, Every) else trigger.ids.isdisjoint
+            count[trigger] += 1
+        only = next(iter(count)) if len(count) == 1 else None
+        self._shared = only if isinstance(only, TriggerSet) else None
 
     def _start_triggers(self) -> None:
         self._triggers_started = True
@@ -131,39 +151,40 @@ class SpecMetricsSnapshots:
         watch = self._watch
         if not watch:
             return outputs
-        get = watch.get
-        hits = []
+        shared = self._shared
         for engine_outputs in outputs.values():
-            for output in engine_outputs.outputs:
-                isdisjoint = get(output.request_id)
-                if isdisjoint is None or isdisjoint(output.new_token_ids):
-                    continue
-                hits.append(output)
-        if hits:
-            self._on_triggers(hits)
+            if shared is not None:
+                # One trigger set for every watched request (all of an agent's requests carry the
+                # same stop strings): one C-level test per output, unwatched ones included (a hit
+                # of theirs is dropped in _on_triggers).
+                isdisjoint = shared.ids.isdisjoint
+                hits = [o for o in engine_outputs.outputs if not isdisjoint(o.new_token_ids)]
+            else:
+                get = watch.get
+                hits = [o for o in engine_outputs.outputs if not get(o.request_id, _UNWATCHED)(o.new_token_ids)]
+            if hits:
+                self._on_triggers(hits)
         return outputs
 
     def _on_triggers(self, hits: list[Any]) -> None:
         """Steps of requests with stop strings that hit their trigger sets: snapshot those that
-        can complete one. One call for all of a step's hits (a quarter of the requests under a
-        blank-line stop): the loop binds what it reads once."""
-        requests, trigger_of, triggers = self.requests, self._trigger_of, self._triggers
-        for output in hits:
-            rid = output.request_id
-            request = requests.get(rid)
-            trigger = trigger_of.get(rid)
-            if request is None or trigger is None or output.spec_decode_metrics is not None:
-                continue  # gone, or vLLM's own metrics on the final output
-            new = output.new_token_ids
-            # vLLM's ``Request.output_token_ids`` is a read-only view whose indexing is a Python
-            # call: the list itself is read.
-            if (
-                triggers is None
-                or isinstance(trigger, Every)
-                or triggers.completes(trigger, new, request._output_token_ids, request.prompt_token_ids)
-            ):
-                output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
-                self._follow_held(rid, trigger, new)
+        can complete one (:meth:`StopTriggers.completing`, one call for all of a step's hits)."""
+        triggers = self._triggers
+        found: list[tuple[Any, Any, TriggerSet | Every]]
+        if triggers is None:  # every watched request's trigger is EVERY until the table is built
+            requests, trigger_of = self.requests, self._trigger_of
+            found = [
+                (output, requests[output.request_id], EVERY)
+                for output in hits
+                if output.spec_decode_metrics is None
+                and output.request_id in trigger_of
+                and output.request_id in requests
+            ]
+        else:
+            found = triggers.completing(hits, self._trigger_of, self.requests)
+        for output, request, trigger in found:
+            output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
+            self._follow_held(output.request_id, trigger, output.new_token_ids)
 
     def _follow_held(self, rid: str, trigger: TriggerSet | Every, new: list[int]) -> None:
         """Hold a request on every step while its text may be held back; release it after."""
@@ -193,8 +214,7 @@ class SpecMetricsSnapshots:
                 if trigger is not None:
                     self._follow_held(output.request_id, trigger, output.new_token_ids)
         for rid in watch.keys() - requests.keys():
-            del watch[rid]
-            del self._trigger_of[rid]
+            self._set_trigger(rid, None)
             self._held.pop(rid, None)
 
 
