@@ -286,6 +286,7 @@ for stage in "$@"; do
       # Weights in the page cache, warm cache root (the last empty-root boot's, or one filled here):
       # PREFETCH_WEIGHTS off and on alternating ($CACHE_AB_ROUNDS, default "1 2 3"), residency recorded.
       real_weights
+      unset COLDSTART_EVICT_WEIGHTS  # set by coldstart-empty when both stages run in one call
       root=$(ls -d /tmp/vllm-cache-empty-* 2>/dev/null | tail -1)
       export VLLM_CACHE_ROOT=${root:-/tmp/vllm-cache-ab} MODEL_NAME=$R LOAD_FORMAT=auto
       [ -d $VLLM_CACHE_ROOT ] || run cold-ab-fill --parts coldstart_handler
