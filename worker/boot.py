@@ -5,7 +5,7 @@ vLLM's ``AsyncLLM`` off the event loop, checks a draft model against its target 
 runs short warm-up requests through the whole path, and returns the :class:`~worker.engine.Engine`.
 A boot that fails says why in its error: when vLLM's engine core dies while starting, vLLM's own
 exception says only "see root cause above", so the root cause is read from what the engine's
-processes wrote (:class:`_OutputTail`).
+processes wrote (:class:`worker.output_tail.OutputTail`).
 
 Imports vLLM (with ``engine.py``, ``spec_scheduler.py`` and ``openai.py``).
 """
@@ -13,13 +13,10 @@ Imports vLLM (with ``engine.py``, ``spec_scheduler.py`` and ``openai.py``).
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import functools
 import logging
 import os
-import re
-import threading
 import time
 import uuid
 from typing import Any
@@ -40,6 +37,7 @@ from worker.engine import Engine, one_line
 from worker.engine_args import build_engine_kwargs, start_method
 from worker.errors import EngineBootError, InvalidRequest, WorkerError
 from worker.models import check_local_paths, resolver
+from worker.output_tail import OutputTail
 from worker.schema import parse_request
 from worker.spec_scheduler import SpecMetricsAsyncScheduler, SpecMetricsScheduler
 
@@ -132,7 +130,7 @@ def create_engine(
     """Build and start the engine (blocking; call it off the event loop). The process
     environment vLLM reads (``engine_args.engine_environment``) is set by the caller. With
     ``api_process``, connect to an engine core another process started instead of starting one."""
-    tail = _OutputTail.start() if api_process is None else None
+    tail = OutputTail.start() if api_process is None else None
     count, index = (1, 0) if api_process is None else (api_process.count, api_process.index)
     # vLLM's client of an engine core another process started (what its API server processes pass).
     client: dict[str, Any] = {}
@@ -226,88 +224,3 @@ def _config_error(exc: pydantic.ValidationError, settings: Settings) -> EngineBo
             name = field or "configuration"
         problems.setdefault(name, str(error["msg"]).removeprefix("Value error, "))
     return EngineBootError("invalid engine configuration: " + "; ".join(f"{n}: {m}" for n, m in problems.items()))
-
-
-# A traceback's last line: the exception's type (dotted names allowed) and its message.
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt): ?\S")
-# What vLLM puts before a line a process of its own writes ("(EngineCore pid=123) "), and its log
-# header ("ERROR 12-01 05:33:38 [core.py:1510] ").
-_LINE_PREFIX = re.compile(r"^\([^)]*pid=\d+\)\s*(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\]\s?)?")
-# vLLM's messages that only point elsewhere ("see root cause above").
-_WRAPPERS = ("Engine core initialization failed", "WorkerProc initialization failed", "See root cause above")
-
-
-class _OutputTail:
-    """Standard output and error passed through pipes while the engine starts, their last 64 KiB kept.
-
-    vLLM's engine core (and on some platforms a worker process below it) runs in a process of its
-    own; when it dies while starting, the frontend raises "Engine core initialization failed. See
-    root cause above." and the cause exists only in what those processes wrote (vLLM logs to
-    standard output, Python's tracebacks go to standard error). No vLLM hook hands it over, so the
-    boot points descriptors 1 and 2 at pipes while the engine's processes are created (they
-    inherit them for their lifetime), and a thread per pipe copies everything to the real
-    descriptor, unchanged, keeping the tail to read the root cause from. This process's own
-    descriptors are restored as soon as the engine is up; the threads go on copying the engine
-    processes' (rare) later lines.
-    """
-
-    def __init__(self) -> None:
-        self._tail: collections.deque[bytes] = collections.deque()
-        self._size = 0
-        self._lock = threading.Lock()
-        self._saved: dict[int, int] = {}
-
-    @classmethod
-    def start(cls) -> _OutputTail | None:
-        tail = cls()
-        try:
-            for fd in (1, 2):
-                read_fd, write_fd = os.pipe()
-                tail._saved[fd] = os.dup(fd)
-                os.dup2(write_fd, fd)
-                os.close(write_fd)
-                threading.Thread(
-                    target=tail._pump, args=(read_fd, tail._saved[fd]), name=f"engine-output-{fd}", daemon=True
-                ).start()
-        except OSError:  # no descriptor to redirect (or none left): boot without the tail
-            tail.restore()
-            return None
-        return tail
-
-    def _pump(self, read_fd: int, out_fd: int) -> None:
-        """Copy the pipe to ``out_fd`` until its last writer (an engine process) is gone, then close
-        both: this process's own descriptor was restored from ``out_fd`` long before that."""
-        try:
-            while data := os.read(read_fd, 65536):
-                try:
-                    os.write(out_fd, data)
-                except OSError:
-                    pass
-                with self._lock:
-                    self._tail.append(data)
-                    self._size += len(data)
-                    while self._size > 65536 and len(self._tail) > 1:
-                        self._size -= len(self._tail.popleft())
-        except OSError:
-            pass
-        finally:
-            os.close(read_fd)
-            os.close(out_fd)
-
-    def restore(self) -> None:
-        """Point this process's descriptors back where they were (the pipes stay for the engine's processes)."""
-        for fd, saved in self._saved.items():
-            os.dup2(saved, fd)
-
-    def root_cause(self, *, wait_s: float = 1.0) -> str | None:
-        """The first exception line the engine's processes wrote that is not one of vLLM's
-        "see above" wrappers, e.g. ``ValueError: Available memory on node 0 ...``; or None."""
-        deadline = time.monotonic() + wait_s  # a dying process's last lines may still be in a pipe
-        while True:
-            with self._lock:
-                text = b"".join(self._tail).decode(errors="replace")
-            lines = (_LINE_PREFIX.sub("", line).strip() for line in text.splitlines())
-            causes = [line for line in lines if _EXCEPTION_LINE.match(line) and not any(w in line for w in _WRAPPERS)]
-            if causes or time.monotonic() > deadline:
-                return causes[0][:500] if causes else None
-            time.sleep(0.05)
