@@ -65,3 +65,6 @@ class FakeEngine:
 
     def shutdown(self) -> None:
         pass
+
+    def mark_dead(self) -> None:
+        self.is_dead = True

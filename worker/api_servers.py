@@ -35,6 +35,7 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import time
@@ -133,7 +134,12 @@ def serve(settings: Settings) -> int:
         status = 1
         log.error("pod failed: %s; exiting with status 1 so that the pod is restarted", exc)
         if manager is not None:
-            # The API processes answer 503 for a moment, then exit by themselves (worker/pod.py).
+            # The API processes' clients are not told of an engine core that was killed: this
+            # process tells them (SIGUSR1), they fail their requests in flight, answer 503 for a
+            # moment, then exit by themselves (worker/pod.py).
+            for proc in manager.processes:
+                if proc.pid is not None and proc.is_alive():
+                    os.kill(proc.pid, signal.SIGUSR1)
             deadline = time.monotonic() + FATAL_EXIT_DELAY_S + 5
             for proc in manager.processes:
                 proc.join(max(0.0, deadline - time.monotonic()))
@@ -192,7 +198,13 @@ async def _serve_api_process(sock: socket.socket, settings: Settings, shared: _S
     def stop() -> None:
         server.should_exit = True
 
+    def engine_died() -> None:  # from the pod's first process (serve), which watches the engine core
+        engine = holder.engine
+        if engine is not None:
+            engine.mark_dead()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+    loop.add_signal_handler(signal.SIGUSR1, engine_died)
     await server.serve(sockets=[sock])

@@ -80,6 +80,14 @@ class Engine:
     def shutdown(self) -> None:
         self._llm.shutdown()
 
+    def mark_dead(self) -> None:
+        """The engine core is gone and this process's client was not told: an API process of a
+        pod, whose engine core another process started and watches (vLLM's client watches only
+        the processes it started, and a killed core says nothing). Fail every request in flight
+        and report dead from now on, as vLLM does when its own monitor sees the death."""
+        self._llm.engine_core.resources.engine_dead = True
+        self._llm.output_processor.propagate_error(EngineDeadError())
+
     @property
     def llm(self) -> AsyncLLM:
         """vLLM's engine itself, for comparisons that must bypass the worker (benchmarks)."""

@@ -84,6 +84,8 @@ class EngineProtocol(Protocol):
 
     def shutdown(self) -> None: ...
 
+    def mark_dead(self) -> None: ...
+
 
 class EngineHolder:
     def __init__(
