@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,16 +79,15 @@ def test_local_test_input_run_streams_and_ends_with_the_blocks(subprocess_env: d
     assert "Attempted to load weight" not in out.stderr
 
 
+def _run_test_input(job: dict[str, Any], *, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`python handler.py --test_input JOB`, its output captured."""
+    command = [sys.executable, "handler.py", "--test_input", json.dumps(job)]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
 def test_local_test_input_argument_reports_bad_input(subprocess_env: dict[str, str]) -> None:
-    bad = json.dumps({"input": {"prompt": "hi", "sampling_params": {"max_tokens": -1}}})
-    out = subprocess.run(
-        [sys.executable, "handler.py", "--test_input", bad],
-        cwd=ROOT,
-        env=subprocess_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = {"input": {"prompt": "hi", "sampling_params": {"max_tokens": -1}}}
+    out = _run_test_input(bad, env=subprocess_env, timeout_s=120)
     assert out.returncode == 1
     assert "sampling_params.max_tokens" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
@@ -100,14 +100,7 @@ def test_an_engine_core_dying_at_boot_fails_the_job_with_its_root_cause(subproce
     the forked engine core wrote. In a process of its own: under pytest's output capture a forked
     engine core would write to pytest's files instead of the descriptors the boot reads."""
     env = {**subprocess_env, "MODEL_NAME": "tiny:target", "SPECULATIVE_METHOD": "none", "KV_CACHE_MEMORY_BYTES": "4096"}
-    out = subprocess.run(
-        [sys.executable, "handler.py", "--test_input", json.dumps({"input": {"prompt": "hi"}})],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    out = _run_test_input({"input": {"prompt": "hi"}}, env=env, timeout_s=180)
     assert out.returncode == 1
     error = json.loads(out.stdout[out.stdout.rindex("ERROR {") + len("ERROR ") :].splitlines()[0])
     assert error["error_type"] == "engine_boot_error", error

@@ -21,7 +21,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-from worker.stop_triggers import EVERY, Every, StopTriggers, TriggerSet
+from worker.stop_triggers import EVERY, Every, StopTriggers, TriggerSet, completing
 
 __all__ = [
     "SNAPSHOT_EVERY_STEPS",
@@ -168,21 +168,8 @@ class SpecMetricsSnapshots:
 
     def _on_triggers(self, hits: list[Any]) -> None:
         """Steps of requests with stop strings that hit their trigger sets: snapshot those that
-        can complete one (:meth:`StopTriggers.completing`, one call for all of a step's hits)."""
-        triggers = self._triggers
-        found: list[tuple[Any, Any, TriggerSet | Every]]
-        if triggers is None:  # every watched request's trigger is EVERY until the table is built
-            requests, trigger_of = self.requests, self._trigger_of
-            found = [
-                (output, requests[output.request_id], EVERY)
-                for output in hits
-                if output.spec_decode_metrics is None
-                and output.request_id in trigger_of
-                and output.request_id in requests
-            ]
-        else:
-            found = triggers.completing(hits, self._trigger_of, self.requests)
-        for output, request, trigger in found:
+        can complete one (:func:`~worker.stop_triggers.completing`, one call for all of a step's hits)."""
+        for output, request, trigger in completing(hits, self._trigger_of, self.requests, self._triggers):
             output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
             self._follow_held(output.request_id, trigger, output.new_token_ids)
 

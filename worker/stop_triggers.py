@@ -40,7 +40,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["EVERY", "Every", "StopTriggers", "TriggerSet"]
+__all__ = ["EVERY", "Every", "StopTriggers", "TriggerSet", "completing"]
 
 _REPLACEMENT = "\ufffd"
 # SentencePiece byte-fallback pieces, as tokenizers' ``ByteFallback`` decoder reads them.
@@ -165,63 +165,10 @@ class StopTriggers:
     ) -> bool:
         """Whether a step's ``token_ids`` (which hit ``trigger``) can complete a stop string.
         ``history`` is the request's output so far, ending with ``token_ids``; ``prompt`` precedes
-        it. One step of :meth:`completing`."""
+        it. One step of :func:`completing`."""
         step = _Step(token_ids, None)
         request = _Request(list(history), list(prompt) if prompt is not None else None)
-        return bool(self.completing([step], {"": trigger}, {"": request}))
-
-    def completing(
-        self, hits: Iterable[Any], trigger_of: Mapping[str, TriggerSet | Every], requests: Mapping[str, Any]
-    ) -> list[tuple[Any, Any, TriggerSet | Every]]:
-        """Of a step's ``hits`` (vLLM's ``EngineCoreOutput`` of requests whose new tokens hit their
-        trigger set), those whose step can complete a stop string, with the request (vLLM's
-        ``Request``, from ``requests`` by id) and its trigger (``trigger_of``; EVERY: any step
-        can). Skipped: outputs with vLLM's own metrics (the final one), of requests not watched or
-        gone. Runs in the engine core on every step with hits (a quarter of the requests of
-        hard-wrapped text under a blank-line stop), so the whole step is one call and a token costs
-        one dict lookup; the token before the step is read only when the step's first token
-        needs it (vLLM appends a step's tokens to the request before it builds the step's output:
-        checked at both ends, and a mismatch assumes the step can)."""
-        last_char = self._last_char
-        found = []
-        for output in hits:
-            if output.spec_decode_metrics is not None:
-                continue
-            rid = output.request_id
-            trigger = trigger_of.get(rid)
-            request = requests.get(rid)
-            if trigger is None or request is None:
-                continue
-            if trigger is not EVERY:
-                check = trigger.check  # type: ignore[union-attr]  # not EVERY (``is`` does not narrow)
-                new = output.new_token_ids
-                before = -1  # the token before the current one (-1: before the step, not read yet)
-                for token in new:
-                    need = check.get(token, _MISS)
-                    if need is not _MISS:
-                        if need is None:
-                            break
-                        if before < 0:
-                            # The list, not vLLM's read-only view of it (whose indexing is a Python call).
-                            history = request._output_token_ids
-                            start = len(history) - len(new)
-                            if start > 0 and history[start] == token and history[-1] == new[-1]:
-                                before = history[start - 1]
-                            elif start == 0 and request.prompt_token_ids:
-                                before = request.prompt_token_ids[-1]
-                            else:
-                                break
-                        try:
-                            char = last_char[before]
-                        except IndexError:  # an id past the table: its character is not known
-                            break
-                        if not char or char in need:
-                            break
-                    before = token
-                else:
-                    continue  # no token of this step can complete one
-            found.append((output, request, trigger))
-        return found
+        return bool(completing([step], {"": trigger}, {"": request}, self))
 
     def for_stops(self, stops: Sequence[str]) -> TriggerSet | Every:
         """The token ids whose presence in a step can complete one of ``stops`` (:data:`EVERY`
@@ -273,3 +220,61 @@ def _offsets(pieces: Sequence[str]) -> Iterable[int]:
     for piece in pieces:
         yield offset
         offset += len(piece) + 1
+
+
+def completing(
+    hits: Iterable[Any],
+    trigger_of: Mapping[str, TriggerSet | Every],
+    requests: Mapping[str, Any],
+    triggers: StopTriggers | None,
+) -> list[tuple[Any, Any, TriggerSet | Every]]:
+    """Of a step's ``hits`` (vLLM's ``EngineCoreOutput`` of requests whose new tokens hit their
+    trigger set), those whose step can complete a stop string, with the request (vLLM's
+    ``Request``, from ``requests`` by id) and its trigger (``trigger_of``; EVERY: any step
+    can). Skipped: outputs with vLLM's own metrics (the final one), of requests not watched or
+    gone. Runs in the engine core on every step with hits (a quarter of the requests of
+    hard-wrapped text under a blank-line stop), so the whole step is one call and a token costs
+    one dict lookup; the token before the step is read only when the step's first token
+    needs it (vLLM appends a step's tokens to the request before it builds the step's output:
+    checked at both ends, and a mismatch assumes the step can). Without ``triggers`` (its table
+    not built yet: every watched request's trigger is EVERY) no character is known: any step can."""
+    last_char: Sequence[str] = triggers._last_char if triggers is not None else ()
+    found = []
+    for output in hits:
+        if output.spec_decode_metrics is not None:
+            continue
+        rid = output.request_id
+        trigger = trigger_of.get(rid)
+        request = requests.get(rid)
+        if trigger is None or request is None:
+            continue
+        if trigger is not EVERY:
+            check = trigger.check  # type: ignore[union-attr]  # not EVERY (``is`` does not narrow)
+            new = output.new_token_ids
+            before = -1  # the token before the current one (-1: before the step, not read yet)
+            for token in new:
+                need = check.get(token, _MISS)
+                if need is not _MISS:
+                    if need is None:
+                        break
+                    if before < 0:
+                        # The list, not vLLM's read-only view of it (whose indexing is a Python call).
+                        history = request._output_token_ids
+                        start = len(history) - len(new)
+                        if start > 0 and history[start] == token and history[-1] == new[-1]:
+                            before = history[start - 1]
+                        elif start == 0 and request.prompt_token_ids:
+                            before = request.prompt_token_ids[-1]
+                        else:
+                            break
+                    try:
+                        char = last_char[before]
+                    except IndexError:  # an id past the table: its character is not known
+                        break
+                    if not char or char in need:
+                        break
+                before = token
+            else:
+                continue  # no token of this step can complete one
+        found.append((output, request, trigger))
+    return found
