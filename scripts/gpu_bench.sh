@@ -57,6 +57,10 @@
 #   coldstart-disk    real-size weights from a cold disk (scripts/page_cache.py evicts them, residency checked):
 #                     after a fill, rounds of PREFETCH_WEIGHTS=false / true evicted ($DISK_ROUNDS), then in the
 #                     page cache ($CACHE_ROUNDS); a later call on the same machine reuses the filled cache root
+#   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
+#                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
+#   coldstart-disk-ab the last empty root, weights evicted before each boot, PREFETCH_WEIGHTS off / on ($DISK_AB_ROUNDS)
+#   coldstart-cache-ab the last empty root, weights in the page cache, PREFETCH_WEIGHTS off / on ($CACHE_AB_ROUNDS)
 #   coldstart-beside  real-size weights: the handler and vLLM's own server (its own cache root) one after the other,
 #                     both roots empty (the fill), then rounds ($BESIDE_ROUNDS) with the weights evicted before each
 #                     boot (cold disk) and in the page cache; the handler logs its import and config stamps
@@ -280,6 +284,18 @@ for stage in "$@"; do
       for i in ${EMPTY_ROUNDS:-1 2 3}; do
         for p in true false; do
           VLLM_CACHE_ROOT=/tmp/vllm-cache-empty-$i-$p PREFETCH_WEIGHTS=$p run cold-empty-$i-$p --parts coldstart_handler
+        done
+      done ;;
+    coldstart-disk-ab)
+      # Weights on a cold disk, warm cache root (the last empty-root boot's, or one filled here): evicted before
+      # each boot (residency in the JSON), PREFETCH_WEIGHTS off and on alternating ($DISK_AB_ROUNDS, default "1 2 3").
+      real_weights
+      root=$(ls -d /tmp/vllm-cache-empty-* 2>/dev/null | tail -1)
+      export VLLM_CACHE_ROOT=${root:-/tmp/vllm-cache-ab} MODEL_NAME=$R LOAD_FORMAT=auto
+      [ -d $VLLM_CACHE_ROOT ] || run cold-ab-fill --parts coldstart_handler
+      for i in ${DISK_AB_ROUNDS:-1 2 3}; do
+        for p in false true; do
+          COLDSTART_EVICT_WEIGHTS=1 PREFETCH_WEIGHTS=$p run cold-disk-$i-$p --parts coldstart_handler
         done
       done ;;
     coldstart-cache-ab)
