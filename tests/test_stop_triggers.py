@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from worker.stop_triggers import EVERY, StopTriggers, TriggerSet
+from worker.stop_triggers import EVERY, StopTriggers, TriggerSet, completing
 
 TEXTS = [
     "Thought: I should look it up.\nAction: search[vLLM]\nObservation: a fast engine.\n\n",
@@ -183,6 +183,17 @@ def _trigger_set(triggers: StopTriggers, stops: list[str]) -> TriggerSet:
     return found
 
 
+def _completes(
+    triggers: StopTriggers, trigger: TriggerSet, new: list[int], history: list[int], prompt: list[int] | None
+) -> bool:
+    """Whether one step's ``new`` tokens (which hit ``trigger``) can complete a stop string, by
+    :func:`completing` over stand-ins for vLLM's output and request: ``history`` is the output so
+    far, ending with ``new``; ``prompt`` precedes it."""
+    step = SimpleNamespace(request_id="r", new_token_ids=new, spec_decode_metrics=None)
+    request = SimpleNamespace(_output_token_ids=history, prompt_token_ids=prompt)
+    return bool(completing([step], {"r": trigger}, {"r": request}, triggers))
+
+
 def test_trigger_sets() -> None:
     pieces = ["a", "b", "ab", "ba", ":", "n:", "tion:", "\n", "\n\n", ".\n", "x\ufffd", "\ufffd", " ", "Obs", "c"]
     triggers = StopTriggers(pieces, vocab_size=len(pieces) + 2)
@@ -195,24 +206,24 @@ def test_trigger_sets() -> None:
     assert blank.needs == {ids["\n"]: {"\n"}}
     assert blank.check == {ids["\n"]: {"\n"}, ids["\n\n"]: None} | dict.fromkeys(partial)
     # ``history``: the output so far, ending with the step's tokens; the prompt before it.
-    assert not triggers.completes(blank, [ids["\n"]], [ids["a"], ids["\n"]], None)
-    assert not triggers.completes(blank, [ids["\n"]], [ids["\n"]], [ids["a"]])
-    assert triggers.completes(blank, [ids["\n"]], [ids[".\n"], ids["\n"]], None)
-    assert triggers.completes(blank, [ids["\n"]], [ids["\n"]], [ids[".\n"]])
-    assert triggers.completes(blank, [ids["a"], ids["\n\n"]], [ids["a"], ids["\n\n"]], None)
-    assert triggers.completes(blank, [ids["\n"]], [ids["\n"]], None), "nothing before: assume it can"
-    assert triggers.completes(blank, [ids["\n"]], [ids["x\ufffd"], ids["\n"]], None), "a partial piece: it can"
-    assert triggers.completes(blank, [ids["\n"]], [ids[".\n"], ids["a"]], None), "history not ending with the step"
-    assert not triggers.completes(blank, [ids["a"], ids["\n"]], [ids[".\n"], ids["a"], ids["\n"]], None)
+    assert not _completes(triggers, blank, [ids["\n"]], [ids["a"], ids["\n"]], None)
+    assert not _completes(triggers, blank, [ids["\n"]], [ids["\n"]], [ids["a"]])
+    assert _completes(triggers, blank, [ids["\n"]], [ids[".\n"], ids["\n"]], None)
+    assert _completes(triggers, blank, [ids["\n"]], [ids["\n"]], [ids[".\n"]])
+    assert _completes(triggers, blank, [ids["a"], ids["\n\n"]], [ids["a"], ids["\n\n"]], None)
+    assert _completes(triggers, blank, [ids["\n"]], [ids["\n"]], None), "nothing before: assume it can"
+    assert _completes(triggers, blank, [ids["\n"]], [ids["x\ufffd"], ids["\n"]], None), "a partial piece: it can"
+    assert _completes(triggers, blank, [ids["\n"]], [ids[".\n"], ids["a"]], None), "history not ending with the step"
+    assert not _completes(triggers, blank, [ids["a"], ids["\n"]], [ids[".\n"], ids["a"], ids["\n"]], None)
     agent = _trigger_set(triggers, ["Observation:"])
     assert agent.ids == {ids[":"], ids["n:"], ids["tion:"]} | partial
     assert agent.needs == {ids[":"]: {"n"}, ids["n:"]: {"o"}, ids["tion:"]: {"a"}}
-    assert not triggers.completes(agent, [ids["Obs"], ids[":"]], [ids["Obs"], ids[":"]], None)
-    assert triggers.completes(agent, [ids["a"], ids["tion:"]], [ids["a"], ids["tion:"]], None)
+    assert not _completes(triggers, agent, [ids["Obs"], ids[":"]], [ids["Obs"], ids[":"]], None)
+    assert _completes(triggers, agent, [ids["a"], ids["tion:"]], [ids["a"], ids["tion:"]], None)
     pair = _trigger_set(triggers, ["ab", "zz"])
     assert pair.ids == {ids["ab"], ids["b"], ids["ba"]} | partial
-    assert triggers.completes(pair, [ids["a"], ids["b"]], [ids["a"], ids["b"]], None)
-    assert not triggers.completes(pair, [ids["b"], ids["b"]], [ids["c"], ids["b"], ids["b"]], None)
+    assert _completes(triggers, pair, [ids["a"], ids["b"]], [ids["a"], ids["b"]], None)
+    assert not _completes(triggers, pair, [ids["b"], ids["b"]], [ids["c"], ids["b"], ids["b"]], None)
     # A space before the stop's end may belong to the token's own text once decoded in context.
     spaced = _trigger_set(triggers, ["a b"])
     assert ids["b"] in spaced.always and ids["b"] not in spaced.needs

@@ -87,19 +87,6 @@ class TriggerSet:
         return {token: need for token, need in self.check.items() if need is not None}
 
 
-@dataclasses.dataclass(slots=True)
-class _Step:  # what completing reads of vLLM's EngineCoreOutput (for completes)
-    new_token_ids: Sequence[int]
-    spec_decode_metrics: None
-    request_id: str = ""
-
-
-@dataclasses.dataclass(slots=True)
-class _Request:  # what completing reads of vLLM's Request (for completes)
-    _output_token_ids: list[int]
-    prompt_token_ids: list[int] | None
-
-
 class StopTriggers:
     """The tokens after which a request's stop strings can be complete, from the tokenizer's pieces.
 
@@ -160,19 +147,9 @@ class StopTriggers:
                 return token in self.partial
         return None
 
-    def completes(
-        self, trigger: TriggerSet, token_ids: Sequence[int], history: Sequence[int], prompt: Sequence[int] | None
-    ) -> bool:
-        """Whether a step's ``token_ids`` (which hit ``trigger``) can complete a stop string.
-        ``history`` is the request's output so far, ending with ``token_ids``; ``prompt`` precedes
-        it. One step of :func:`completing`."""
-        step = _Step(token_ids, None)
-        request = _Request(list(history), list(prompt) if prompt is not None else None)
-        return bool(completing([step], {"": trigger}, {"": request}, self))
-
     def for_stops(self, stops: Sequence[str]) -> TriggerSet | Every:
         """The token ids whose presence in a step can complete one of ``stops`` (:data:`EVERY`
-        when any step can); :meth:`completes` then decides from the token before."""
+        when any step can); :func:`completing` then decides from the token before."""
         key = tuple(stops)
         found = self._cache.get(key)
         if found is None:
