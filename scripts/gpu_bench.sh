@@ -137,6 +137,12 @@ run() {  # label, then bench arguments
   cp "$OUT/$label/bench.json" "$OUT/$label.json" 2>/dev/null
   if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi
 }
+warm_root() {  # real-size weights on a warm cache root: the last empty-root boot's, or one filled here
+  real_weights
+  local root; root=$(ls -d /tmp/vllm-cache-empty-* 2>/dev/null | tail -1)
+  export VLLM_CACHE_ROOT=${root:-/tmp/vllm-cache-ab} MODEL_NAME=$R LOAD_FORMAT=auto
+  [ -d $VLLM_CACHE_ROOT ] || run cold-ab-fill --parts coldstart_handler
+}
 lever_boots() {  # label prefix: warm boots with fewer CUDA-graph sizes, then without the graph memory estimate
   MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=16 run "$1-seqs16" --parts coldstart_handler
   MODEL_NAME=$R LOAD_FORMAT=auto VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 run "$1-noest" --parts coldstart_handler
@@ -289,10 +295,7 @@ for stage in "$@"; do
     coldstart-disk-ab)
       # Weights on a cold disk, warm cache root (the last empty-root boot's, or one filled here): evicted before
       # each boot (residency in the JSON), PREFETCH_WEIGHTS off and on alternating ($DISK_AB_ROUNDS, default "1 2 3").
-      real_weights
-      root=$(ls -d /tmp/vllm-cache-empty-* 2>/dev/null | tail -1)
-      export VLLM_CACHE_ROOT=${root:-/tmp/vllm-cache-ab} MODEL_NAME=$R LOAD_FORMAT=auto
-      [ -d $VLLM_CACHE_ROOT ] || run cold-ab-fill --parts coldstart_handler
+      warm_root
       for i in ${DISK_AB_ROUNDS:-1 2 3}; do
         for p in false true; do
           COLDSTART_EVICT_WEIGHTS=1 PREFETCH_WEIGHTS=$p run cold-disk-$i-$p --parts coldstart_handler
@@ -301,11 +304,8 @@ for stage in "$@"; do
     coldstart-cache-ab)
       # Weights in the page cache, warm cache root (the last empty-root boot's, or one filled here):
       # PREFETCH_WEIGHTS off and on alternating ($CACHE_AB_ROUNDS, default "1 2 3"), residency recorded.
-      real_weights
       unset COLDSTART_EVICT_WEIGHTS  # set by coldstart-empty when both stages run in one call
-      root=$(ls -d /tmp/vllm-cache-empty-* 2>/dev/null | tail -1)
-      export VLLM_CACHE_ROOT=${root:-/tmp/vllm-cache-ab} MODEL_NAME=$R LOAD_FORMAT=auto
-      [ -d $VLLM_CACHE_ROOT ] || run cold-ab-fill --parts coldstart_handler
+      warm_root
       for i in ${CACHE_AB_ROUNDS:-1 2 3}; do
         for p in false true; do
           cat $R/*.safetensors > /dev/null
