@@ -95,6 +95,9 @@
 #   stats-path        the stats path's own CPU time per engine step on this host (bench part stats_path: vLLM's
 #                     per-request tracking, the worker's hook, the snapshots' msgpack transport; stats on minus
 #                     off), against the step of an n-gram k=4 engine measured in the same run, 1 run
+#   stats-path-procs  the stats path alone (no engine) in $STATS_PATH_PROCS separate processes in turn (default 5),
+#                     batch $STATS_PATH_SIZES (default 1,8,64,256): between processes its figures spread more than
+#                     within one, so each process's JSON is kept (stats-path-procs/N.json) and the medians printed
 #   stats-ngram-aa    stats-ngram with an A/A control: a third engine identical to the first (a third of the
 #                     memory each), so the stats-off difference can be judged against two equal engines' spread
 # On two GPUs (TENSOR_PARALLEL_SIZE=2):
@@ -363,6 +366,22 @@ for stage in "$@"; do
     stats-path)
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-path --parts overhead,stats_path \
         --concurrency 1,8,64,256 --repeats 1 ;;
+    stats-path-procs)
+      mkdir -p "$OUT/stats-path-procs"
+      for i in $(seq "${STATS_PATH_PROCS:-5}"); do
+        echo "=== stats-path-procs $i: $(date +%T)"
+        python3 -c "import json, sys; from worker.tools.bench.stats_path import bench_stats_path
+json.dump(bench_stats_path([${STATS_PATH_SIZES:-1,8,64,256}]), open(sys.argv[1], 'w'), indent=1)" \
+          "$OUT/stats-path-procs/$i.json" || echo "=== stats-path-procs $i: failed"
+        if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi
+      done
+      python3 -c "import glob, json, statistics, sys
+runs = [json.load(open(f))['rows'] for f in sorted(glob.glob(sys.argv[1] + '/*.json'))]
+for i, row in enumerate(runs[0]):
+    for case in [c for c in row if c != 'batch']:
+        totals = sorted(run[i][case]['total_us'] for run in runs)
+        print(row['batch'], case, 'total us median %.1f of %d, range %.1f-%.1f' % (statistics.median(totals), len(totals), totals[0], totals[-1]))
+" "$OUT/stats-path-procs" ;;
     stats-ngram-aa)
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 run stats-ngram4-aa --parts overhead \
         --concurrency 1,8,64,256 --repeats 3 --stats-off-baseline --aa-baseline ;;

@@ -229,6 +229,8 @@ def test_smoke_run_of_the_in_process_parts(tmp_path: Path, subprocess_env: dict[
     # The stats path's own cost per step (a difference of timings: at smoke sizes it may be noise).
     assert [r["batch"] for r in results["stats_path"]["rows"]] == [1, 2]
     assert all(_positive(r["all_stop"]["observe_us"]) for r in results["stats_path"]["rows"])
+    # Without the trigger table every request-step of a request with stop strings gets a snapshot.
+    assert all(r["all_stop_every_step"]["snapshot_rate"] == 1.0 for r in results["stats_path"]["rows"])
     markdown = (out / "bench.md").read_text()
     assert "Handler overhead" in markdown and "python -m worker bench --smoke" in markdown
     assert "Cost of the exact-stats path per engine step" in markdown

@@ -24,7 +24,9 @@ from text in which its stop string does not occur (a request ends at its stop st
 cases: no stop strings; ``"\\n\\n"`` on every request (a blank line: every line of that text ends
 in a newline); an agent's ``"Observation:"`` on every request (colons are frequent in it). Each
 reports the share of request-steps that got a snapshot (``snapshot_rate``, periodic ones
-included).
+included). A fourth row, ``all_stop_every_step``, times the ``"\\n\\n"`` case without the trigger
+table (what the hook does while the table is being built, and what it did on every step before
+the table existed), so a run gives before / after side by side.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import random
 import time
 from typing import Any
 
-__all__ = ["STOP_CASES", "bench_stats_path"]
+__all__ = ["EVERY_STEP_CASE", "STOP_CASES", "bench_stats_path"]
 
 # Row key -> the stop string every request carries (None: no stop strings).
 STOP_CASES: dict[str, str | None] = {"no_stop": None, "all_stop": "\n\n", "agent_stop": "Observation:"}
+# The row of all_stop's stop string timed with no trigger table: a snapshot on every step.
+EVERY_STEP_CASE = "all_stop_every_step"
 
 
 def _text_and_tokenizer() -> tuple[str, Any]:
@@ -185,13 +189,18 @@ def bench_stats_path(batch_sizes: list[int], *, k: int = 4, steps: int = 800, re
             row[label] = _time_steps(
                 size, k=k, steps=steps, stop=stop, repeats=repeats, stream=streams[stop], triggers=triggers
             )
+        stop = STOP_CASES["all_stop"]
+        row[EVERY_STEP_CASE] = _time_steps(
+            size, k=k, steps=steps, stop=stop, repeats=repeats, stream=streams[stop], triggers=None
+        )
         rows.append(row)
     return {
         "k": k,
         "steps": steps,
         "repeats": repeats,
         "snapshot_every_steps": SNAPSHOT_EVERY_STEPS,
-        "stops": {label: stop for label, stop in STOP_CASES.items() if stop},
+        "stops": {label: stop for label, stop in STOP_CASES.items() if stop}
+        | {EVERY_STEP_CASE: STOP_CASES["all_stop"]},
         "text": "pydoc_data (Python's documentation), byte-level BPE trained on it",
         "rows": rows,
     }

@@ -93,7 +93,9 @@ def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> 
     yields at least one token per request, so the share is an upper bound)."""
     itl_ms = {r["concurrency"]: r["handler"]["itl_mean_ms"] for r in (overhead or {}).get("rows", [])}
     stops = stats.get("stops", {"all_stop": "\n\n"})
-    labels = [label for label in ("no_stop", "all_stop", "agent_stop") if label in stats["rows"][0]]
+    labels = [
+        label for label in ("no_stop", "all_stop", "agent_stop", "all_stop_every_step") if label in stats["rows"][0]
+    ]
     lines = [
         "### Cost of the exact-stats path per engine step (CPU time, timed directly)",
         "",
