@@ -264,3 +264,23 @@ def test_the_hook_snapshots_only_on_trigger_steps_and_all_requests_periodically(
     assert steps["space"] == list(range(1, SNAPSHOT_EVERY_STEPS - 1))
     assert steps["plain"] == [SNAPSHOT_EVERY_STEPS]
     assert set(scheduler._watch) == set(scheduler._trigger_of) == {"stop"} and not scheduler._held
+
+
+def test_a_shared_trigger_set_snapshots_only_its_watched_requests() -> None:
+    """When every watched request has one trigger set, the hook tests every output against it:
+    a request without stop strings whose tokens hit it gets only its periodic snapshot."""
+    from vllm import SamplingParams
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+
+    scheduler = _hooked_scheduler(StopTriggers(["a", "b", "c"]))
+    for rid, stop in (("stop", ["ab"]), ("other", ["ab"]), ("plain", None)):
+        scheduler.add_request(_request(rid, [2], SamplingParams(stop=stop), RequestSpecDecodeMetrics.new(3)))
+    assert scheduler._shared is not None
+    script = {1: [0], 2: [1], 3: [1], 4: [0, 1], 5: [2, 1], 6: [0], 7: [1, 1]}
+    steps: dict[str, list[int]] = {"stop": [], "other": [], "plain": []}
+    for step, tokens in script.items():
+        scheduler.step_tokens = {"stop": tokens, "other": [2], "plain": tokens}
+        for output in scheduler.update_from_output(None, None)[0].outputs:
+            if output.spec_decode_metrics is not None:
+                steps[output.request_id].append(step)
+    assert steps == {"stop": [2, 4, 7], "other": [], "plain": []}

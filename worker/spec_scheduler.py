@@ -163,13 +163,13 @@ class SpecMetricsSnapshots:
                 get = watch.get
                 hits = [o for o in engine_outputs.outputs if not get(o.request_id, _UNWATCHED)(o.new_token_ids)]
             if hits:
-                self._on_triggers(hits)
+                self._on_triggers(hits, shared)
         return outputs
 
-    def _on_triggers(self, hits: list[Any]) -> None:
+    def _on_triggers(self, hits: list[Any], shared: TriggerSet | None) -> None:
         """Steps of requests with stop strings that hit their trigger sets: snapshot those that
         can complete one (:func:`~worker.stop_triggers.completing`, one call for all of a step's hits)."""
-        for output, request, trigger in completing(hits, self._trigger_of, self.requests, self._triggers):
+        for output, request, trigger in completing(hits, self._trigger_of, self.requests, self._triggers, shared):
             output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
             self._follow_held(output.request_id, trigger, output.new_token_ids)
 

@@ -204,37 +204,40 @@ def completing(
     trigger_of: Mapping[str, TriggerSet | Every],
     requests: Mapping[str, Any],
     triggers: StopTriggers | None,
+    shared: TriggerSet | None = None,
 ) -> list[tuple[Any, Any, TriggerSet | Every]]:
     """Of a step's ``hits`` (vLLM's ``EngineCoreOutput`` of requests whose new tokens hit their
     trigger set), those whose step can complete a stop string, with the request (vLLM's
-    ``Request``, from ``requests`` by id) and its trigger (``trigger_of``; EVERY: any step
-    can). Skipped: outputs with vLLM's own metrics (the final one), of requests not watched or
-    gone. Runs in the engine core on every step with hits (a quarter of the requests of
-    hard-wrapped text under a blank-line stop), so the whole step is one call and a token costs
-    one dict lookup; the token before the step is read only when the step's first token
-    needs it (vLLM appends a step's tokens to the request before it builds the step's output:
-    checked at both ends, and a mismatch assumes the step can). Without ``triggers`` (its table
-    not built yet: every watched request's trigger is EVERY) no character is known: any step can."""
+    ``Request``, from ``requests`` by id) and its trigger (``trigger_of``, or ``shared`` when every
+    watched request has that one; EVERY: any step can). Skipped: outputs of requests not watched
+    or gone, and those with vLLM's own metrics (the final one).
+
+    Runs in the engine core on every step with hits (a quarter of the requests of hard-wrapped
+    text under a blank-line stop, all false), so the whole step is one call, a hit's tokens are
+    tested with one ``in`` each before anything else is looked up, and the token before the step
+    is read only when the step's first token needs it (vLLM appends a step's tokens to the request
+    before it builds the step's output: checked at both ends, and a mismatch assumes the step
+    can). Without ``triggers`` (its table not built yet: every watched request's trigger is EVERY)
+    no character is known: any step can."""
     last_char: Sequence[str] = triggers._last_char if triggers is not None else ()
     found = []
     for output in hits:
-        if output.spec_decode_metrics is not None:
-            continue
-        rid = output.request_id
-        trigger = trigger_of.get(rid)
-        request = requests.get(rid)
-        if trigger is None or request is None:
+        trigger = shared or trigger_of.get(output.request_id)
+        if trigger is None:
             continue
         if trigger is not EVERY:
-            check = trigger.check  # type: ignore[union-attr]  # not EVERY (``is`` does not narrow)
+            ids, check = trigger.ids, trigger.check  # type: ignore[union-attr]  # not EVERY (``is`` does not narrow)
             new = output.new_token_ids
             before = -1  # the token before the current one (-1: before the step, not read yet)
             for token in new:
-                need = check.get(token, _MISS)
-                if need is not _MISS:
+                if token in ids:
+                    need = check[token]
                     if need is None:
                         break
                     if before < 0:
+                        request = requests.get(output.request_id)
+                        if request is None:
+                            break  # gone: dropped below
                         # The list, not vLLM's read-only view of it (whose indexing is a Python call).
                         history = request._output_token_ids
                         start = len(history) - len(new)
@@ -253,5 +256,9 @@ def completing(
                 before = token
             else:
                 continue  # no token of this step can complete one
+        rid = output.request_id
+        request = requests.get(rid)
+        if request is None or output.spec_decode_metrics is not None or rid not in trigger_of:
+            continue
         found.append((output, request, trigger))
     return found
