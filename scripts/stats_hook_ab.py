@@ -1,0 +1,133 @@
+"""A/B of the exact-stats hook's own code between worker trees, in one process over the same steps.
+
+Between processes the stats path's figures spread more than a small change moves them (on the
+H200 host vLLM's own tracking, the same code, ranged 30-65 µs at 256 streams in one afternoon),
+so this loads ``worker/stop_triggers.py`` and ``worker/spec_scheduler.py`` from each tree side by
+side and times each tree's ``update_from_output`` hook after vLLM's update has returned (the
+stand-in engine of the bench's ``stats_path`` part: vLLM's ``Request`` objects, the documentation
+text and tokenizer), alternating trees within every round:
+
+    .venv/bin/python scripts/stats_hook_ab.py --batch 256 --rounds 9 ../old-tree .
+
+Prints, per stop case and tree, min / median / max µs per step and the request-steps that got a
+snapshot (equal across trees, or one of them snapshots differently).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_MODULES = ("worker.stop_triggers", "worker.spec_scheduler")
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tree(root: Path, tokenizer: Any) -> tuple[type, Any]:
+    """The tree's hook class and its trigger table; its modules under the usual names while they
+    load (the scheduler imports the trigger module by name), the caller's afterwards."""
+    saved = {name: sys.modules.pop(name, None) for name in _MODULES}
+    try:
+        triggers = _load(root / "worker/stop_triggers.py", _MODULES[0])
+        scheduler = _load(root / "worker/spec_scheduler.py", _MODULES[1])
+    finally:
+        for name, module in saved.items():
+            if module is not None:
+                sys.modules[name] = module
+    return scheduler.SpecMetricsSnapshots, triggers.StopTriggers.from_tokenizer(tokenizer)
+
+
+def _time_hook(
+    hook: type, triggers: Any, stop: str | None, stream: list[int], size: int, steps: int
+) -> tuple[float, int]:
+    """µs per step of the hook after the stand-in update returns, and the snapshots it attached."""
+    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+    from vllm.v1.request import Request
+
+    from worker.tools.bench.stats_path import _step_tokens
+
+    k = 4
+    listed = []
+    for i in range(size):
+        request = Request(f"req-{i}", stream[:8], SamplingParams(stop=[stop] if stop else None), None)
+        request.spec_decode_metrics = RequestSpecDecodeMetrics.new(k)
+        listed.append(request)
+    flat = [EngineCoreOutput(r.request_id, []) for r in listed]
+    outputs = {0: EngineCoreOutputs(engine_index=0, outputs=flat)}
+    tokens = _step_tokens(stream, size=size, k=k, steps=steps)
+    returned = [0]
+
+    class Core:  # vLLM's scheduler reduced to its update; the clock starts when it returns
+        def __init__(self) -> None:
+            self.requests: dict[str, Any] = {}
+            self.step = 0
+
+        def add_request(self, request: Any) -> None:
+            self.requests[request.request_id] = request
+
+        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+            for output, new, request in zip(flat, tokens[self.step], listed, strict=True):
+                request.append_output_token_ids(new)
+                output.new_token_ids = new
+                output.spec_decode_metrics = None
+            returned[0] = time.perf_counter_ns()
+            return outputs
+
+    hooked: Any = type("Hooked", (hook, Core), {})()
+    hooked._triggers, hooked._triggers_started = triggers, True
+    for request in listed:
+        hooked.add_request(request)
+    elapsed = snapshots = 0
+    for step in range(steps):
+        hooked.step = step
+        hooked.update_from_output(None, None)
+        elapsed += time.perf_counter_ns() - returned[0]
+        snapshots += sum(o.spec_decode_metrics is not None for o in flat)
+    return elapsed / steps / 1000, snapshots
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trees", nargs="+", type=Path, help="worker trees (each holds worker/)")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    from worker.tools.bench.stats_path import STOP_CASES, _text_and_tokenizer, _without
+
+    text, tokenizer = _text_and_tokenizer()
+    hooks = {str(root): _tree(root, tokenizer) for root in args.trees}
+    streams = {stop: tokenizer.encode(_without(text, stop)).ids for stop in STOP_CASES.values()}
+    times: dict[tuple[str, str], list[float]] = {}
+    snapshots: dict[tuple[str, str], set[int]] = {}
+    for _ in range(args.rounds):
+        for label, stop in STOP_CASES.items():
+            for name, (hook, triggers) in hooks.items():
+                us, count = _time_hook(hook, triggers, stop, streams[stop], args.batch, args.steps)
+                times.setdefault((label, name), []).append(us)
+                snapshots.setdefault((label, name), set()).add(count)
+    for (label, name), values in times.items():
+        print(
+            f"{label:10} {name:30} min {min(values):7.1f}  median {statistics.median(values):7.1f}  "
+            f"max {max(values):7.1f} µs/step  snapshots {sorted(snapshots[label, name])}"
+        )
+
+
+if __name__ == "__main__":
+    main()
