@@ -47,6 +47,17 @@ def _completion(**body: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": "Once upon a time", "temperature": 0, **body}
 
 
+def test_the_pod_is_ready_only_once_every_api_process_is(pod: Pod) -> None:
+    # The fixture returned at the first /health 200. Each process boots its own engine client and
+    # logs when it is ready: both had by then (a process still booting answers 503 to requests),
+    # and /health on either process (fresh connections go to the less loaded one) says so.
+    assert pod.log.read_text().count("engine ready in") == 2
+    with httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        for _ in range(6):
+            response = client.get(pod.base + "/health")
+            assert response.status_code == 200 and response.json()["api_processes_ready"] == "2/2", response.text
+
+
 def test_the_pod_runs_two_api_processes_over_one_engine_core(pod: Pod) -> None:
     names = [cmdline(pid) for pid in descendants(pod.proc.pid)]
     assert sum("APIServer" in name for name in names) == 2, names

@@ -58,6 +58,25 @@ class _Shared:
 
     in_flight: MutableSequence[int]  # vLLM's SharedAdmissionStats slots
     window: WatchdogWindow
+    ready: MutableSequence[int]  # 1 in slot i once API process i has booted
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReadySlots:
+    """``worker.pod.ReadyPeers`` over the shared slots: each process writes only its own slot."""
+
+    slots: MutableSequence[int]
+    index: int
+
+    @property
+    def count(self) -> int:
+        return len(self.slots)
+
+    def mark_ready(self) -> None:
+        self.slots[self.index] = 1
+
+    def num_ready(self) -> int:
+        return sum(self.slots)
 
 
 def serve(settings: Settings) -> int:
@@ -106,6 +125,7 @@ def serve(settings: Settings) -> int:
     shared = _Shared(
         in_flight=context.RawArray("q", SharedAdmissionStats.num_counters(count)),
         window=WatchdogWindow.shared(settings.acceptance_watchdog_window, context),
+        ready=context.RawArray("b", count),
     )
     listeners = bind_engine_zmq_listeners(vllm_config, count)
     manager: Any = None
@@ -186,7 +206,7 @@ async def _serve_api_process(sock: socket.socket, settings: Settings, shared: _S
         shared_window=shared.window,
     )
     peers = SharedAdmissionStats({"mp_admission_counters": shared.in_flight}, count, index)
-    app = create_app(holder, peers=peers)
+    app = create_app(holder, peers=peers, ready_peers=_ReadySlots(shared.ready, index))
     config = uvicorn.Config(
         app,
         log_level=settings.log_level.lower(),

@@ -14,7 +14,10 @@ requests in flight). A dead engine or a failed boot makes the process exit with 
 client that disconnects aborts its engine request (vLLM's layer does that).
 
 With ``API_SERVER_COUNT`` > 1 this app runs in each of N API processes over one engine core
-(``worker/api_servers.py``), the in-flight count summed over all of them (``peers``).
+(``worker/api_servers.py``), the in-flight count summed over all of them (``peers``). Every
+process accepts connections from the start (so ``/health`` answers 503 while booting), and each
+boots its own engine client: ``/health`` answers 200 only once every process of the pod is
+ready (``ready_peers``), or a client routed by it would reach one still booting and get 503.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from worker.errors import AuthError, EngineBusy, InvalidRequest, RequestTooLarge
 from worker.metrics import is_multiprocess, render_metrics
 from worker.runtime import EngineHolder
 
-__all__ = ["FATAL_EXIT_DELAY_S", "InFlight", "create_app"]
+__all__ = ["FATAL_EXIT_DELAY_S", "InFlight", "ReadyPeers", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +170,32 @@ class InFlight(Protocol):
     def get_num_requests(self) -> int: ...
 
 
-def create_app(holder: EngineHolder, *, boot_on_startup: bool = True, peers: InFlight | None = None) -> ASGIApp:
+class ReadyPeers(Protocol):
+    """Which API processes of a pod have booted (a slot each in shared memory)."""
+
+    def mark_ready(self) -> None: ...
+
+    def num_ready(self) -> int: ...
+
+    @property
+    def count(self) -> int: ...
+
+
+def create_app(
+    holder: EngineHolder,
+    *,
+    boot_on_startup: bool = True,
+    peers: InFlight | None = None,
+    ready_peers: ReadyPeers | None = None,
+) -> ASGIApp:
     """The pod's app over ``holder``; ``peers``: the in-flight count shared with the other API
-    processes of the pod (``worker/api_servers.py``), for back-pressure over all of them."""
+    processes of the pod (``worker/api_servers.py``), for back-pressure over all of them;
+    ``ready_peers``: which of them have booted, for ``/health``."""
+
+    async def boot_engine() -> None:
+        await holder.openai()
+        if ready_peers is not None:
+            ready_peers.mark_ready()
 
     async def watch_engine(app: FastAPI) -> None:
         """A dead engine or a failed boot cannot recover in-process: exit non-zero so a supervisor
@@ -195,7 +221,7 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True, peers: InF
         app.state.fatal = False
         tasks: list[asyncio.Task[Any]] = []
         if boot_on_startup:
-            boot = asyncio.create_task(holder.openai())
+            boot = asyncio.create_task(boot_engine())
             boot.add_done_callback(lambda task: task.cancelled() or task.exception())  # errors show in /health
             tasks += [boot, asyncio.create_task(watch_engine(app))]
         if is_multiprocess():
@@ -212,6 +238,11 @@ def create_app(holder: EngineHolder, *, boot_on_startup: bool = True, peers: InF
     def health_response() -> JSONResponse:
         state = holder.state
         body: dict[str, Any] = {"status": state}
+        if ready_peers is not None:
+            num_ready = ready_peers.num_ready()
+            body["api_processes_ready"] = f"{num_ready}/{ready_peers.count}"
+            if state == "ready" and num_ready < ready_peers.count:
+                state = body["status"] = "booting"  # this process is ready, another is not yet
         if holder.boot_error is not None:
             body["error"] = holder.boot_error.message
         return JSONResponse(body, status_code=200 if state == "ready" else 503)
