@@ -54,41 +54,18 @@ def _time_hook(
     hook: type, triggers: Any, stop: str | None, stream: list[int], size: int, steps: int
 ) -> tuple[float, int]:
     """µs per step of the hook after the stand-in update returns, and the snapshots it attached."""
-    from vllm import SamplingParams
-    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
-    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
-    from vllm.v1.request import Request
+    from worker.tools.bench.stats_path import stand_in_engine
 
-    from worker.tools.bench.stats_path import _step_tokens
-
-    k = 4
-    listed = []
-    for i in range(size):
-        request = Request(f"req-{i}", stream[:8], SamplingParams(stop=[stop] if stop else None), None)
-        request.spec_decode_metrics = RequestSpecDecodeMetrics.new(k)
-        listed.append(request)
-    flat = [EngineCoreOutput(r.request_id, []) for r in listed]
-    outputs = {0: EngineCoreOutputs(engine_index=0, outputs=flat)}
-    tokens = _step_tokens(stream, size=size, k=k, steps=steps)
+    Core, listed, flat = stand_in_engine(size, k=4, steps=steps, stop=stop, stream=stream)
     returned = [0]
 
-    class Core:  # vLLM's scheduler reduced to its update; the clock starts when it returns
-        def __init__(self) -> None:
-            self.requests: dict[str, Any] = {}
-            self.step = 0
-
-        def add_request(self, request: Any) -> None:
-            self.requests[request.request_id] = request
-
+    class Timed(Core):  # type: ignore[valid-type,misc]  # the clock starts when vLLM's update returns
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-            for output, new, request in zip(flat, tokens[self.step], listed, strict=True):
-                request.append_output_token_ids(new)
-                output.new_token_ids = new
-                output.spec_decode_metrics = None
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
             returned[0] = time.perf_counter_ns()
             return outputs
 
-    hooked: Any = type("Hooked", (hook, Core), {})()
+    hooked: Any = type("Hooked", (hook, Timed), {})()
     hooked._triggers, hooked._triggers_started = triggers, True
     for request in listed:
         hooked.add_request(request)

@@ -35,7 +35,7 @@ import random
 import time
 from typing import Any
 
-__all__ = ["EVERY_STEP_CASE", "STOP_CASES", "bench_stats_path"]
+__all__ = ["EVERY_STEP_CASE", "STOP_CASES", "bench_stats_path", "stand_in_engine"]
 
 # Row key -> the stop string every request carries (None: no stop strings).
 STOP_CASES: dict[str, str | None] = {"no_stop": None, "all_stop": "\n\n", "agent_stop": "Observation:"}
@@ -86,31 +86,29 @@ def _step_tokens(stream: list[int], *, size: int, k: int, steps: int) -> list[li
     return out
 
 
-def _time_steps(
-    size: int, *, k: int, steps: int, stop: str | None, repeats: int, stream: list[int], triggers: Any
-) -> dict[str, float]:
-    """Microseconds per engine step of each piece, stats on minus stats off (minimum of ``repeats``)."""
+def stand_in_engine(
+    size: int, *, k: int, steps: int, stop: str | None, stream: list[int]
+) -> tuple[type, list[Any], list[Any]]:
+    """vLLM's scheduler reduced to taking requests and handing back this step's outputs, and
+    ``size`` of vLLM's own engine-core requests (with the metrics its scheduler gives them), each
+    streaming ``accepted + 1`` tokens a step from its own place in ``stream``, and their outputs
+    (the same objects every step). The hook under test subclasses the class;
+    ``scripts/stats_hook_ab.py`` uses it too."""
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
     from vllm.v1.request import Request
-    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS, SpecMetricsSnapshots
-
-    requests = {}
-    metrics = []
-    for i in range(size):  # vLLM's own engine-core requests, with the metrics its scheduler gives them
+    listed = []
+    for i in range(size):
         request = Request(f"req-{i}", stream[:8], SamplingParams(stop=[stop] if stop else None), None)
         request.spec_decode_metrics = RequestSpecDecodeMetrics.new(k)
-        metrics.append(request.spec_decode_metrics)
-        requests[request.request_id] = request
-    listed = list(requests.values())
-    flat = [EngineCoreOutput(rid, []) for rid in requests]
+        listed.append(request)
+    flat = [EngineCoreOutput(request.request_id, []) for request in listed]
     outputs = {0: EngineCoreOutputs(engine_index=0, outputs=flat)}
     tokens = _step_tokens(stream, size=size, k=k, steps=steps)
 
-    class Core:  # vLLM's scheduler, reduced to taking requests and handing back fresh outputs
+    class Core:
         def __init__(self) -> None:
             self.requests: dict[str, Any] = {}
             self.step = 0
@@ -125,7 +123,23 @@ def _time_steps(
                 output.spec_decode_metrics = None
             return outputs
 
-    class Hooked(SpecMetricsSnapshots, Core):
+    return Core, listed, flat
+
+
+def _time_steps(
+    size: int, *, k: int, steps: int, stop: str | None, repeats: int, stream: list[int], triggers: Any
+) -> dict[str, float]:
+    """Microseconds per engine step of each piece, stats on minus stats off (minimum of ``repeats``)."""
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS, SpecMetricsSnapshots
+
+    Core, listed, flat = stand_in_engine(size, k=k, steps=steps, stop=stop, stream=stream)
+    requests = {request.request_id: request for request in listed}
+    metrics = [request.spec_decode_metrics for request in listed]
+
+    class Hooked(SpecMetricsSnapshots, Core):  # type: ignore[valid-type,misc]  # a class made at run time
         pass
 
     plain, hooked = Core(), Hooked()
