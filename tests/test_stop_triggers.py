@@ -191,7 +191,7 @@ def _completes(
     far, ending with ``new``; ``prompt`` precedes it."""
     step = SimpleNamespace(request_id="r", new_token_ids=new, spec_decode_metrics=None)
     request = SimpleNamespace(_output_token_ids=history, prompt_token_ids=prompt)
-    return bool(completing([step], {"r": trigger}, {"r": request}, triggers))
+    return bool(completing([step], {"r": trigger}, {"r": request}))
 
 
 def test_trigger_sets() -> None:
@@ -205,6 +205,8 @@ def test_trigger_sets() -> None:
     assert blank.ids == {ids["\n"], ids["\n\n"]} | partial
     assert blank.needs == {ids["\n"]: {"\n"}}
     assert blank.check == {ids["\n"]: {"\n"}, ids["\n\n"]: None} | dict.fromkeys(partial)
+    # The ids that may come before "\n": those ending with "\n", and those whose last character is not known.
+    assert blank.after[ids["\n"]] == frozenset({ids["\n"], ids["\n\n"], ids[".\n"]} | partial)
     # ``history``: the output so far, ending with the step's tokens; the prompt before it.
     assert not _completes(triggers, blank, [ids["\n"]], [ids["a"], ids["\n"]], None)
     assert not _completes(triggers, blank, [ids["\n"]], [ids["\n"]], [ids["a"]])
@@ -214,6 +216,7 @@ def test_trigger_sets() -> None:
     assert _completes(triggers, blank, [ids["\n"]], [ids["\n"]], None), "nothing before: assume it can"
     assert _completes(triggers, blank, [ids["\n"]], [ids["x\ufffd"], ids["\n"]], None), "a partial piece: it can"
     assert _completes(triggers, blank, [ids["\n"]], [ids[".\n"], ids["a"]], None), "history not ending with the step"
+    assert _completes(triggers, blank, [ids["\n"]], [len(pieces) + 5, ids["\n"]], None), "an id past the table: it can"
     assert not _completes(triggers, blank, [ids["a"], ids["\n"]], [ids[".\n"], ids["a"], ids["\n"]], None)
     agent = _trigger_set(triggers, ["Observation:"])
     assert agent.ids == {ids[":"], ids["n:"], ids["tion:"]} | partial

@@ -169,7 +169,7 @@ class SpecMetricsSnapshots:
     def _on_triggers(self, hits: list[Any], shared: TriggerSet | None) -> None:
         """Steps of requests with stop strings that hit their trigger sets: snapshot those that
         can complete one (:func:`~worker.stop_triggers.completing`, one call for all of a step's hits)."""
-        for output, request, trigger in completing(hits, self._trigger_of, self.requests, self._triggers, shared):
+        for output, request, trigger in completing(hits, self._trigger_of, self.requests, shared):
             output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
             self._follow_held(output.request_id, trigger, output.new_token_ids)
 

@@ -48,8 +48,6 @@ _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 # Bound on the cache of trigger sets (one per distinct tuple of stop strings): a client sending
 # a new stop string with every request must not grow the engine core's memory without end.
 _MAX_CACHED = 128
-# What a token that is no trigger looks up to in ``TriggerSet.check`` (compared by identity).
-_MISS: Final = frozenset({""})
 
 
 class Every:
@@ -72,11 +70,15 @@ class TriggerSet:
     """The tokens that may complete one of a request's stop strings: ``check`` maps each to None
     when it may after any text (``always``) or to the characters one of which must come before it
     (``needs``: a token that begins with the end of ``"Observation:"``, say ``":"``, completes it
-    only after an ``"n"``), so a hit looks each token up once; ``ids`` its keys as a frozenset, so
-    the engine core's per-step test is one C-level ``isdisjoint``."""
+    only after an ``"n"``); ``after`` maps each to None or to the token ids that may come before
+    it (those ending with one of those characters, and those whose last character is not known),
+    so deciding a hit is set lookups only; ``ids`` its keys as a frozenset, so the engine core's
+    per-step test is one C-level ``isdisjoint``; ``known`` the ids ``after`` speaks for (below it)."""
 
     ids: frozenset[int]
     check: dict[int, frozenset[str] | None]
+    after: dict[int, frozenset[int] | None]
+    known: int
 
     @property
     def always(self) -> frozenset[int]:
@@ -122,10 +124,17 @@ class StopTriggers:
         self.silent: frozenset[int] = frozenset(silent_ids)
         # The character each token's text ends with, where it is sure ("" where it is not: empty,
         # partial or silent pieces, and ids past the pieces up to the model's vocabulary).
-        self._last_char = [
+        last_char = [
             "" if not piece or i in self.partial or i in self.silent else piece[-1] for i, piece in enumerate(pieces)
         ] + [""] * max(0, vocab_size - len(pieces))
+        self._known = len(last_char)
+        # Token ids by that character: the ids that may come before a token that needs one of
+        # some characters are those ending with one of them and those ending with "".
+        self._ending_with: dict[str, list[int]] = {}
+        for i, char in enumerate(last_char):
+            self._ending_with.setdefault(char, []).append(i)
         self._cache: dict[tuple[str, ...], TriggerSet | Every] = {}
+        self._after_cache: dict[frozenset[str], frozenset[int]] = {}
 
     @classmethod
     def from_tokenizer(cls, backend: Any, *, vocab_size: int = 0) -> StopTriggers:
@@ -156,6 +165,7 @@ class StopTriggers:
             found = self._build(key)
             if len(self._cache) >= _MAX_CACHED:
                 self._cache.clear()
+                self._after_cache.clear()
             self._cache[key] = found
         return found
 
@@ -175,7 +185,17 @@ class StopTriggers:
                         needs.setdefault(token, set()).add(before)
         check: dict[int, frozenset[str] | None] = dict.fromkeys(always)
         check.update((token, frozenset(chars)) for token, chars in needs.items() if token not in always)
-        return TriggerSet(ids=frozenset(check), check=check)
+        after = {token: None if need is None else self._ending_in(need) for token, need in check.items()}
+        return TriggerSet(ids=frozenset(check), check=check, after=after, known=self._known)
+
+    def _ending_in(self, chars: frozenset[str]) -> frozenset[int]:
+        """The ids whose text ends with one of ``chars`` or whose last character is not known."""
+        found = self._after_cache.get(chars)
+        if found is None:
+            ending = self._ending_with
+            found = frozenset(ending.get("", ())).union(*(ending.get(char, ()) for char in chars))
+            self._after_cache[chars] = found
+        return found
 
     def _containing(self, text: str) -> Iterable[int]:
         joined, starts = self._joined, self._starts
@@ -203,7 +223,6 @@ def completing(
     hits: Iterable[Any],
     trigger_of: Mapping[str, TriggerSet | Every],
     requests: Mapping[str, Any],
-    triggers: StopTriggers | None,
     shared: TriggerSet | None = None,
 ) -> list[tuple[Any, Any, TriggerSet | Every]]:
     """Of a step's ``hits`` (vLLM's ``EngineCoreOutput`` of requests whose new tokens hit their
@@ -214,25 +233,24 @@ def completing(
 
     Runs in the engine core on every step with hits (a quarter of the requests of hard-wrapped
     text under a blank-line stop, all false), so the whole step is one call, a hit's tokens are
-    tested with one ``in`` each before anything else is looked up, and the token before the step
-    is read only when the step's first token needs it (vLLM appends a step's tokens to the request
-    before it builds the step's output: checked at both ends, and a mismatch assumes the step
-    can). Without ``triggers`` (its table not built yet: every watched request's trigger is EVERY)
-    no character is known: any step can."""
-    last_char: Sequence[str] = triggers._last_char if triggers is not None else ()
+    tested with one ``in`` each before anything else is looked up, the token before a trigger is
+    tested with one more ``in`` (``TriggerSet.after``), and the token before the step is read only
+    when the step's first token needs it (vLLM appends a step's tokens to the request before it
+    builds the step's output: checked at both ends, and a mismatch or an id the table does not
+    know assumes the step can)."""
     found = []
     for output in hits:
         trigger = shared or trigger_of.get(output.request_id)
         if trigger is None:
             continue
         if trigger is not EVERY:
-            ids, check = trigger.ids, trigger.check  # type: ignore[union-attr]  # not EVERY (``is`` does not narrow)
+            ids, after = trigger.ids, trigger.after  # type: ignore[union-attr]  # not EVERY (``is`` does not narrow)
             new = output.new_token_ids
             before = -1  # the token before the current one (-1: before the step, not read yet)
             for token in new:
                 if token in ids:
-                    need = check[token]
-                    if need is None:
+                    may_follow = after[token]
+                    if may_follow is None:
                         break
                     if before < 0:
                         request = requests.get(output.request_id)
@@ -247,11 +265,9 @@ def completing(
                             before = request.prompt_token_ids[-1]
                         else:
                             break
-                    try:
-                        char = last_char[before]
-                    except IndexError:  # an id past the table: its character is not known
-                        break
-                    if not char or char in need:
+                        if not 0 <= before < trigger.known:  # type: ignore[union-attr]
+                            break
+                    if before in may_follow:
                         break
                 before = token
             else:
