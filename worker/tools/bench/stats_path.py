@@ -11,9 +11,10 @@ path adds to each engine step instead, with vLLM's own types and serialiser:
   ``Request`` objects (whose ``output_token_ids`` is a read-only view: slicing it is a Python call);
 - the snapshots' transport: vLLM's msgpack encode in the engine core and decode in the frontend.
 
-The hook is timed from the moment the stand-in update returns; the transport with snapshots and
-without run alternately over the same steps; each several times (the minimum is kept, as
-``timeit`` does). For the n-gram drafts (vLLM's synchronous scheduler) all of it sits on the
+The hook is timed from the moment the stand-in update returns, several times (the minimum is
+kept, as ``timeit`` does); the transport is each step with snapshots encoded and decoded with and
+without them in turn (the median of the runs is kept); the cyclic collector is off while timing,
+as in ``timeit``. For the n-gram drafts (vLLM's synchronous scheduler) all of it sits on the
 engine core's critical path, so its share of a step bounds the throughput it costs; with the
 async scheduler it overlaps the GPU.
 
@@ -32,7 +33,9 @@ the table existed), so a run gives before / after side by side.
 
 from __future__ import annotations
 
+import gc
 import random
+import statistics
 import time
 from typing import Any
 
@@ -132,12 +135,10 @@ def stand_in_engine(
 def _time_steps(
     size: int, *, k: int, steps: int, stop: str | None, repeats: int, stream: list[int], triggers: Any
 ) -> dict[str, float]:
-    """Microseconds per engine step of each piece (minimum of ``repeats``): vLLM's tracking and the hook
-    timed alone, the transport with snapshots minus without."""
-    from vllm.v1.engine import EngineCoreOutputs
-    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+    """Microseconds per engine step of each piece: vLLM's tracking and the hook timed alone (minimum
+    of ``repeats``), the transport with snapshots minus without (median of ``repeats``)."""
 
-    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS, SpecMetricsSnapshots
+    from worker.spec_scheduler import SpecMetricsSnapshots
 
     Core, listed, flat = stand_in_engine(size, k=k, steps=steps, stop=stop, stream=stream)
     requests = {request.request_id: request for request in listed}
@@ -146,14 +147,34 @@ def _time_steps(
     class Hooked(SpecMetricsSnapshots, Core):  # type: ignore[valid-type,misc]  # a class made at run time
         pass
 
-    plain, hooked = Core(), Hooked()
+    hooked = Hooked()
     hooked._triggers, hooked._triggers_started = triggers, True
     for request in requests.values():
-        plain.add_request(request)
         hooked.add_request(request)
+    # The cyclic collector off while timing, as ``timeit`` does: its passes over the growing
+    # request histories landed in whichever piece was timed then (vLLM freezes the engine core's
+    # start-up objects out of them; this process has no such freeze).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _timed(hooked, flat, metrics, k=k, steps=steps, size=size, repeats=repeats)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _timed(
+    hooked: Any, flat: list[Any], metrics: list[Any], *, k: int, steps: int, size: int, repeats: int
+) -> dict[str, float]:
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
+
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
     accepted = [i % (k + 1) for i in range(steps)]
-    best = {name: float("inf") for name in ("observe", "hook", "transport_on", "transport_off")}
+    best = {name: float("inf") for name in ("observe", "hook")}
+    transport: list[int] = []
     snapshot_rate = 0.0
     for _ in range(repeats):
         started = time.perf_counter_ns()
@@ -170,23 +191,35 @@ def _time_steps(
             hooked.update_from_output(None, None)
             elapsed += time.perf_counter_ns() - hooked.returned
         best["hook"] = min(best["hook"], elapsed)
-        for name, scheduler in (("transport_on", hooked), ("transport_off", plain)):
-            elapsed = snapshots = 0
-            for step in range(steps):
-                scheduler.step = step
-                step_outputs = scheduler.update_from_output(None, None)
-                snapshots += sum(o.spec_decode_metrics is not None for o in flat)
+        # The transport: each step with a snapshot encoded and decoded with its snapshots and
+        # without them, in turn (a step without one is the same bytes either way: no cost). Paired
+        # per step, as two passes' totals differed by more than the snapshots cost.
+        elapsed = snapshots = 0
+        for step in range(steps):
+            hooked.step = step
+            step_outputs = hooked.update_from_output(None, None)[0]
+            taken = [o.spec_decode_metrics for o in flat]
+            count = len(taken) - taken.count(None)
+            if not count:
+                continue
+            snapshots += count
+            for with_snapshots in (step % 2 == 0, step % 2 == 1):
+                if not with_snapshots:
+                    for o in flat:
+                        o.spec_decode_metrics = None
                 started = time.perf_counter_ns()
-                decoder.decode(encoder.encode(step_outputs[0]))
-                elapsed += time.perf_counter_ns() - started
-            best[name] = min(best[name], elapsed)
-            if name == "transport_on":
-                snapshot_rate = snapshots / (steps * size)
+                decoder.decode(encoder.encode(step_outputs))
+                spent = time.perf_counter_ns() - started
+                elapsed += spent if with_snapshots else -spent
+                for o, m in zip(flat, taken, strict=True):
+                    o.spec_decode_metrics = m
+        transport.append(elapsed)
+        snapshot_rate = snapshots / (steps * size)
     per_step = {name: value / steps / 1000 for name, value in best.items()}
     costs = {
         "observe_us": per_step["observe"],
         "hook_us": per_step["hook"],
-        "transport_us": per_step["transport_on"] - per_step["transport_off"],
+        "transport_us": statistics.median(transport) / steps / 1000,
     }
     costs["total_us"] = sum(costs.values())
     costs["snapshot_rate"] = snapshot_rate
