@@ -99,8 +99,15 @@ def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> 
     lines = [
         "### Cost of the exact-stats path per engine step (CPU time, timed directly)",
         "",
-        f"vLLM's types and serialiser, {stats['steps']} steps, minimum of {stats['repeats']} alternating runs, "
-        f"k={stats['k']}; stats on minus stats off. Every request gets a snapshot "
+        f"vLLM's types and serialiser, {stats['steps']} steps, k={stats['k']}; "
+        + (
+            f"vLLM's tracking and the hook timed alone (minimum of {stats['repeats']} runs), the transport "
+            f"with snapshots minus without, paired per step (median of {stats['repeats']} runs), the cyclic "
+            "collector off"
+            if stats.get("hook_timed") == "directly"
+            else f"minimum of {stats['repeats']} alternating runs, stats on minus stats off"
+        )
+        + ". Every request gets a snapshot "
         + (f"every {stats['snapshot_every_steps']} steps" if stats.get("snapshot_every_steps") else "periodically")
         + (
             f"; one with stop strings also on each step that can complete one ({stats['text']})"
