@@ -231,8 +231,10 @@ def test_smoke_run_of_the_in_process_parts(tmp_path: Path, subprocess_env: dict[
     assert [r["batch"] for r in results["stats_path"]["rows"]] == [1, 2]
     assert all(_positive(r["all_stop"]["observe_us"]) for r in results["stats_path"]["rows"])
     assert all(_positive(r[case]["hook_us"]) for r in results["stats_path"]["rows"] for case in r if case != "batch")
-    # Without the trigger table every request-step of a request with stop strings gets a snapshot.
-    assert all(r["all_stop_every_step"]["snapshot_rate"] == 1.0 for r in results["stats_path"]["rows"])
+    # Requests end only where their text has the stop string, and each end's abort is answered.
+    assert all(r["all_stop"]["ends_per_step"] == 0 for r in results["stats_path"]["rows"])
+    ending = [r["all_stop_ending"] for r in results["stats_path"]["rows"]]
+    assert all(c["ends_per_step"] > 0 and _positive(c["ends_us"]) for c in ending)
     markdown = (out / "bench.md").read_text()
     assert "Handler overhead" in markdown and "python -m worker bench --smoke" in markdown
     assert "Cost of the exact-stats path per engine step" in markdown
@@ -356,6 +358,9 @@ def test_stats_off_baseline_keeps_the_exactness_check_on_the_measured_engine(
     exact = overhead["spec_exact"]
     assert exact["with_spec_decode"] == exact["requests"] and exact["per_request_sum"]["num_draft_tokens"] > 0
     assert exact["equal"], exact
+    # With a stop string: the per-request counts plus the steps taken off past each stop string.
+    stopped = exact["with_stop"]
+    assert stopped["equal"] and stopped["partial"] == 0 and stopped["with_spec_decode"] == stopped["requests"], stopped
 
 
 def test_a_partial_overhead_run_says_so() -> None:

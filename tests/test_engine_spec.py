@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from tests.helpers import boot_engine
+from tests.helpers import assert_engine_empties, boot_engine
 from worker.schema import SpecDecodeStats, StreamChunk, parse_request
 
 PROMPTS = [
@@ -117,6 +118,67 @@ async def test_a_stop_string_request_reports_exactly_the_counts_of_the_steps_it_
         assert by_stop.spec_decode.model_dump() == by_length.spec_decode.model_dump(), stop
         checked += 1
     assert checked >= 3
+
+
+def _aborts(engine: Any, monkeypatch: pytest.MonkeyPatch, *, delay_s: float | None) -> None:
+    """Hold back the frontend's aborts of requests it ended on a stop string by ``delay_s`` (None:
+    never send them): the engine core runs on past the stop string meanwhile, or ends the request
+    itself (max_tokens, EOS)."""
+    core = engine.llm.engine_core
+    send = core.abort_requests_async
+
+    async def held_back(request_ids: list[str]) -> None:
+        if delay_s is not None:
+            await asyncio.sleep(delay_s)
+            await send(request_ids)
+
+    monkeypatch.setattr(core, "abort_requests_async", held_back)
+
+
+@pytest.mark.slow
+async def test_steps_the_core_ran_past_a_stop_string_are_taken_off(
+    spec_engine: tuple[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The abort lands 40 ms late: the core has run several steps past the stop string (or ended
+    # the request on max_tokens: the second length), and its answer must lead to the same counts.
+    _, engine = spec_engine
+    processor = engine.llm.output_processor
+    before = processor.outcomes.copy()
+    _aborts(engine, monkeypatch, delay_s=0.04)
+    checked = 0
+    for stop, max_tokens in [("seven", 200), (",", 200), (" five", 200), ("ix", 24), ("t", 20)]:
+        params = {"temperature": 0, "max_tokens": max_tokens, "stop": [stop]}
+        by_stop = (await run(engine, {"prompt": PROMPTS[-1], "sampling_params": params}))[-1]
+        if by_stop.finish_reason != "stop" or by_stop.stop_reason != stop:
+            continue
+        assert by_stop.usage is not None and by_stop.spec_decode is not None
+        params = {"temperature": 0, "max_tokens": by_stop.usage.completion_tokens}
+        by_length = (await run(engine, {"prompt": PROMPTS[-1], "sampling_params": params}))[-1]
+        assert by_length.spec_decode is not None
+        assert by_stop.spec_decode.model_dump() == by_length.spec_decode.model_dump(), stop
+        checked += 1
+    assert checked >= 3
+    outcomes = processor.outcomes - before
+    assert outcomes["exact"] == checked and not outcomes["partial"]
+    assert outcomes["outputs taken off"] >= checked, outcomes
+
+
+@pytest.mark.slow
+async def test_without_the_core_s_answer_a_stop_string_ends_with_partial_counts(
+    default_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The abort never reaches the core, so no answer comes: the final output is released after
+    # the wait with the last periodic snapshot (if any), marked partial, and the request ends.
+    processor = default_engine.llm.output_processor
+    before = processor.outcomes.copy()
+    monkeypatch.setattr(processor, "wait_s", 0.3)
+    _aborts(default_engine, monkeypatch, delay_s=None)
+    params = {"temperature": 0, "max_tokens": 40, "stop": ["seven"]}
+    final = (await run(default_engine, {"prompt": PROMPTS[-1], "sampling_params": params}))[-1]
+    assert final.finish_reason == "stop" and final.stop_reason == "seven"
+    assert final.spec_decode is None or final.spec_decode.partial
+    assert (processor.outcomes - before)["partial"] == 1 and not processor._held
+    await assert_engine_empties(default_engine)  # the core ends the request itself (max_tokens)
 
 
 @pytest.mark.slow

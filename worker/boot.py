@@ -30,7 +30,7 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 
 import worker.media  # noqa: F401  (registers the media connector engine_environment selects)
-from worker import modelinfo
+from worker import modelinfo, spec_frontend
 from worker.config import DeploymentMode, Settings
 from worker.draft_check import check_draft_compatible
 from worker.engine import Engine, one_line
@@ -146,6 +146,9 @@ def create_engine(
         vllm_config = build_config(settings, mode=mode, api_process_count=count, api_process_rank=index)
         log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
+        if vllm_config.scheduler_config.scheduler_cls in (SpecMetricsScheduler, SpecMetricsAsyncScheduler):
+            # The frontend half: a stop string's final output waits for the core's exact counts.
+            spec_frontend.install(llm)
     except WorkerError:
         raise
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it

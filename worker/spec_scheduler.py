@@ -1,212 +1,243 @@
 """The engine-core side of exact per-request stats: vLLM's schedulers, subclassed.
 
-vLLM attaches a request's spec-decode metrics only to the engine core's final output, so a request
-finished by a stop string (detected in the frontend) or cancelled gets none. These subclasses make
-the core attach snapshots: for a request with stop strings, on each step that can complete one
-(:mod:`worker.stop_triggers`), and for every request every ``SNAPSHOT_EVERY_STEPS`` steps (what a
-cancelled request reports); the frontend keeps the latest. vLLM turns async scheduling off for
-n-gram drafts (then ``SpecMetricsScheduler``) and keeps it for draft models
-(``SpecMetricsAsyncScheduler``).
+vLLM attaches a request's spec-decode metrics only to the engine core's final output. Two endings
+get none: a stop string, which vLLM's frontend detects and then aborts the request in the core
+(which has run a step or more past it by then and sends nothing back), and a cancellation.
+
+- A stop string: these subclasses answer the abort. The answer is one output with the request's
+  counts as the core let go of it and the shape of its last steps, its *tail*: for each recent
+  step that yielded it tokens, how many drafts that step verified, or that it verified none. The
+  frontend (:mod:`worker.spec_frontend`) knows how many of those steps came after the stop string
+  (it saw their outputs, and dropped them), and takes them off. A request the core finished itself
+  (EOS, ``max_tokens``) after the frontend's stop string is answered the same way when the abort
+  comes, for ``_RING`` steps.
+- A cancellation: every request gets a snapshot of its counts every ``SNAPSHOT_EVERY_STEPS``
+  steps; the frontend keeps the latest (what a cancelled request reports, marked partial).
+
+Per request per step nothing is done: a step appends its scheduler output to a short ring (what
+a tail is read from, only when an abort is answered), and while requests with stop strings run,
+takes the step's token counts per request (one C-level ``map``: what a request finished in the
+core yielded before vLLM trimmed it). vLLM turns async scheduling off for n-gram drafts (then
+``SpecMetricsScheduler``) and keeps it for draft models (``SpecMetricsAsyncScheduler``).
 """
 
 from __future__ import annotations
 
 import collections
-import logging
-import threading
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
-
-from worker.stop_triggers import EVERY, Every, StopTriggers, TriggerSet, completing
+from vllm.v1.request import RequestStatus
 
 __all__ = [
+    "FINAL_ACCEPTED_KEY",
+    "NOT_VERIFIED",
     "SNAPSHOT_EVERY_STEPS",
+    "TAIL_KEY",
+    "TAIL_STEPS",
+    "UNKNOWN",
     "SpecMetricsAsyncScheduler",
     "SpecMetricsScheduler",
     "SpecMetricsSnapshots",
-    "stop_triggers",
 ]
 
-log = logging.getLogger(__name__)
-
 # Engine steps between snapshots of every request: a cancelled request then reports counts at
-# most this many steps old (marked partial); exact endings need no periodic snapshot.
+# most this many steps old (marked partial); a stop string's ending is exact without them.
 SNAPSHOT_EVERY_STEPS = 64
-# The per-step test of an output no request watches: no trigger in it.
-_UNWATCHED = frozenset[int]().isdisjoint
+# Steps of a request an answer describes (newest first): how far behind the core the frontend's
+# stop string may be. Steps kept in the ring: those, plus the steps since a request the core
+# finished itself ended (its abort can come that much later).
+TAIL_STEPS = 8
+_RING = 2 * TAIL_STEPS
+# A tail step that verified no drafts (it yielded one token), and one whose shape the ring cannot
+# tell (a prefill chunk or a recomputation after a preemption): the frontend stops there.
+NOT_VERIFIED = -1
+UNKNOWN = -2
+# The answer's payload, in the output's ``kv_transfer_params``: vLLM sends no output for an aborted
+# request, so none of its own fields is in use on this one, which only the worker's frontend reads.
+TAIL_KEY = "spec_decode_tail"
+FINAL_ACCEPTED_KEY = "spec_decode_final_accepted"
 
 
-def stop_triggers(tokenizer: Any, *, vocab_size: int) -> StopTriggers | None:
-    """The trigger table for the tokenizers vLLM's frontend detokenizes with its fast path
-    (``FastIncrementalDetokenizer``, over ``tokenizer._tokenizer``); None for the others, whose
-    requests then keep a snapshot on every step."""
-    from vllm.v1.engine.detokenizer import uses_fast_detokenizer
+@dataclasses.dataclass(slots=True)
+class _Ended:
+    """A request with stop strings that the core finished itself: what answers its abort, if the
+    frontend's stop string came first."""
 
-    if tokenizer is None or not uses_fast_detokenizer(tokenizer):
-        return None
-    return StopTriggers.from_tokenizer(tokenizer._tokenizer, vocab_size=vocab_size)
+    client_index: int
+    metrics: RequestSpecDecodeMetrics
+    step: int  # the step that finished it (the newest of its tail)
+    final_accepted: int | None  # drafts accepted in that step (None: not known, or not verified)
 
 
 class SpecMetricsSnapshots:
-    """Scheduler mixin: attach snapshots of requests' spec-decode metrics to non-final outputs.
-
-    vLLM attaches a request's metrics only to the output on which the engine core finishes it.
-    A request with stop strings may be finished by the frontend instead (which detects them), so
-    it gets a snapshot on each step whose tokens can complete one of its stop strings (its
-    trigger set, :class:`StopTriggers`): its final output then carries the counts up to and
-    including its last step. Every request gets one every ``SNAPSHOT_EVERY_STEPS`` steps, for
-    what a cancelled request reports. This runs once per request per step inside the engine
-    core's loop, so it stays cheap: between periodic steps it looks only at the outputs of
-    requests with stop strings (one dict lookup and one ``isdisjoint`` of the step's few token
-    ids against the request's trigger set; nothing at all when no such request runs), and a
-    snapshot is one small copy: the core goes on mutating the live object (the next step may run
-    while the output thread still serialises this one).
-
-    The trigger table is built from the tokenizer on a background thread at the first request
-    with stop strings; requests added before it is ready get a snapshot on every step, as do
-    requests on tokenizers vLLM detokenizes with its slow path.
-    """
+    """Scheduler mixin: answer the abort of a request with stop strings with its counts and tail,
+    and snapshot every request's counts every ``SNAPSHOT_EVERY_STEPS`` steps."""
 
     requests: dict[str, Any]
     _num_steps = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Requests with stop strings (added since the last periodic step, which prunes the
-        # finished ones): id -> the ``isdisjoint`` of the token ids whose presence in a step's
-        # output may complete one (a bound C method: the per-step test is one call), and id ->
-        # that trigger (EVERY: every step is one, e.g. while the detokenizer holds text back).
-        self._watch: dict[str, Callable[[list[int]], bool]] = {}
-        self._trigger_of: dict[str, TriggerSet | Every] = {}
-        # How many watched requests have each trigger, and the one they all share (None: none
-        # watched, several, or EVERY): then the per-step test needs no lookup by request id.
-        self._trigger_count: collections.Counter[TriggerSet | Every] = collections.Counter()
-        self._shared: TriggerSet | None = None
-        # Requests whose text ends inside a character: their own trigger, restored once a step
-        # ends on a whole character.
-        self._held: dict[str, TriggerSet | Every] = {}
-        self._triggers: StopTriggers | None = None
-        self._triggers_started = False
+        # Of the last _RING steps the core processed: (step number, and from vLLM's scheduler output
+        # the tokens scheduled per request, the drafts, those a grammar invalidated).
+        self._ring: collections.deque[tuple[int, dict[str, int], dict[str, list[int]], Any]] = collections.deque(
+            maxlen=_RING
+        )
+        self._with_stops: set[str] = set()  # requests with stop strings in the core
+        self._ended: dict[str, _Ended] = {}
+        self._ended_order: collections.deque[tuple[int, str]] = collections.deque()
+        self._answers: list[tuple[int, EngineCoreOutput]] = []  # to send with the next step's outputs
+        # While vLLM's update runs: the model output, and each request's token count before vLLM
+        # trimmed it at a stop (EOS, max_tokens).
+        self._model_output: Any = None
+        self._yielded: list[int] | None = None
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)  # type: ignore[misc]
         params = request.sampling_params
         if params is not None and params.stop and request.spec_decode_metrics is not None:
-            stops = [params.stop] if isinstance(params.stop, str) else params.stop
-            triggers = self._triggers
-            if triggers is None and not self._triggers_started:
-                self._start_triggers()
-            rid = request.request_id
-            if triggers is None:
-                self._set_trigger(rid, EVERY)
-                return
-            self._set_trigger(rid, triggers.for_stops(stops))
-            prompt = request.prompt_token_ids
-            if prompt is None or triggers.ends_inside_character(prompt[-16:]) is not False:
-                # The detokenizer holds back a prompt that ends inside a character and releases
-                # it with the first tokens: held from the start.
-                self._update_held(rid, True)
-
-    def _set_trigger(self, rid: str, trigger: TriggerSet | Every | None) -> None:
-        """Watch ``rid`` with ``trigger`` (None: stop watching it)."""
-        count = self._trigger_count
-        old = self._trigger_of.pop(rid, None)
-        if old is not None:
-            count[old] -= 1
-            if not count[old]:
-                del count[old]
-        if trigger is None:
-            self._watch.pop(rid, None)
-        else:
-            self._trigger_of[rid] = trigger
-            self._watch[rid] = trigger.isdisjoint if isinstance(trigger, Every) else trigger.ids.isdisjoint
-            count[trigger] += 1
-        only = next(iter(count)) if len(count) == 1 else None
-        self._shared = only if isinstance(only, TriggerSet) else None
-
-    def _start_triggers(self) -> None:
-        self._triggers_started = True
-        manager = getattr(self, "structured_output_manager", None)
-        tokenizer = getattr(manager, "tokenizer", None)
-        vocab_size = self.vllm_config.model_config.get_vocab_size()  # type: ignore[attr-defined]
-
-        def build() -> None:
-            try:
-                self._triggers = stop_triggers(tokenizer, vocab_size=vocab_size)
-            except Exception:  # the every-step snapshots stay: exact, only dearer
-                log.exception("stop-string trigger table not built; snapshots on every step stay")
-
-        threading.Thread(target=build, name="stop-triggers", daemon=True).start()
+            self._with_stops.add(request.request_id)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        if self._with_stops:
+            self._model_output = model_runner_output
+            sampled = getattr(model_runner_output, "sampled_token_ids", None)
+            self._yielded = list(map(len, sampled)) if sampled else None
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
-        self._num_steps += 1
-        if self._num_steps % SNAPSHOT_EVERY_STEPS == 0:
+        self._model_output = self._yielded = None
+        step = self._num_steps = self._num_steps + 1
+        self._ring.append(
+            (
+                step,
+                scheduler_output.num_scheduled_tokens,
+                scheduler_output.scheduled_spec_decode_tokens,
+                scheduler_output.num_invalid_spec_tokens,
+            )
+        )
+        if self._answers:
+            self._send_answers(outputs)
+        order = self._ended_order
+        if order and order[0][0] <= step - _RING:
+            while order and order[0][0] <= step - _RING:
+                self._ended.pop(order.popleft()[1], None)
+        if step % SNAPSHOT_EVERY_STEPS == 0:
             self._snapshot_all(outputs)
-            return outputs
-        watch = self._watch
-        if not watch:
-            return outputs
-        shared = self._shared
-        for engine_outputs in outputs.values():
-            if shared is not None:
-                # One trigger set for every watched request (all of an agent's requests carry the
-                # same stop strings): one C-level test per output, unwatched ones included (a hit
-                # of theirs is dropped in _on_triggers).
-                isdisjoint = shared.ids.isdisjoint
-                hits = [o for o in engine_outputs.outputs if not isdisjoint(o.new_token_ids)]
-            else:
-                get = watch.get
-                hits = [o for o in engine_outputs.outputs if not get(o.request_id, _UNWATCHED)(o.new_token_ids)]
-            if hits:
-                self._on_triggers(hits, shared)
         return outputs
 
-    def _on_triggers(self, hits: list[Any], shared: TriggerSet | None) -> None:
-        """Steps of requests with stop strings that hit their trigger sets: snapshot those that
-        can complete one (:func:`~worker.stop_triggers.completing`, one call for all of a step's hits)."""
-        for output, request, trigger in completing(hits, self._trigger_of, self.requests, shared):
-            output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
-            self._follow_held(output.request_id, trigger, output.new_token_ids)
+    def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus) -> Any:
+        if finished_status == RequestStatus.FINISHED_ABORTED and request_ids is not None:
+            request_ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+            with_stops, ended_ones = self._with_stops, self._ended
+            for rid in request_ids:
+                if rid in with_stops:
+                    request = self.requests[rid]
+                    running = request.status == RequestStatus.RUNNING
+                    tail = self._tail(rid, until=self._num_steps) if running else [UNKNOWN]
+                    self._answer(
+                        request.client_index, rid, request.spec_decode_metrics, tail, ended=False, final_accepted=None
+                    )
+                elif ended_ones and (ended := ended_ones.pop(rid, None)) is not None:
+                    tail = self._tail(rid, until=ended.step)
+                    self._answer(
+                        ended.client_index, rid, ended.metrics, tail, ended=True, final_accepted=ended.final_accepted
+                    )
+        return super().finish_requests(request_ids, finished_status)  # type: ignore[misc]
 
-    def _follow_held(self, rid: str, trigger: TriggerSet | Every, new: list[int]) -> None:
-        """Hold a request on every step while its text may be held back; release it after."""
-        triggers = self._triggers
-        # Only a step with a piece of a character (in every trigger set's ``always``), or a step
-        # of a request held already (whose trigger is EVERY), can change what is held.
-        if triggers is not None and (trigger is EVERY or not triggers.partial.isdisjoint(new)):
-            self._update_held(rid, triggers.ends_inside_character(new))
+    def _free_request(self, request: Any, delay_free_blocks: bool = False) -> Any:
+        # vLLM's one exit for every finished request (a private method: vLLM is pinned).
+        if self._with_stops and request.request_id in self._with_stops:
+            self._with_stops.discard(request.request_id)
+            if request.status != RequestStatus.FINISHED_ABORTED:
+                self._remember_end(request)
+        return super()._free_request(request, delay_free_blocks)  # type: ignore[misc]
 
-    def _update_held(self, rid: str, held: bool | None) -> None:
-        if held:
-            if rid not in self._held:
-                self._held[rid] = self._trigger_of[rid]
-                self._set_trigger(rid, EVERY)
-        elif held is False and rid in self._held:
-            self._set_trigger(rid, self._held.pop(rid))
+    def has_requests(self) -> bool:
+        # Answers wait for a step to carry them: one for a request the core had already finished
+        # (its abort frees nothing, so vLLM's own check would let an idle core sleep).
+        return bool(self._answers) or super().has_requests()  # type: ignore[misc]
+
+    def _remember_end(self, request: Any) -> None:
+        """The core finished a request with stop strings itself: keep what answers its abort."""
+        rid = request.request_id
+        step = self._num_steps + 1  # the step being processed
+        final_accepted = None
+        output, yielded = self._model_output, self._yielded
+        if output is not None and yielded is not None:
+            index = output.req_id_to_index.get(rid)
+            if index is not None and index < len(yielded):
+                final_accepted = yielded[index] - 1
+        self._ended[rid] = _Ended(request.client_index, request.spec_decode_metrics, step, final_accepted)
+        self._ended_order.append((step, rid))
+
+    def _tail(self, rid: str, *, until: int) -> list[int]:
+        """What each of the request's last steps up to step ``until`` verified, newest first: the
+        drafts it verified (vLLM's count: less those a grammar invalidated), NOT_VERIFIED, or
+        UNKNOWN (where the walk stops)."""
+        tail: list[int] = []
+        for step, scheduled, spec, invalid in reversed(self._ring):
+            if step > until:
+                continue
+            num_tokens = scheduled.get(rid)
+            if num_tokens is None:
+                continue
+            drafts = spec.get(rid)
+            if num_tokens != 1 + (len(drafts) if drafts else 0):  # not a decode step
+                tail.append(UNKNOWN)
+                break
+            if drafts:
+                tail.append(len(drafts) - invalid.get(rid, 0) if invalid else len(drafts))
+            else:
+                tail.append(NOT_VERIFIED)
+            if len(tail) == TAIL_STEPS:
+                break
+        return tail
+
+    def _answer(
+        self, client_index: int, rid: str, metrics: Any, tail: list[int], *, ended: bool, final_accepted: int | None
+    ) -> None:
+        """Queue the answer to an abort. ``ended``: the core finished the request itself, in the
+        newest step of ``tail``, which then verified ``final_accepted`` accepted drafts (None: not
+        known): vLLM trimmed that step's tokens at the stop, so the frontend cannot count them."""
+        payload: dict[str, Any] = {TAIL_KEY: tail}
+        if ended:
+            payload[FINAL_ACCEPTED_KEY] = final_accepted
+        answer = EngineCoreOutput(
+            request_id=rid,
+            new_token_ids=[],
+            finish_reason=FinishReason.ABORT,
+            spec_decode_metrics=metrics,  # the request's own: it has finished, nothing changes it now
+            kv_transfer_params=payload,
+        )
+        self._answers.append((client_index, answer))
+
+    def _send_answers(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        for client_index, answer in self._answers:
+            engine_outputs = outputs.get(client_index)
+            if engine_outputs is None:
+                outputs[client_index] = EngineCoreOutputs(outputs=[answer])
+            else:
+                engine_outputs.outputs.append(answer)
+        self._answers = []
 
     def _snapshot_all(self, outputs: Any) -> None:
-        requests, watch, trigger_of = self.requests, self._watch, self._trigger_of
+        requests = self.requests
         for engine_outputs in outputs.values():
             for output in engine_outputs.outputs:
                 if output.spec_decode_metrics is None:  # else vLLM's own, on the final output
                     request = requests.get(output.request_id)
                     if request is not None and request.spec_decode_metrics is not None:
                         output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
-                trigger = trigger_of.get(output.request_id)
-                if trigger is not None:
-                    self._follow_held(output.request_id, trigger, output.new_token_ids)
-        for rid in watch.keys() - requests.keys():
-            self._set_trigger(rid, None)
-            self._held.pop(rid, None)
 
 
 def _snapshot(m: RequestSpecDecodeMetrics | None) -> RequestSpecDecodeMetrics | None:
-    # Positional fields: a quarter of ``dataclasses.replace``'s cost.
+    # Positional fields: a quarter of ``dataclasses.replace``'s cost. A copy: the core goes on
+    # mutating the live object (the next step may run while the output thread serialises this one).
     if m is None:
         return None
     return RequestSpecDecodeMetrics(

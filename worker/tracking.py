@@ -67,7 +67,9 @@ class RequestTracker:
             return self._end.spec_decode
         metrics = getattr(completion, "spec_decode_metrics", None)
         finish_reason = completion.finish_reason if completion is not None else "stop"
-        spec = None if metrics is None else stats_from_vllm(metrics, is_partial=finish_reason == "abort")
+        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.spec_frontend).
+        is_partial = finish_reason == "abort" or getattr(metrics, "partial", False)
+        spec = None if metrics is None else stats_from_vllm(metrics, is_partial=is_partial)
         # Observers hear of the end now, not when the consumer gets round to closing the stream.
         self._tell(RequestEnd(self.request_id, "finished", finish_reason, spec, self._ttft(), self.num_tokens))
         return spec

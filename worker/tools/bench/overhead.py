@@ -4,6 +4,8 @@ config, against an identical engine without the exact-stats path)."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import statistics
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -173,14 +175,55 @@ async def _spec_exactness(
     engine: Engine, settings: Settings, job: dict[str, Any], *, requests: int = 16
 ) -> dict[str, Any]:
     """Concurrent handler jobs on a speculating engine: their per-request ``spec_decode`` summed,
-    against vLLM's engine-wide counters over the same interval (nothing else runs on the engine)."""
+    against vLLM's engine-wide counters over the same interval (nothing else runs on the engine).
+    Then the same jobs with a stop string (``STOP_CHECK``): vLLM's counters also count the steps the
+    engine core ran past each stop string before its abort landed, which the frontend took off
+    (``spec_frontend``), so there the per-request sums plus what was taken off must equal them."""
+    report = await _summed_against_counters(engine, settings, job, requests=requests, label="exact")
+    params = {**job["sampling_params"], "stop": [STOP_CHECK]}
+    processor = engine.llm.output_processor
+    outcomes_before = _outcomes(processor)
+    recent_before = len(getattr(processor, "recent", ()))
+    stopped = await _summed_against_counters(
+        engine, settings, {**job, "sampling_params": params}, requests=requests, label="stop", processor=processor
+    )
+    outcomes = _outcomes(processor) - outcomes_before
+    recent = list(getattr(processor, "recent", ()))[recent_before:]
+    waits = sorted(wait * 1000 for wait, _ in recent)
+    stopped["stop"] = STOP_CHECK
+    stopped["released"] = {"exact": outcomes["exact"], "partial": outcomes["partial"]}
+    stopped["outputs_taken_off"] = collections.Counter(str(n) for _, n in recent)
+    stopped["held_ms"] = {"median": statistics.median(waits), "max": waits[-1]} if waits else None
+    report["with_stop"] = stopped
+    return report
+
+
+def _outcomes(processor: Any) -> collections.Counter[str]:
+    """A copy of the frontend processor's release counts (empty where it keeps none)."""
+    return collections.Counter(getattr(processor, "outcomes", None) or {})
+
+
+# A stop string dummy weights' random tokens reach within some dozens of tokens.
+STOP_CHECK = "q"
+
+
+async def _summed_against_counters(
+    engine: Engine,
+    settings: Settings,
+    job: dict[str, Any],
+    *,
+    requests: int,
+    label: str,
+    processor: Any = None,
+) -> dict[str, Any]:
     worker = _worker_over(engine, settings)
     before = engine_spec_counters()
+    taken_before = _outcomes(processor)
 
     async def one(i: int) -> dict[str, Any]:
-        items: AsyncIterator[Any] = worker.handle({"id": f"exact{i}", "input": job})  # native: JSON objects
+        items: AsyncIterator[Any] = worker.handle({"id": f"{label}{i}", "input": job})  # native: JSON objects
         last = [item async for item in items][-1]
-        return dict(last.get("spec_decode") or {})
+        return dict(last.get("spec_decode") or {}) | {"finish_reason": last.get("finish_reason")}
 
     finals = await asyncio.gather(*(one(i) for i in range(requests)))
     summed = {
@@ -188,13 +231,19 @@ async def _spec_exactness(
         "num_draft_tokens": sum(f.get("num_draft_tokens", 0) for f in finals),
         "num_accepted_tokens": sum(f.get("num_accepted_draft_tokens", 0) for f in finals),
     }
-    counters = await spec_counters_since(before, num_draft_tokens=summed["num_draft_tokens"])
+    taken = _outcomes(processor) - taken_before
+    taken_off = {key: int(taken[key]) for key in summed}
+    expected = {key: summed[key] + taken_off[key] for key in summed}
+    counters = await spec_counters_since(before, num_draft_tokens=expected["num_draft_tokens"])
     return {
         "requests": requests,
-        "with_spec_decode": sum(1 for f in finals if f),
+        "with_spec_decode": sum(1 for f in finals if "num_spec_steps" in f),
+        "partial": sum(1 for f in finals if f.get("partial")),
+        "finish_reasons": dict(collections.Counter(str(f["finish_reason"]) for f in finals)),
         "per_request_sum": summed,
+        "taken_off": taken_off,
         "engine_counters": counters,
-        "equal": summed == counters,
+        "equal": expected == counters,
     }
 
 

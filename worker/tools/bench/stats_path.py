@@ -6,29 +6,29 @@ path adds to each engine step instead, with vLLM's own types and serialiser:
 
 - vLLM's per-request tracking (``RequestSpecDecodeMetrics.observe``, once per request per step),
   which ``PER_REQUEST_SPEC_DECODE_METRICS=summary`` turns on in vLLM's scheduler;
-- the worker's scheduler hook (``worker/spec_scheduler.py``), over a stand-in for vLLM's
-  ``update_from_output`` that returns fresh outputs, as the real one does, for vLLM's own
-  ``Request`` objects (whose ``output_token_ids`` is a read-only view: slicing it is a Python call);
-- the snapshots' transport: vLLM's msgpack encode in the engine core and decode in the frontend.
+- the worker's scheduler hooks (``worker/spec_scheduler.py``) over a stand-in for vLLM's scheduler
+  (vLLM's own ``Request`` objects, scheduler and model outputs shaped as vLLM's): the per-step
+  hook around vLLM's update (timed from its call to the stand-in update's start, and from the
+  stand-in's return to its own), plus the abort path of every request that ends on its stop
+  string (the answer: a walk of the request's last steps) and the add of the request that takes
+  its place, each timed as a whole call (the stand-in's own bookkeeping counted against the hook);
+- the answers' transport: vLLM's msgpack encode in the engine core and decode in the frontend, each
+  step with answers encoded with and without them in turn (the median of the runs is kept);
+- the frontend's scan of a step's outputs for those of requests it holds (``spec_frontend``), on
+  the frontend's own process: reported beside the engine core's figures, not in their total.
 
-The hook is timed from the moment the stand-in update returns, several times (the minimum is
-kept, as ``timeit`` does); the transport is each step with snapshots encoded and decoded with and
-without them in turn (the median of the runs is kept); the cyclic collector is off while timing,
-as in ``timeit``. For the n-gram drafts (vLLM's synchronous scheduler) all of it sits on the
-engine core's critical path, so its share of a step bounds the throughput it costs; with the
-async scheduler it overlaps the GPU.
+The cyclic collector is off while timing, as ``timeit`` does. For n-gram drafts (vLLM's
+synchronous scheduler) the engine core's part sits on its critical path, so its share of a step
+bounds the throughput it costs; with the async scheduler it overlaps the GPU.
 
-A request with stop strings gets a snapshot on each step whose tokens can complete one, so that
-cost depends on the text: each request streams real English text (Python's own documentation,
-``pydoc_data``: prose and code, hard-wrapped lines), tokenized by a byte-level BPE trained on it
-offline (about 4.5 characters a token, as Llama 3 on English), ``accepted + 1`` tokens a step,
-from text in which its stop string does not occur (a request ends at its stop string). Three
-cases: no stop strings; ``"\\n\\n"`` on every request (a blank line: every line of that text ends
-in a newline); an agent's ``"Observation:"`` on every request (colons are frequent in it). Each
-reports the share of request-steps that got a snapshot (``snapshot_rate``, periodic ones
-included). A fourth row, ``all_stop_every_step``, times the ``"\\n\\n"`` case without the trigger
-table (what the hook does while the table is being built, and what it did on every step before
-the table existed), so a run gives before / after side by side.
+Each request streams real English text (Python's documentation, ``pydoc_data``: prose and code),
+tokenized by a byte-level BPE trained on it offline (about 4.5 characters a token, as Llama 3 on
+English), ``accepted + 1`` tokens a step. Three cases: no stop strings; ``"\\n\\n"`` on every
+request, from text without blank lines (no request ends: what watching for a stop string costs
+every step, the case the earlier designs were measured on); and ``"\\n\\n"`` on every request
+ending at each blank line of the text, a new request taking its place from there on (an agent's
+turns; that text has one every 40 tokens or so, so at 256 streams some 20 requests end a step).
+The frontend's abort lands ``ABORT_LAG_STEPS`` steps after the stop string.
 """
 
 from __future__ import annotations
@@ -37,14 +37,20 @@ import gc
 import random
 import statistics
 import time
+from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["EVERY_STEP_CASE", "STOP_CASES", "bench_stats_path", "stand_in_engine"]
+__all__ = ["ABORT_LAG_STEPS", "STOP_CASES", "bench_stats_path", "stand_in_engine"]
 
-# Row key -> the stop string every request carries (None: no stop strings).
-STOP_CASES: dict[str, str | None] = {"no_stop": None, "all_stop": "\n\n", "agent_stop": "Observation:"}
-# The row of all_stop's stop string timed with no trigger table: a snapshot on every step.
-EVERY_STEP_CASE = "all_stop_every_step"
+# Row key -> the stop string every request carries (None: no stop strings), and whether requests
+# end at it (else the text has none).
+STOP_CASES: dict[str, tuple[str | None, bool]] = {
+    "no_stop": (None, False),
+    "all_stop": ("\n\n", False),
+    "all_stop_ending": ("\n\n", True),
+}
+# Steps between the one with the stop string and the one before which its abort lands.
+ABORT_LAG_STEPS = 2
 
 
 def _text_and_tokenizer() -> tuple[str, Any]:
@@ -65,185 +71,257 @@ def _text_and_tokenizer() -> tuple[str, Any]:
     return text, tokenizer
 
 
-def _without(text: str, stop: str | None) -> str:
-    """The text with no occurrence of ``stop``: a request ends at its stop string (that step's
-    snapshot is needed, once a request), so the rate measured is that of the steps that could
-    have ended it and did not."""
-    while stop and stop in text:
-        text = text.replace(stop, stop[:-1])
-    return text
+def _turn_ends(tokenizer: Any, text: str, stop: str) -> tuple[list[int], set[int]]:
+    """The text's tokens, and the token positions after which its stop string has completed."""
+    encoding = tokenizer.encode(text)
+    ends = set()
+    start = text.find(stop)
+    for index, (_, end) in enumerate(encoding.offsets):
+        while start != -1 and end >= start + len(stop):
+            ends.add(index + 1)
+            start = text.find(stop, start + 1)
+    return encoding.ids, ends
 
 
-def _step_tokens(stream: list[int], *, size: int, k: int, steps: int) -> list[list[list[int]]]:
-    """Per step, per request, the tokens it yields: ``accepted + 1`` from its own place in the text."""
+def _schedule(
+    size: int, *, k: int, steps: int, stream: list[int], ends: set[int] | None
+) -> tuple[list[list[list[int]]], list[list[int]]]:
+    """Per step, per slot, the tokens it yields (``accepted + 1`` from its own place in the text),
+    and per step the slots whose request's stop string completed in that step."""
     rng = random.Random(0)
     positions = [rng.randrange(len(stream) - (k + 1) * steps) for _ in range(size)]
     accepted = [i % (k + 1) for i in range(steps)]
-    out = []
+    tokens, ending = [], []
     for step in range(steps):
         n = accepted[step] + 1
-        row = []
-        for i, start in enumerate(positions):
+        row, done = [], []
+        for slot, start in enumerate(positions):
             row.append(stream[start : start + n])
-            positions[i] = start + n
-        out.append(row)
-    return out
+            positions[slot] = start + n
+            if ends is not None and any(p in ends for p in range(start + 1, start + n + 1)):
+                done.append(slot)
+        tokens.append(row)
+        ending.append(done)
+    return tokens, ending
 
 
-def stand_in_engine(
-    size: int, *, k: int, steps: int, stop: str | None, stream: list[int]
-) -> tuple[type, list[Any], list[Any]]:
-    """vLLM's scheduler reduced to taking requests and handing back this step's outputs, and
-    ``size`` of vLLM's own engine-core requests (with the metrics its scheduler gives them), each
-    streaming ``accepted + 1`` tokens a step from its own place in ``stream``, and their outputs
-    (the same objects every step). The hook under test subclasses the class;
-    ``scripts/stats_hook_ab.py`` uses it too."""
+def stand_in_engine(size: int, *, k: int, stop: str | None) -> tuple[type, Any]:
+    """vLLM's scheduler reduced to what the worker's hooks call: taking requests, handing back a
+    step's outputs for the tokens given it, finishing requests. Each slot holds one of vLLM's own
+    engine-core requests (with the metrics its scheduler gives them); ``new_request(slot)`` makes
+    the one that takes a slot's place when its request ends."""
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
-    from vllm.v1.request import Request
+    from vllm.v1.request import Request, RequestStatus
 
-    listed = []
-    for i in range(size):
-        request = Request(f"req-{i}", stream[:8], SamplingParams(stop=[stop] if stop else None), None)
+    params = SamplingParams(stop=[stop] if stop else None)
+    serial = iter(range(10**9))
+
+    def new_request() -> Any:
+        request = Request(f"req-{next(serial)}", [1] * 8, params, None)
         request.spec_decode_metrics = RequestSpecDecodeMetrics.new(k)
-        listed.append(request)
-    flat = [EngineCoreOutput(request.request_id, []) for request in listed]
-    outputs = {0: EngineCoreOutputs(engine_index=0, outputs=flat)}
-    tokens = _step_tokens(stream, size=size, k=k, steps=steps)
+        request.status = RequestStatus.RUNNING
+        return request
 
     class Core:
         def __init__(self) -> None:
             self.requests: dict[str, Any] = {}
-            self.step = 0
-            self.returned = 0  # perf_counter_ns() when the last update returned: the hook's clock starts there
+            self.finished_req_ids: set[str] = set()
+            self.slots: list[Any] = []
+            self.entered = self.returned = 0  # perf_counter_ns() at the stand-in update's start and end
 
         def add_request(self, request: Any) -> None:
             self.requests[request.request_id] = request
 
         def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-            for output, new, request in zip(flat, tokens[self.step], listed, strict=True):
-                request.append_output_token_ids(new)  # vLLM's update, before the hook runs
-                output.new_token_ids = new
-                output.spec_decode_metrics = None
+            self.entered = time.perf_counter_ns()
+            self.finished_req_ids.clear()
+            flat = [
+                EngineCoreOutput(request.request_id, new)
+                for request, new in zip(self.slots, model_runner_output.sampled_token_ids, strict=True)
+            ]
+            for request, new in zip(self.slots, model_runner_output.sampled_token_ids, strict=True):
+                request.append_output_token_ids(new)  # vLLM's update, before the hook's own part
+            outputs = {0: EngineCoreOutputs(engine_index=0, outputs=flat)}
             self.returned = time.perf_counter_ns()
             return outputs
 
-    return Core, listed, flat
+        def finish_requests(self, request_ids: Any, status: Any) -> list[Any]:
+            done = []
+            for rid in request_ids:
+                request = self.requests.get(rid)
+                if request is not None and not request.is_finished():
+                    request.status = status
+                    self._free_request(request)
+                    done.append(request)
+            return done
+
+        def _free_request(self, request: Any, delay_free_blocks: bool = False) -> None:
+            self.finished_req_ids.add(request.request_id)
+            del self.requests[request.request_id]
+
+        def has_requests(self) -> bool:
+            return bool(self.requests or self.finished_req_ids)
+
+    return Core, new_request
 
 
-def _time_steps(
-    size: int, *, k: int, steps: int, stop: str | None, repeats: int, stream: list[int], triggers: Any
+def _time_case(
+    size: int,
+    *,
+    k: int,
+    steps: int,
+    stop: str | None,
+    repeats: int,
+    tokens: list[list[list[int]]],
+    ending: list[list[int]],
 ) -> dict[str, float]:
-    """Microseconds per engine step of each piece: vLLM's tracking and the hook timed alone (minimum
-    of ``repeats``), the transport with snapshots minus without (median of ``repeats``)."""
+    """Microseconds per engine step of each piece (minimum of ``repeats`` for the timed-alone
+    ones, median for the paired transport), and the requests ended per step."""
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.request import RequestStatus
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from worker.spec_frontend import ExactStopStats
     from worker.spec_scheduler import SpecMetricsSnapshots
 
-    Core, listed, flat = stand_in_engine(size, k=k, steps=steps, stop=stop, stream=stream)
-    metrics = [request.spec_decode_metrics for request in listed]
+    Core, new_request = stand_in_engine(size, k=k, stop=stop)
 
     class Hooked(SpecMetricsSnapshots, Core):  # type: ignore[valid-type,misc]  # a class made at run time
         pass
 
-    hooked = Hooked()
-    hooked._triggers, hooked._triggers_started = triggers, True
-    for request in listed:
-        hooked.add_request(request)
-    # The cyclic collector off while timing, as ``timeit`` does: its passes over the growing
-    # request histories landed in whichever piece was timed then (vLLM freezes the engine core's
-    # start-up objects out of them; this process has no such freeze).
+    encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
+    drafts = [0] * k
+    best = {name: float("inf") for name in ("observe", "hook", "ends", "frontend")}
+    transport: list[int] = []
+    num_ends = 0
     collecting = gc.isenabled()
-    gc.disable()
+    gc.disable()  # as timeit does: the collector's passes land in whichever piece is being timed
     try:
-        return _timed(hooked, flat, metrics, k=k, steps=steps, size=size, repeats=repeats)
+        for _ in range(repeats):
+            hooked = Hooked()
+            hooked.slots = [new_request() for _ in range(size)]
+            for request in hooked.slots:
+                hooked.add_request(request)
+            held: dict[str, int] = {}  # the frontend's held requests: id -> the step its abort lands
+            frontend = _frontend_scan(ExactStopStats._scan_held)
+            observe = hook = ends = scan = paired = 0
+            num_ends = 0
+            for step in range(steps):
+                requests = hooked.slots
+                ids = [r.request_id for r in requests]
+                scheduled = SimpleNamespace(
+                    num_scheduled_tokens=dict.fromkeys(ids, 1 + k),
+                    scheduled_spec_decode_tokens=dict.fromkeys(ids, drafts),
+                    num_invalid_spec_tokens=None,
+                )
+                sampled = [list(t) for t in tokens[step]]
+                index = {rid: i for i, rid in enumerate(ids)}
+                model_output = SimpleNamespace(req_id_to_index=index, sampled_token_ids=sampled)
+                accepted = len(sampled[0]) - 1
+                started = time.perf_counter_ns()
+                for request in requests:
+                    request.spec_decode_metrics.observe(num_draft_tokens=k, num_accepted=accepted)
+                observe += time.perf_counter_ns() - started
+                # The hook around vLLM's update (its own parts before and after the stand-in's).
+                started = time.perf_counter_ns()
+                outputs = hooked.update_from_output(scheduled, model_output)
+                hook += (hooked.entered - started) + (time.perf_counter_ns() - hooked.returned)
+                # The transport of this step's answers (sent with its outputs), paired.
+                flat = outputs[0].outputs
+                answers = [o for o in flat if o.kv_transfer_params]
+                if answers:
+                    plain = EngineCoreOutputs(engine_index=0, outputs=[o for o in flat if not o.kv_transfer_params])
+                    for with_answers in (step % 2 == 0, step % 2 == 1):
+                        payload = outputs[0] if with_answers else plain
+                        t0 = time.perf_counter_ns()
+                        decoder.decode(encoder.encode(payload))
+                        spent = time.perf_counter_ns() - t0
+                        paired += spent if with_answers else -spent
+                # The frontend's scan of the step's outputs for those of held requests.
+                if held:  # as the processor: no scan while it holds nothing
+                    t0 = time.perf_counter_ns()
+                    frontend(flat, held)
+                    scan += time.perf_counter_ns() - t0
+                for answer in answers:
+                    held.pop(answer.request_id, None)
+                # Aborts that land now (their stop string was ABORT_LAG_STEPS steps ago), and the
+                # requests ending on this step: replaced by new requests, from the same place on.
+                landing = [rid for rid, when in held.items() if when == step]
+                ended = ending[step] if stop else []
+                if landing or ended:
+                    replacements = [new_request() for _ in ended]  # vLLM's making of them: not timed
+                    t0 = time.perf_counter_ns()
+                    if landing:
+                        hooked.finish_requests(landing, RequestStatus.FINISHED_ABORTED)
+                    for slot, replacement in zip(ended, replacements, strict=True):
+                        held[requests[slot].request_id] = step + ABORT_LAG_STEPS
+                        requests[slot] = replacement
+                        hooked.add_request(replacement)
+                    ends += time.perf_counter_ns() - t0
+                num_ends += len(ended)
+            best["observe"] = min(best["observe"], observe)
+            best["hook"] = min(best["hook"], hook)
+            best["ends"] = min(best["ends"], ends)
+            best["frontend"] = min(best["frontend"], scan)
+            transport.append(paired)
     finally:
         if collecting:
             gc.enable()
-
-
-def _timed(
-    hooked: Any, flat: list[Any], metrics: list[Any], *, k: int, steps: int, size: int, repeats: int
-) -> dict[str, float]:
-    from vllm.v1.engine import EngineCoreOutputs
-    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
-
-    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
-
-    encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
-    accepted = [i % (k + 1) for i in range(steps)]
-    best = {name: float("inf") for name in ("observe", "hook")}
-    transport: list[int] = []
-    snapshot_rate = 0.0
-    for _ in range(repeats):
-        started = time.perf_counter_ns()
-        for step in range(steps):
-            for m in metrics:
-                m.observe(num_draft_tokens=k, num_accepted=accepted[step])
-        best["observe"] = min(best["observe"], time.perf_counter_ns() - started)
-        # The hook from the moment vLLM's update returns to its own return. Not a difference of
-        # two timings (with and without the hook): at 256 streams that carried a bias of -10 to
-        # -19 µs, the no-stop hook measuring below zero.
-        elapsed = 0
-        for step in range(steps):
-            hooked.step = step
-            hooked.update_from_output(None, None)
-            elapsed += time.perf_counter_ns() - hooked.returned
-        best["hook"] = min(best["hook"], elapsed)
-        # The transport: each step with a snapshot encoded and decoded with its snapshots and
-        # without them, in turn (a step without one is the same bytes either way: no cost). Paired
-        # per step, as two passes' totals differed by more than the snapshots cost.
-        elapsed = snapshots = 0
-        for step in range(steps):
-            hooked.step = step
-            step_outputs = hooked.update_from_output(None, None)[0]
-            taken = [o.spec_decode_metrics for o in flat]
-            count = len(taken) - taken.count(None)
-            if not count:
-                continue
-            snapshots += count
-            for with_snapshots in (step % 2 == 0, step % 2 == 1):
-                if not with_snapshots:
-                    for o in flat:
-                        o.spec_decode_metrics = None
-                started = time.perf_counter_ns()
-                decoder.decode(encoder.encode(step_outputs))
-                spent = time.perf_counter_ns() - started
-                elapsed += spent if with_snapshots else -spent
-                for o, m in zip(flat, taken, strict=True):
-                    o.spec_decode_metrics = m
-        transport.append(elapsed)
-        snapshot_rate = snapshots / (steps * size)
     per_step = {name: value / steps / 1000 for name, value in best.items()}
     costs = {
         "observe_us": per_step["observe"],
         "hook_us": per_step["hook"],
+        "ends_us": per_step["ends"],
         "transport_us": statistics.median(transport) / steps / 1000,
     }
     costs["total_us"] = sum(costs.values())
-    costs["snapshot_rate"] = snapshot_rate
-    costs["periodic_rate"] = 1 / SNAPSHOT_EVERY_STEPS
+    costs["frontend_us"] = per_step["frontend"]
+    costs["ends_per_step"] = num_ends / steps
     return costs
+
+
+def _frontend_scan(scan: Any) -> Any:
+    """The frontend processor's scan of a step's outputs for held requests, on its own (vLLM's
+    processing of the outputs around it is vLLM's cost either way)."""
+
+    def run(outputs: list[Any], held: dict[str, Any]) -> None:
+        scan(_Processor(held), outputs)
+
+    return run
+
+
+class _Processor:
+    """What ``ExactStopStats._scan_held`` reads: the held requests (their answers handled apart)."""
+
+    def __init__(self, held: dict[str, Any]) -> None:
+        self._held = {rid: SimpleNamespace(after=[]) for rid in held}
+
+    def _after_stop(self, output: Any, entry: Any) -> None:
+        entry.after.append(len(output.new_token_ids))
 
 
 def bench_stats_path(batch_sizes: list[int], *, k: int = 4, steps: int = 800, repeats: int = 5) -> dict[str, Any]:
     """Per batch size, what the stats path adds to an engine step (µs), for each case of STOP_CASES."""
     from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
-    from worker.stop_triggers import StopTriggers
 
     text, tokenizer = _text_and_tokenizer()
-    triggers = StopTriggers.from_tokenizer(tokenizer)
-    streams = {stop: tokenizer.encode(_without(text, stop)).ids for stop in STOP_CASES.values()}
+    blank = "\n\n"
+    stream, blank_lines = _turn_ends(tokenizer, text, blank)
+    without = tokenizer.encode(text.replace(blank, "\n")).ids
     rows = []
     for size in batch_sizes:
         row: dict[str, Any] = {"batch": size}
-        for label, stop in STOP_CASES.items():
-            row[label] = _time_steps(
-                size, k=k, steps=steps, stop=stop, repeats=repeats, stream=streams[stop], triggers=triggers
+        for label, (stop, ending_at_stop) in STOP_CASES.items():
+            tokens, ending = _schedule(
+                size,
+                k=k,
+                steps=steps,
+                stream=stream if ending_at_stop else without,
+                ends=blank_lines if ending_at_stop else None,
             )
-        stop = STOP_CASES["all_stop"]
-        row[EVERY_STEP_CASE] = _time_steps(
-            size, k=k, steps=steps, stop=stop, repeats=repeats, stream=streams[stop], triggers=None
-        )
+            row[label] = _time_case(size, k=k, steps=steps, stop=stop, repeats=repeats, tokens=tokens, ending=ending)
         rows.append(row)
     return {
         "k": k,
@@ -251,9 +329,11 @@ def bench_stats_path(batch_sizes: list[int], *, k: int = 4, steps: int = 800, re
         "repeats": repeats,
         # How the pieces were timed (results without it: the hook as stats on minus off).
         "hook_timed": "directly",
+        # The design measured (results without it: snapshots on steps that can complete a stop string).
+        "design": "answered aborts",
         "snapshot_every_steps": SNAPSHOT_EVERY_STEPS,
-        "stops": {label: stop for label, stop in STOP_CASES.items() if stop}
-        | {EVERY_STEP_CASE: STOP_CASES["all_stop"]},
+        "abort_lag_steps": ABORT_LAG_STEPS,
+        "stops": {label: stop for label, (stop, _) in STOP_CASES.items() if stop},
         "text": "pydoc_data (Python's documentation), byte-level BPE trained on it",
         "rows": rows,
     }

@@ -92,6 +92,8 @@ def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> 
     same run measured one (the handler's mean inter-token latency at that concurrency: a step
     yields at least one token per request, so the share is an upper bound)."""
     itl_ms = {r["concurrency"]: r["handler"]["itl_mean_ms"] for r in (overhead or {}).get("rows", [])}
+    if stats.get("design") == "answered aborts":
+        return _answered_aborts_table(stats, itl_ms)
     stops = stats.get("stops", {"all_stop": "\n\n"})
     labels = [
         label for label in ("no_stop", "all_stop", "agent_stop", "all_stop_every_step") if label in stats["rows"][0]
@@ -131,6 +133,38 @@ def stats_path_table(stats: dict[str, Any], overhead: dict[str, Any] | None) -> 
             lines.append(
                 f"| {r['batch']} | {label} | {fmt(c['observe_us'], 1)} | {fmt(c['hook_us'], 1)} | "
                 f"{fmt(c['transport_us'], 1)} | {fmt(c['total_us'], 1)} | {rate} | {share} |"
+            )
+    return [*lines, ""]
+
+
+def _answered_aborts_table(stats: dict[str, Any], itl_ms: dict[int, float]) -> list[str]:
+    lines = [
+        "### Cost of the exact-stats path per engine step (CPU time, timed directly)",
+        "",
+        f"vLLM's types and serialiser, {stats['steps']} steps, k={stats['k']}, n-gram shapes; vLLM's tracking, "
+        f"the hook and the ends timed alone (minimum of {stats['repeats']} runs), the answers' transport paired "
+        f"per step (median of {stats['repeats']} runs), the cyclic collector off. A snapshot of every request "
+        f"every {stats['snapshot_every_steps']} steps (for cancellations); a request ended by its stop string "
+        "has its abort answered by the engine core (its counts and the shape of its last steps), "
+        f"{stats['abort_lag_steps']} steps after the stop string. Text: {stats['text']}; all_stop from it "
+        'without blank lines (no request ends), all_stop_ending ending at each blank line. "ends": the '
+        "answered aborts and the adds of the requests that take their place, as whole calls into a stand-in "
+        "scheduler (its own bookkeeping counted too). The frontend's scan for held requests runs in the "
+        "frontend's process: beside the total, not in it.",
+        "",
+        "| batch | case | vLLM's per-request tracking µs | worker's hook µs | ends µs | answers' transport µs "
+        "| total µs | requests ended per step | share of a step | frontend scan µs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in stats["rows"]:
+        step_us = itl_ms[r["batch"]] * 1000 if itl_ms.get(r["batch"]) else None
+        for label in [key for key in r if key != "batch"]:
+            c = r[label]
+            share = f"{100 * c['total_us'] / step_us:.2f}%" if step_us else "-"
+            lines.append(
+                f"| {r['batch']} | {label} | {fmt(c['observe_us'], 1)} | {fmt(c['hook_us'], 1)} | "
+                f"{fmt(c['ends_us'], 1)} | {fmt(c['transport_us'], 1)} | {fmt(c['total_us'], 1)} | "
+                f"{c['ends_per_step']:.2f} | {share} | {fmt(c['frontend_us'], 1)} |"
             )
     return [*lines, ""]
 
@@ -179,6 +213,22 @@ def overhead_section(results: dict[str, Any]) -> list[str]:
             + ("**equal**." if exact["equal"] else "**not equal**."),
             "",
         ]
+        stop = exact.get("with_stop")
+        if stop:
+            summed, taken, counters = stop["per_request_sum"], stop["taken_off"], stop["engine_counters"]
+            held = stop.get("held_ms")
+            lines += [
+                f"The same jobs with the stop string {stop['stop']!r} (endings: {stop['finish_reasons']}; "
+                f"released exact {stop['released']['exact']}, partial {stop['released']['partial']}; outputs "
+                f"taken off per ending: {stop['outputs_taken_off']}"
+                + (f"; held {fmt(held['median'], 1)} ms median, {fmt(held['max'], 1)} max" if held else "")
+                + f"), summed {summed['num_drafts']} / {summed['num_draft_tokens']} / "
+                f"{summed['num_accepted_tokens']} plus taken off {taken['num_drafts']} / {taken['num_draft_tokens']} "
+                f"/ {taken['num_accepted_tokens']}; vLLM's counters {counters['num_drafts']} / "
+                f"{counters['num_draft_tokens']} / {counters['num_accepted_tokens']}: "
+                + ("**equal**." if stop["equal"] else "**not equal**."),
+                "",
+            ]
     if o.get("stats_off_baseline"):
         lines += _engine_pair_table(
             o["rows"],

@@ -1,0 +1,302 @@
+"""The engine core's answer to a stop string's abort, and the frontend's arithmetic on it.
+
+Random schedules over a stand-in for vLLM's scheduler (the engine tests in ``test_engine_spec.py``
+run the same hook inside the real engine core): each request yields ``accepted + 1`` tokens on a
+step that verified drafts, one on a step that verified none (an n-gram miss), some with drafts a
+grammar invalidated; the frontend's stop string lands on a random step, its abort a random number
+of steps later, and some requests end in the core first (``max_tokens``, which trims the step's
+tokens as vLLM does). The counts the frontend computes from the answer must equal the counts the
+request had right after its stop string's step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import random
+from types import SimpleNamespace
+from typing import Any
+
+from worker.spec_frontend import kept_counts
+from worker.spec_scheduler import FINAL_ACCEPTED_KEY, NOT_VERIFIED, TAIL_KEY, TAIL_STEPS, UNKNOWN
+
+K = 3
+
+
+@dataclasses.dataclass
+class _Plan:
+    """One request of a random schedule: where the frontend finds its stop string, where its abort
+    lands, the token counts of its outputs after the stop, its counts at the stop, and so on."""
+
+    stop: int
+    abort: int
+    seen: list[int] = dataclasses.field(default_factory=list)
+    kept: tuple[list[int], int] | None = None
+    answer: Any = None
+    ended: int | None = None
+
+
+def _scheduler() -> Any:
+    """The worker's mixin over a stand-in for vLLM's scheduler with vLLM's own ``Request`` objects."""
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+    from vllm.v1.request import RequestStatus
+
+    from worker.spec_scheduler import SpecMetricsSnapshots
+
+    class StandIn:
+        def __init__(self) -> None:
+            self.requests: dict[str, Any] = {}
+            self.finished_req_ids: set[str] = set()
+
+        def add_request(self, request: Any) -> None:
+            request.status = RequestStatus.RUNNING
+            self.requests[request.request_id] = request
+
+        def update_from_output(self, scheduled: Any, model_output: Any) -> Any:
+            self.finished_req_ids.clear()  # vLLM's schedule() hands them on
+            outputs: dict[int, Any] = {}
+            for rid in scheduled.num_scheduled_tokens:
+                request = self.requests.get(rid)
+                if request is None or request.is_finished():
+                    continue
+                tokens = model_output.sampled_token_ids[model_output.req_id_to_index[rid]]
+                drafts = scheduled.scheduled_spec_decode_tokens.get(rid)
+                if drafts:
+                    invalid = (scheduled.num_invalid_spec_tokens or {}).get(rid, 0)
+                    request.spec_decode_metrics.observe(len(drafts) - invalid, len(tokens) - 1)
+                finish = None
+                room = request.max_tokens - request.num_output_tokens
+                if len(tokens) >= room:  # vLLM trims the step's tokens at the stop, in place
+                    del tokens[room:]
+                    request.status, finish = RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH
+                request.append_output_token_ids(list(tokens))
+                output = EngineCoreOutput(rid, list(tokens), finish_reason=finish)
+                if finish is not None:
+                    output.spec_decode_metrics = request.spec_decode_metrics
+                    self._free_request(request)
+                outputs.setdefault(request.client_index, EngineCoreOutputs(outputs=[])).outputs.append(output)
+            return outputs
+
+        def finish_requests(self, request_ids: Any, status: Any) -> list[Any]:
+            aborted = []
+            for rid in request_ids:
+                request = self.requests.get(rid)
+                if request is not None and not request.is_finished():
+                    request.status = status
+                    self._free_request(request)
+                    aborted.append(request)
+            return aborted
+
+        def _free_request(self, request: Any, delay_free_blocks: bool = False) -> None:
+            self.finished_req_ids.add(request.request_id)
+            del self.requests[request.request_id]
+
+        def has_requests(self) -> bool:
+            return bool(self.requests or self.finished_req_ids)
+
+    class Hooked(SpecMetricsSnapshots, StandIn):
+        pass
+
+    return Hooked()
+
+
+def _request(rid: str, *, stop: list[str] | None, max_tokens: int = 10_000, client: int = 0) -> Any:
+    from vllm import SamplingParams
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+    from vllm.v1.request import Request
+
+    request = Request(rid, [1, 2, 3], SamplingParams(stop=stop, max_tokens=max_tokens), None, client_index=client)
+    request.spec_decode_metrics = RequestSpecDecodeMetrics.new(K)
+    return request
+
+
+def _step(scheduler: Any, shapes: dict[str, tuple[int, int, int]], *, prefill: frozenset[str] = frozenset()) -> Any:
+    """One step: per request (drafts scheduled, drafts a grammar invalidated, accepted)."""
+    scheduled = SimpleNamespace(num_scheduled_tokens={}, scheduled_spec_decode_tokens={}, num_invalid_spec_tokens={})
+    model_output = SimpleNamespace(req_id_to_index={}, sampled_token_ids=[])
+    for index, (rid, (drafts, invalid, accepted)) in enumerate(shapes.items()):
+        scheduled.num_scheduled_tokens[rid] = 1 + drafts + (40 if rid in prefill else 0)
+        if drafts:
+            scheduled.scheduled_spec_decode_tokens[rid] = [7] * drafts
+        if invalid:
+            scheduled.num_invalid_spec_tokens[rid] = invalid
+        model_output.req_id_to_index[rid] = index
+        model_output.sampled_token_ids.append([5] * (accepted + 1))
+    return scheduler.update_from_output(scheduled, model_output)
+
+
+def _answers(outputs: dict[int, Any]) -> dict[str, Any]:
+    return {o.request_id: o for eco in outputs.values() for o in eco.outputs if o.kv_transfer_params}
+
+
+def _random_shape(rng: random.Random) -> tuple[int, int, int]:
+    if rng.random() < 0.25:
+        return (0, 0, 0)  # no drafts this step (an n-gram miss): one token
+    drafts = rng.randint(1, K)
+    invalid = rng.randint(0, 1) if rng.random() < 0.1 else 0
+    return (drafts, invalid, rng.randint(0, drafts - invalid))
+
+
+def test_the_counts_kept_equal_the_counts_at_the_stop_string() -> None:
+    seen: collections.Counter[str] = collections.Counter()
+    for seed in range(40):
+        seen += _trial(seed)
+    # Every kind of ending came up: steps taken off (some without drafts), a request the core ended
+    # itself after the stop string, and a frontend further behind than the answer describes.
+    assert seen["taken off"] and seen["taken off, one without drafts"] and seen["ended in the core"]
+    assert seen["tail too short"]
+
+
+def _trial(seed: int) -> collections.Counter[str]:
+    from vllm.v1.request import RequestStatus
+
+    from worker.spec_scheduler import _RING
+
+    rng = random.Random(seed)
+    scheduler = _scheduler()
+    plans = {}
+    for i in range(6):
+        stop_step = rng.randint(1, 30)
+        lag = rng.randint(0, TAIL_STEPS + 2)  # steps the core runs before the abort lands
+        max_tokens = rng.choice([10_000, stop_step * 2 + rng.randint(0, 8)])  # some end in the core first
+        rid = f"r{i}"
+        scheduler.add_request(_request(rid, stop=["x"], max_tokens=max_tokens, client=i % 2))
+        plans[rid] = _Plan(stop=stop_step, abort=stop_step + lag)
+    plain = _request("plain", stop=None)
+    scheduler.add_request(plain)
+    for step in range(1, 60):
+        live = [rid for rid in scheduler.requests]
+        outputs = _step(scheduler, {rid: _random_shape(rng) for rid in live})
+        for rid, answer in _answers(outputs).items():
+            plans[rid].answer = answer
+        for eco in outputs.values():
+            for output in eco.outputs:
+                plan = plans.get(output.request_id)
+                if plan is None or output.kv_transfer_params:
+                    continue
+                if output.finish_reason is not None:
+                    plan.ended = step
+                if step <= plan.stop:
+                    request = scheduler.requests.get(output.request_id)
+                    metrics = output.spec_decode_metrics if request is None else request.spec_decode_metrics
+                    plan.kept = (list(metrics.histogram), metrics.num_draft_tokens)
+                else:
+                    plan.seen.append(len(output.new_token_ids))  # dropped by the frontend, counted
+        aborting = [rid for rid, plan in plans.items() if plan.abort == step and step >= plan.stop]
+        if aborting:
+            scheduler.finish_requests(aborting, RequestStatus.FINISHED_ABORTED)
+    outcomes: collections.Counter[str] = collections.Counter()
+    for plan in plans.values():
+        answer = plan.answer
+        if answer is None:  # ended in the core long before its abort: the answer's window had passed
+            assert plan.ended is not None and plan.abort - plan.ended >= _RING
+            continue
+        payload = answer.kv_transfer_params
+        counts = kept_counts(
+            answer.spec_decode_metrics,
+            tail=payload[TAIL_KEY],
+            after=plan.seen,
+            ended=FINAL_ACCEPTED_KEY in payload,
+            final_accepted=payload.get(FINAL_ACCEPTED_KEY),
+        )
+        if counts is None:  # the tail was too short: the frontend reports the snapshot as partial
+            assert len(plan.seen) > len(payload[TAIL_KEY])
+            outcomes["tail too short"] += 1
+            continue
+        assert (counts.histogram, counts.num_draft_tokens) == plan.kept
+        taken_off = payload[TAIL_KEY][: len(plan.seen)]
+        outcomes["taken off"] += bool(taken_off)
+        outcomes["taken off, one without drafts"] += NOT_VERIFIED in taken_off
+        outcomes["ended in the core"] += FINAL_ACCEPTED_KEY in payload and bool(taken_off)
+    return outcomes
+
+
+def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_client() -> None:
+    from vllm.v1.request import RequestStatus
+
+    scheduler = _scheduler()
+    for rid, client in (("a", 0), ("b", 1), ("c", 0)):
+        scheduler.add_request(_request(rid, stop=["x"], client=client))
+    _step(scheduler, {"a": (0, 0, 0), "b": (0, 0, 0), "c": (0, 0, 0)}, prefill=frozenset("abc"))
+    _step(scheduler, {"a": (3, 1, 2), "b": (2, 0, 0), "c": (3, 0, 3)})
+    _step(scheduler, {"a": (0, 0, 0), "b": (3, 0, 1)})  # c not scheduled this step
+    scheduler.requests["c"].status = RequestStatus.PREEMPTED
+    assert not scheduler._answers
+    scheduler.finish_requests(["a", "b", "c", "gone"], RequestStatus.FINISHED_ABORTED)
+    assert scheduler.has_requests()
+    outputs = _step(scheduler, {})
+    tails = {o.request_id: (client, o.kv_transfer_params) for client, eco in outputs.items() for o in eco.outputs}
+    assert tails == {
+        "a": (0, {TAIL_KEY: [NOT_VERIFIED, 2, UNKNOWN]}),
+        "b": (1, {TAIL_KEY: [3, 2, UNKNOWN]}),
+        "c": (0, {TAIL_KEY: [UNKNOWN]}),  # preempted: its last steps' outputs may have been dropped
+    }
+    assert not scheduler._answers and not scheduler.has_requests()
+
+
+def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() -> None:
+    from vllm.v1.request import RequestStatus
+
+    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
+
+    scheduler = _scheduler()
+    scheduler.add_request(_request("plain", stop=None))
+    scheduler.add_request(_request("stop", stop=["x"]))
+    snapshots = []
+    for step in range(1, SNAPSHOT_EVERY_STEPS + 1):
+        outputs = _step(scheduler, {"plain": (3, 0, step % 4), "stop": (3, 0, 1)})
+        for output in outputs[0].outputs:
+            if output.spec_decode_metrics is not None:
+                live = scheduler.requests[output.request_id].spec_decode_metrics
+                assert output.spec_decode_metrics == live and output.spec_decode_metrics is not live
+                snapshots.append((step, output.request_id))
+    assert snapshots == [(SNAPSHOT_EVERY_STEPS, "plain"), (SNAPSHOT_EVERY_STEPS, "stop")]
+    scheduler.finish_requests(["plain"], RequestStatus.FINISHED_ABORTED)
+    assert not scheduler._answers and scheduler._with_stops == {"stop"}
+    scheduler.finish_requests(["stop"], RequestStatus.FINISHED_ABORTED)
+    assert len(scheduler._answers) == 1 and not scheduler._with_stops
+
+
+def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None:
+    from vllm.v1.request import RequestStatus
+
+    from worker.spec_scheduler import _RING
+
+    scheduler = _scheduler()
+    scheduler.add_request(_request("early", stop=["x"], max_tokens=4))
+    scheduler.add_request(_request("late", stop=["x"], max_tokens=4))
+    scheduler.add_request(_request("other", stop=None))
+    outputs = _step(scheduler, {"early": (3, 0, 3), "late": (3, 0, 3), "other": (3, 0, 0)})
+    # Both ended in the core on 4 tokens; vLLM trimmed nothing here, the frontend saw 4.
+    assert {o.request_id for o in outputs[0].outputs if o.finish_reason is not None} == {"early", "late"}
+    scheduler.finish_requests(["early"], RequestStatus.FINISHED_ABORTED)
+    answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["early"]
+    assert answer.kv_transfer_params == {TAIL_KEY: [3], FINAL_ACCEPTED_KEY: 3}
+    counts = kept_counts(answer.spec_decode_metrics, tail=[3], after=[4], ended=True, final_accepted=3)
+    assert counts is not None and counts.histogram == [0, 0, 0, 0] and counts.num_draft_tokens == 0
+    for _ in range(_RING):
+        _step(scheduler, {"other": (3, 0, 0)})
+    scheduler.finish_requests(["late"], RequestStatus.FINISHED_ABORTED)  # past the window: no answer
+    assert not scheduler._answers and not scheduler._ended
+
+
+def test_kept_counts_arithmetic() -> None:
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+
+    # Five verify steps (accepted 3, 0, 2, 1, 3; 3 drafts each) and one step without drafts.
+    m = RequestSpecDecodeMetrics(3, [1, 1, 1, 2], 15, [3, 0, 2, 1, 3], [3, 3, 3, 3, 3])
+    # The last two steps came after the stop string: accepted 3 (4 tokens), then a step without drafts.
+    kept = kept_counts(m, tail=[NOT_VERIFIED, 3, 3], after=[4, 1])
+    assert kept is not None
+    assert (kept.histogram, kept.num_draft_tokens) == ([1, 1, 1, 1], 12)
+    assert (kept.per_step_accepted, kept.per_step_drafted) == ([3, 0, 2, 1], [3, 3, 3, 3])
+    assert kept_counts(m, tail=[3, 3], after=[]) == m and kept_counts(m, tail=[3, 3], after=[]) is not m
+    assert kept_counts(m, tail=[3], after=[4, 1]) is None  # more steps to take off than described
+    assert kept_counts(m, tail=[UNKNOWN, 3], after=[1]) is None
+    assert kept_counts(m, tail=[NOT_VERIFIED], after=[2]) is None  # a step without drafts yields one token
+    assert kept_counts(m, tail=[3], after=[5]) is None  # 4 accepted of 3 drafts
+    assert kept_counts(RequestSpecDecodeMetrics(3, [1, 0, 0, 0], 3), tail=[3], after=[3]) is None  # no such step
+    # Ended in the core on a step whose tokens were trimmed to 1: its accepted count comes from the core.
+    assert kept_counts(m, tail=[3], after=[1], ended=True, final_accepted=None) is None
+    ended = kept_counts(m, tail=[3], after=[1], ended=True, final_accepted=3)
+    assert ended is not None and ended.histogram == [1, 1, 1, 1]
