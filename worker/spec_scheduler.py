@@ -178,23 +178,22 @@ class SpecMetricsSnapshots:
     def _tail(self, rid: str, *, until: int) -> list[int]:
         """What each of the request's last steps up to step ``until`` verified, newest first: the
         drafts it verified (vLLM's count: less those a grammar invalidated), NOT_VERIFIED, or
-        UNKNOWN (where the walk stops)."""
+        UNKNOWN (where the walk stops). Runs once per answered abort: kept to a few dict lookups a step."""
         tail: list[int] = []
+        append = tail.append
         for step, scheduled, spec, invalid in reversed(self._ring):
-            if step > until:
-                continue
             num_tokens = scheduled.get(rid)
-            if num_tokens is None:
+            if num_tokens is None or step > until:
                 continue
             drafts = spec.get(rid)
-            if num_tokens != 1 + (len(drafts) if drafts else 0):  # not a decode step
-                tail.append(UNKNOWN)
-                break
-            if drafts:
-                tail.append(len(drafts) - invalid.get(rid, 0) if invalid else len(drafts))
+            if not drafts:  # vLLM verifies only a step with drafts
+                code = NOT_VERIFIED if num_tokens == 1 else UNKNOWN
+            elif num_tokens == len(drafts) + 1:
+                code = len(drafts) - invalid.get(rid, 0) if invalid else len(drafts)
             else:
-                tail.append(NOT_VERIFIED)
-            if len(tail) == TAIL_STEPS:
+                code = UNKNOWN  # not a decode step: a prefill chunk, a recomputation
+            append(code)
+            if code == UNKNOWN or len(tail) == TAIL_STEPS:
                 break
         return tail
 

@@ -161,7 +161,7 @@ async def bench_overhead(
             if on_progress:
                 on_progress(report)
         if settings.resolved_speculative_config():
-            report["spec_exact"] = await _spec_exactness(engine, settings, job)
+            report["spec_exact"] = await _spec_exactness(engine, settings, job, stop_requests=max(concurrencies))
         report["partial"] = False
         if on_progress:
             on_progress(report)
@@ -172,28 +172,33 @@ async def bench_overhead(
 
 
 async def _spec_exactness(
-    engine: Engine, settings: Settings, job: dict[str, Any], *, requests: int = 16
+    engine: Engine, settings: Settings, job: dict[str, Any], *, requests: int = 16, stop_requests: int = 16
 ) -> dict[str, Any]:
     """Concurrent handler jobs on a speculating engine: their per-request ``spec_decode`` summed,
     against vLLM's engine-wide counters over the same interval (nothing else runs on the engine).
-    Then the same jobs with a stop string (``STOP_CHECK``): vLLM's counters also count the steps the
-    engine core ran past each stop string before its abort landed, which the frontend took off
-    (``spec_frontend``), so there the per-request sums plus what was taken off must equal them."""
-    report = await _summed_against_counters(engine, settings, job, requests=requests, label="exact")
-    params = {**job["sampling_params"], "stop": [STOP_CHECK]}
+
+    Then ``stop_requests`` such jobs (the run's highest concurrency: the frontend at its busiest),
+    each with a stop string cut from the first job's text at its own place (so they end at
+    different steps, some before ``max_tokens``): vLLM's counters also count the
+    steps the engine core ran past each stop string before its abort landed, which the frontend
+    took off (``spec_frontend``), so there the per-request sums plus what was taken off must equal
+    them."""
+    report, texts = await _summed_against_counters(engine, settings, [job] * requests, label="exact")
+    text = texts[0]
     processor = engine.llm.output_processor
     outcomes_before = _outcomes(processor)
     recent_before = len(getattr(processor, "recent", ()))
-    stopped = await _summed_against_counters(
-        engine, settings, {**job, "sampling_params": params}, requests=requests, label="stop", processor=processor
-    )
+    places = (len(text) * (i + 1) // (stop_requests + 1) for i in range(stop_requests))
+    stops = [text[p : p + 4] or "\n\n" for p in places]
+    jobs = [{**job, "sampling_params": {**job["sampling_params"], "stop": [stop]}} for stop in stops]
+    stopped, _ = await _summed_against_counters(engine, settings, jobs, label="stop", processor=processor)
     outcomes = _outcomes(processor) - outcomes_before
     recent = list(getattr(processor, "recent", ()))[recent_before:]
     waits = sorted(wait * 1000 for wait, _ in recent)
-    stopped["stop"] = STOP_CHECK
     stopped["released"] = {"exact": outcomes["exact"], "partial": outcomes["partial"]}
-    stopped["outputs_taken_off"] = collections.Counter(str(n) for _, n in recent)
+    stopped["outputs_taken_off"] = dict(collections.Counter(str(n) for _, n in recent))
     stopped["held_ms"] = {"median": statistics.median(waits), "max": waits[-1]} if waits else None
+    stopped["stops"] = sorted(set(stops))[:32]
     report["with_stop"] = stopped
     return report
 
@@ -203,29 +208,24 @@ def _outcomes(processor: Any) -> collections.Counter[str]:
     return collections.Counter(getattr(processor, "outcomes", None) or {})
 
 
-# A stop string dummy weights' random tokens reach within some dozens of tokens.
-STOP_CHECK = "q"
-
-
 async def _summed_against_counters(
-    engine: Engine,
-    settings: Settings,
-    job: dict[str, Any],
-    *,
-    requests: int,
-    label: str,
-    processor: Any = None,
-) -> dict[str, Any]:
+    engine: Engine, settings: Settings, jobs: list[dict[str, Any]], *, label: str, processor: Any = None
+) -> tuple[dict[str, Any], list[str]]:
+    """The jobs run concurrently through the handler: their stats summed (plus what the frontend
+    took off past stop strings) against vLLM's counters, and each job's text."""
     worker = _worker_over(engine, settings)
     before = engine_spec_counters()
     taken_before = _outcomes(processor)
 
-    async def one(i: int) -> dict[str, Any]:
+    async def one(i: int, job: dict[str, Any]) -> tuple[dict[str, Any], str]:
         items: AsyncIterator[Any] = worker.handle({"id": f"{label}{i}", "input": job})  # native: JSON objects
-        last = [item async for item in items][-1]
-        return dict(last.get("spec_decode") or {}) | {"finish_reason": last.get("finish_reason")}
+        chunks = [item async for item in items]
+        last = chunks[-1]
+        final = dict(last.get("spec_decode") or {}) | {"finish_reason": last.get("finish_reason")}
+        return final, "".join(str(chunk.get("text") or "") for chunk in chunks)
 
-    finals = await asyncio.gather(*(one(i) for i in range(requests)))
+    done = await asyncio.gather(*(one(i, job) for i, job in enumerate(jobs)))
+    finals = [final for final, _ in done]
     summed = {
         "num_drafts": sum(f.get("num_spec_steps", 0) for f in finals),
         "num_draft_tokens": sum(f.get("num_draft_tokens", 0) for f in finals),
@@ -235,8 +235,8 @@ async def _summed_against_counters(
     taken_off = {key: int(taken[key]) for key in summed}
     expected = {key: summed[key] + taken_off[key] for key in summed}
     counters = await spec_counters_since(before, num_draft_tokens=expected["num_draft_tokens"])
-    return {
-        "requests": requests,
+    report = {
+        "requests": len(jobs),
         "with_spec_decode": sum(1 for f in finals if "num_spec_steps" in f),
         "partial": sum(1 for f in finals if f.get("partial")),
         "finish_reasons": dict(collections.Counter(str(f["finish_reason"]) for f in finals)),
@@ -245,6 +245,7 @@ async def _summed_against_counters(
         "engine_counters": counters,
         "equal": expected == counters,
     }
+    return report, [text for _, text in done]
 
 
 def _worker_over(engine: Engine, settings: Settings) -> ServerlessWorker:

@@ -218,7 +218,7 @@ def overhead_section(results: dict[str, Any]) -> list[str]:
             summed, taken, counters = stop["per_request_sum"], stop["taken_off"], stop["engine_counters"]
             held = stop.get("held_ms")
             lines += [
-                f"The same jobs with the stop string {stop['stop']!r} (endings: {stop['finish_reasons']}; "
+                f"The same jobs, each with a stop string from the first one's text (endings: {stop['finish_reasons']}; "
                 f"released exact {stop['released']['exact']}, partial {stop['released']['partial']}; outputs "
                 f"taken off per ending: {stop['outputs_taken_off']}"
                 + (f"; held {fmt(held['median'], 1)} ms median, {fmt(held['max'], 1)} max" if held else "")
