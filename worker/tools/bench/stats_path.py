@@ -11,7 +11,8 @@ path adds to each engine step instead, with vLLM's own types and serialiser:
   hook around vLLM's update (timed from its call to the stand-in update's start, and from the
   stand-in's return to its own), plus the abort path of every request that ends on its stop
   string (the answer: a walk of the request's last steps) and the add of the request that takes
-  its place, each timed as a whole call (the stand-in's own bookkeeping counted against the hook);
+  its place, each timed as a whole call (the stand-in's own bookkeeping counted against the hook;
+  vLLM's own making of the replacing requests, ``Request(...)``, is timed apart, for scale);
 - the answers' transport: vLLM's msgpack encode in the engine core and decode in the frontend, each
   step with answers encoded with and without them in turn (the median of the runs is kept);
 - the frontend's scan of a step's outputs for those of requests it holds (``spec_frontend``), on
@@ -193,7 +194,7 @@ def _time_case(
 
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
     drafts = [0] * k
-    best = {name: float("inf") for name in ("observe", "hook", "ends", "frontend")}
+    best = {name: float("inf") for name in ("observe", "hook", "ends", "frontend", "made")}
     transport: list[int] = []
     num_ends = 0
     collecting = gc.isenabled()
@@ -206,7 +207,7 @@ def _time_case(
                 hooked.add_request(request)
             held: dict[str, int] = {}  # the frontend's held requests: id -> the step its abort lands
             frontend = _frontend_scan(ExactStopStats._scan_held)
-            observe = hook = ends = scan = paired = 0
+            observe = hook = ends = scan = paired = made = 0
             num_ends = 0
             for step in range(steps):
                 requests = hooked.slots
@@ -251,7 +252,9 @@ def _time_case(
                 landing = [rid for rid, when in held.items() if when == step]
                 ended = ending[step] if stop else []
                 if landing or ended:
-                    replacements = [new_request() for _ in ended]  # vLLM's making of them: not timed
+                    t0 = time.perf_counter_ns()
+                    replacements = [new_request() for _ in ended]  # vLLM's own making of them: for scale
+                    made += time.perf_counter_ns() - t0
                     t0 = time.perf_counter_ns()
                     if landing:
                         hooked.finish_requests(landing, RequestStatus.FINISHED_ABORTED)
@@ -265,6 +268,7 @@ def _time_case(
             best["hook"] = min(best["hook"], hook)
             best["ends"] = min(best["ends"], ends)
             best["frontend"] = min(best["frontend"], scan)
+            best["made"] = min(best["made"], made)
             transport.append(paired)
     finally:
         if collecting:
@@ -278,6 +282,8 @@ def _time_case(
     }
     costs["total_us"] = sum(costs.values())
     costs["frontend_us"] = per_step["frontend"]
+    # For scale, not in the total: vLLM's own making of the engine-core requests that replace them.
+    costs["request_creation_us"] = per_step["made"]
     costs["ends_per_step"] = num_ends / steps
     return costs
 

@@ -150,11 +150,13 @@ def _answered_aborts_table(stats: dict[str, Any], itl_ms: dict[int, float]) -> l
         'without blank lines (no request ends), all_stop_ending ending at each blank line. "ends": the '
         "answered aborts and the adds of the requests that take their place, as whole calls into a stand-in "
         "scheduler (its own bookkeeping counted too). The frontend's scan for held requests runs in the "
-        "frontend's process: beside the total, not in it.",
+        "frontend's process, and vLLM's own making of the requests that replace the ended ones is there "
+        "for scale: both beside the total, not in it.",
         "",
         "| batch | case | vLLM's per-request tracking µs | worker's hook µs | ends µs | answers' transport µs "
-        "| total µs | requests ended per step | share of a step | frontend scan µs |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| total µs | requests ended per step | share of a step | frontend scan µs | vLLM's `Request()` of "
+        "the replacements µs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in stats["rows"]:
         step_us = itl_ms[r["batch"]] * 1000 if itl_ms.get(r["batch"]) else None
@@ -164,7 +166,8 @@ def _answered_aborts_table(stats: dict[str, Any], itl_ms: dict[int, float]) -> l
             lines.append(
                 f"| {r['batch']} | {label} | {fmt(c['observe_us'], 1)} | {fmt(c['hook_us'], 1)} | "
                 f"{fmt(c['ends_us'], 1)} | {fmt(c['transport_us'], 1)} | {fmt(c['total_us'], 1)} | "
-                f"{c['ends_per_step']:.2f} | {share} | {fmt(c['frontend_us'], 1)} |"
+                f"{c['ends_per_step']:.2f} | {share} | {fmt(c['frontend_us'], 1)} | "
+                f"{fmt(c.get('request_creation_us'), 1)} |"
             )
     return [*lines, ""]
 
