@@ -93,8 +93,10 @@
 #                     on vs off (two engines side by side), concurrency 1, 8, 64, 256 (3 alternating runs)
 #   stats-draft       the same with a Llama-3.2-1B-shaped draft model, k=4 (vLLM's async scheduler), 64 tokens
 #   stats-path        the stats path's own CPU time per engine step on this host (bench part stats_path: vLLM's
-#                     per-request tracking and the worker's hook timed alone, the snapshots' msgpack transport
-#                     with minus without), against the step of an n-gram k=4 engine measured in the same run, 1 run
+#                     per-request tracking, the worker's hooks and the answers to stop strings' aborts timed alone,
+#                     the answers' msgpack transport with minus without), against the step of an n-gram k=4 engine
+#                     measured in the same run, 1 run; the overhead part's exactness check there also runs as many
+#                     stop-string jobs as the highest concurrency
 #   stats-path-procs  the stats path alone (no engine) in $STATS_PATH_PROCS separate processes in turn (default 5),
 #                     batch $STATS_PATH_SIZES (default 1,8,64,256): between processes its figures spread more than
 #                     within one, so each process's JSON is kept (stats-path-procs/N.json) and the medians printed

@@ -6,14 +6,16 @@ outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is 
 
 Exact stats on every ending: vLLM attaches a request's spec-decode metrics only to the engine
 core's final output, so a request finished by a stop string (detected in the frontend) or
-cancelled gets none. :class:`SpecMetricsScheduler` makes the core attach snapshots (every step
-for a request with stop strings, every few steps for the others); the frontend keeps the
-latest, so the final output of a stop-string request carries the counts up to and including
-its last step, and a cancelled one can report what was observed.
+cancelled gets none. The worker's scheduler (``spec_scheduler.py``) answers a stop string's abort
+with the request's counts and the shape of its last steps, and its output processor
+(``spec_frontend.py``, installed by ``boot.py``) holds the final output until then and takes off
+the steps the core ran past the stop string: the final output carries the counts of the steps
+the request kept. Every request also gets a snapshot every few dozen steps: what a cancelled one
+reports.
 
 vLLM is imported here, in ``boot.py``, in ``spec_scheduler.py`` (the scheduler subclasses, imported
-by the engine-core process too) and in ``openai.py`` (vLLM's OpenAI layer); where model references
-point is ``worker/models.py``.
+by the engine-core process too), ``spec_frontend.py`` and ``openai.py`` (vLLM's OpenAI layer);
+where model references point is ``worker/models.py``.
 """
 
 from __future__ import annotations
