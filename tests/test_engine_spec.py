@@ -182,6 +182,33 @@ async def test_without_the_core_s_answer_a_stop_string_ends_with_partial_counts(
 
 
 @pytest.mark.slow
+async def test_a_held_final_output_is_released_when_the_engine_fails(
+    default_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stop string's final output waits for the core's answer; the engine failing meanwhile (vLLM
+    # propagates the error to every request it still tracks, which no longer includes this one)
+    # releases it at once: its text is complete, its counts partial.
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    processor = default_engine.llm.output_processor
+    monkeypatch.setattr(processor, "wait_s", 60.0)
+    _aborts(default_engine, monkeypatch, delay_s=None)
+    params = {"temperature": 0, "max_tokens": 40, "stop": ["seven"]}
+    task = asyncio.create_task(run(default_engine, {"prompt": PROMPTS[-1], "sampling_params": params}))
+    for _ in range(500):
+        if processor._held or task.done():
+            break
+        await asyncio.sleep(0.01)
+    assert processor._held and not task.done()
+    processor.propagate_error(EngineDeadError())
+    final = (await asyncio.wait_for(task, 5))[-1]
+    assert final.finish_reason == "stop" and final.stop_reason == "seven"
+    assert final.spec_decode is None or final.spec_decode.partial
+    assert not processor._held
+    await assert_engine_empties(default_engine)
+
+
+@pytest.mark.slow
 async def test_eos_and_length_endings_have_stats(spec_engine: tuple[str, Any]) -> None:
     _, engine = spec_engine
     by_eos = await run(
