@@ -100,14 +100,19 @@ async def test_stop_string_request_still_has_exact_stats(spec_engine: tuple[str,
 async def test_a_stop_string_request_reports_exactly_the_counts_of_the_steps_it_kept(
     spec_engine: tuple[str, Any],
 ) -> None:
-    # The engine core snapshots only on steps that can complete a stop string: the request ended
-    # by one must still report the counts of every step up to the one that completed it. The same
-    # greedy request cut by max_tokens at that step's last kept token ends in the core, with
-    # vLLM's own counts of the same steps.
+    # The request ended by a stop string must report the counts of every step up to the one that
+    # completed it, and of none after (the core answers the frontend's abort, a step or more on).
     _, engine = spec_engine
+    assert await _ended_by_stop_as_by_length(engine, [(stop, 60) for stop in ["seven", ",", " five", "ix", "t"]]) >= 3
+
+
+async def _ended_by_stop_as_by_length(engine: Any, cases: list[tuple[str, int]]) -> int:
+    """Per (stop string, max_tokens): the greedy request ended by the stop string against the same
+    request cut by max_tokens at that step's last kept token, which ends in the core with vLLM's
+    own counts of the same steps: equal. How many ended on their stop string."""
     checked = 0
-    for stop in ["seven", ",", " five", "ix", "t"]:
-        params = {"temperature": 0, "max_tokens": 60, "stop": [stop]}
+    for stop, max_tokens in cases:
+        params = {"temperature": 0, "max_tokens": max_tokens, "stop": [stop]}
         by_stop = (await run(engine, {"prompt": PROMPTS[-1], "sampling_params": params}))[-1]
         if by_stop.finish_reason != "stop" or by_stop.stop_reason != stop:
             continue
@@ -117,7 +122,7 @@ async def test_a_stop_string_request_reports_exactly_the_counts_of_the_steps_it_
         assert by_length.finish_reason == "length" and by_length.spec_decode is not None
         assert by_stop.spec_decode.model_dump() == by_length.spec_decode.model_dump(), stop
         checked += 1
-    assert checked >= 3
+    return checked
 
 
 def _aborts(engine: Any, monkeypatch: pytest.MonkeyPatch, *, delay_s: float | None) -> None:
@@ -145,18 +150,8 @@ async def test_steps_the_core_ran_past_a_stop_string_are_taken_off(
     processor = engine.llm.output_processor
     before = processor.outcomes.copy()
     _aborts(engine, monkeypatch, delay_s=0.04)
-    checked = 0
-    for stop, max_tokens in [("seven", 200), (",", 200), (" five", 200), ("ix", 24), ("t", 20)]:
-        params = {"temperature": 0, "max_tokens": max_tokens, "stop": [stop]}
-        by_stop = (await run(engine, {"prompt": PROMPTS[-1], "sampling_params": params}))[-1]
-        if by_stop.finish_reason != "stop" or by_stop.stop_reason != stop:
-            continue
-        assert by_stop.usage is not None and by_stop.spec_decode is not None
-        params = {"temperature": 0, "max_tokens": by_stop.usage.completion_tokens}
-        by_length = (await run(engine, {"prompt": PROMPTS[-1], "sampling_params": params}))[-1]
-        assert by_length.spec_decode is not None
-        assert by_stop.spec_decode.model_dump() == by_length.spec_decode.model_dump(), stop
-        checked += 1
+    cases = [("seven", 200), (",", 200), (" five", 200), ("ix", 24), ("t", 20)]
+    checked = await _ended_by_stop_as_by_length(engine, cases)
     assert checked >= 3
     outcomes = processor.outcomes - before
     assert outcomes["exact"] == checked and not outcomes["partial"]
