@@ -109,8 +109,8 @@ def _schedule(
 def stand_in_engine(size: int, *, k: int, stop: str | None) -> tuple[type, Any]:
     """vLLM's scheduler reduced to what the worker's hooks call: taking requests, handing back a
     step's outputs for the tokens given it, finishing requests. Each slot holds one of vLLM's own
-    engine-core requests (with the metrics its scheduler gives them); ``new_request(slot)`` makes
-    the one that takes a slot's place when its request ends."""
+    engine-core requests (with the metrics its scheduler gives them); ``new_request()`` makes the
+    one that takes a slot's place when its request ends (``new_request(rid)``: a twin of ``rid``)."""
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
@@ -119,8 +119,8 @@ def stand_in_engine(size: int, *, k: int, stop: str | None) -> tuple[type, Any]:
     params = SamplingParams(stop=[stop] if stop else None)
     serial = iter(range(10**9))
 
-    def new_request() -> Any:
-        request = Request(f"req-{next(serial)}", [1] * 8, params, None)
+    def new_request(rid: str | None = None) -> Any:
+        request = Request(rid or f"req-{next(serial)}", [1] * 8, params, None)
         request.spec_decode_metrics = RequestSpecDecodeMetrics.new(k)
         request.status = RequestStatus.RUNNING
         return request
@@ -194,7 +194,7 @@ def _time_case(
 
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
     drafts = [0] * k
-    best = {name: float("inf") for name in ("observe", "hook", "ends", "frontend", "made")}
+    best = {name: float("inf") for name in ("observe", "hook", "ends", "frontend", "made", "plain")}
     transport: list[int] = []
     num_ends = 0
     collecting = gc.isenabled()
@@ -203,11 +203,15 @@ def _time_case(
         for _ in range(repeats):
             hooked = Hooked()
             hooked.slots = [new_request() for _ in range(size)]
+            # The stand-in without the hooks, given twins of the same requests: what its own
+            # bookkeeping costs of the ends' calls (the hooked calls' time includes it).
+            bare = Core()
             for request in hooked.slots:
                 hooked.add_request(request)
+                bare.add_request(new_request(request.request_id))
             held: dict[str, int] = {}  # the frontend's held requests: id -> the step its abort lands
             frontend = _frontend_scan(ExactStopStats._scan_held)
-            observe = hook = ends = scan = paired = made = 0
+            observe = hook = ends = scan = paired = made = bookkeeping = 0
             num_ends = 0
             for step in range(steps):
                 requests = hooked.slots
@@ -255,6 +259,7 @@ def _time_case(
                     t0 = time.perf_counter_ns()
                     replacements = [new_request() for _ in ended]  # vLLM's own making of them: for scale
                     made += time.perf_counter_ns() - t0
+                    twins = [new_request(r.request_id) for r in replacements]
                     t0 = time.perf_counter_ns()
                     if landing:
                         hooked.finish_requests(landing, RequestStatus.FINISHED_ABORTED)
@@ -263,12 +268,19 @@ def _time_case(
                         requests[slot] = replacement
                         hooked.add_request(replacement)
                     ends += time.perf_counter_ns() - t0
+                    t0 = time.perf_counter_ns()
+                    if landing:
+                        bare.finish_requests(landing, RequestStatus.FINISHED_ABORTED)
+                    for twin in twins:
+                        bare.add_request(twin)
+                    bookkeeping += time.perf_counter_ns() - t0
                 num_ends += len(ended)
             best["observe"] = min(best["observe"], observe)
             best["hook"] = min(best["hook"], hook)
             best["ends"] = min(best["ends"], ends)
             best["frontend"] = min(best["frontend"], scan)
             best["made"] = min(best["made"], made)
+            best["plain"] = min(best["plain"], bookkeeping)
             transport.append(paired)
     finally:
         if collecting:
@@ -284,6 +296,8 @@ def _time_case(
     costs["frontend_us"] = per_step["frontend"]
     # For scale, not in the total: vLLM's own making of the engine-core requests that replace them.
     costs["request_creation_us"] = per_step["made"]
+    # Of ends_us, the stand-in scheduler's own bookkeeping (its finish and add, without the hooks).
+    costs["stand_in_ends_us"] = per_step["plain"]
     costs["ends_per_step"] = num_ends / steps
     return costs
 

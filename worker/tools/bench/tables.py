@@ -149,7 +149,8 @@ def _answered_aborts_table(stats: dict[str, Any], itl_ms: dict[int, float]) -> l
         f"{stats['abort_lag_steps']} steps after the stop string. Text: {stats['text']}; all_stop from it "
         'without blank lines (no request ends), all_stop_ending ending at each blank line. "ends": the '
         "answered aborts and the adds of the requests that take their place, as whole calls into a stand-in "
-        "scheduler (its own bookkeeping counted too). The frontend's scan for held requests runs in the "
+        "scheduler (its own bookkeeping counted too: in brackets, where measured, the same calls without the "
+        "hooks). The frontend's scan for held requests runs in the "
         "frontend's process, and vLLM's own making of the requests that replace the ended ones is there "
         "for scale: both beside the total, not in it.",
         "",
@@ -165,11 +166,17 @@ def _answered_aborts_table(stats: dict[str, Any], itl_ms: dict[int, float]) -> l
             share = f"{100 * c['total_us'] / step_us:.2f}%" if step_us else "-"
             lines.append(
                 f"| {r['batch']} | {label} | {fmt(c['observe_us'], 1)} | {fmt(c['hook_us'], 1)} | "
-                f"{fmt(c['ends_us'], 1)} | {fmt(c['transport_us'], 1)} | {fmt(c['total_us'], 1)} | "
+                f"{fmt(c['ends_us'], 1)}{_of_which(c.get('stand_in_ends_us'))} | {fmt(c['transport_us'], 1)} | "
+                f"{fmt(c['total_us'], 1)} | "
                 f"{c['ends_per_step']:.2f} | {share} | {fmt(c['frontend_us'], 1)} | "
                 f"{fmt(c.get('request_creation_us'), 1)} |"
             )
     return [*lines, ""]
+
+
+def _of_which(stand_in_us: float | None) -> str:
+    """The stand-in scheduler's own share of the ends, where the run measured it."""
+    return f" (stand-in {fmt(stand_in_us, 1)})" if stand_in_us else ""
 
 
 def overhead_section(results: dict[str, Any]) -> list[str]:
