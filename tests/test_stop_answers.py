@@ -18,7 +18,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from worker.spec_frontend import kept_counts
-from worker.spec_scheduler import FINAL_ACCEPTED_KEY, NOT_VERIFIED, TAIL_KEY, TAIL_STEPS, UNKNOWN
+from worker.spec_scheduler import (
+    ANSWERS_ID,
+    ANSWERS_KEY,
+    NOT_VERIFIED,
+    TAIL_STEPS,
+    UNKNOWN,
+    Answer,
+    decode_answer,
+    encode_answer,
+)
 
 K = 3
 
@@ -125,8 +134,17 @@ def _step(scheduler: Any, shapes: dict[str, tuple[int, int, int]], *, prefill: f
     return scheduler.update_from_output(scheduled, model_output)
 
 
-def _answers(outputs: dict[int, Any]) -> dict[str, Any]:
-    return {o.request_id: o for eco in outputs.values() for o in eco.outputs if o.kv_transfer_params}
+def _answers(outputs: dict[int, Any]) -> dict[str, tuple[int, Answer]]:
+    """The step's answers: request id -> (client index, the decoded answer). They come last in a
+    client's outputs, in one output of their own."""
+    found = {}
+    for client, eco in outputs.items():
+        assert all(o.request_id != ANSWERS_ID for o in eco.outputs[:-1])
+        last = eco.outputs[-1] if eco.outputs else None
+        if last is not None and last.request_id == ANSWERS_ID:
+            for rid, flat in last.kv_transfer_params[ANSWERS_KEY].items():
+                found[rid] = (client, decode_answer(flat))
+    return found
 
 
 def _random_shape(rng: random.Random) -> tuple[int, int, int]:
@@ -167,12 +185,12 @@ def _trial(seed: int) -> collections.Counter[str]:
     for step in range(1, 60):
         live = [rid for rid in scheduler.requests]
         outputs = _step(scheduler, {rid: _random_shape(rng) for rid in live})
-        for rid, answer in _answers(outputs).items():
+        for rid, (_, answer) in _answers(outputs).items():
             plans[rid].answer = answer
         for eco in outputs.values():
             for output in eco.outputs:
                 plan = plans.get(output.request_id)
-                if plan is None or output.kv_transfer_params:
+                if plan is None:
                     continue
                 if output.finish_reason is not None:
                     plan.ended = step
@@ -191,23 +209,18 @@ def _trial(seed: int) -> collections.Counter[str]:
         if answer is None:  # ended in the core long before its abort: the answer's window had passed
             assert plan.ended is not None and plan.abort - plan.ended >= _RING
             continue
-        payload = answer.kv_transfer_params
         counts = kept_counts(
-            answer.spec_decode_metrics,
-            tail=payload[TAIL_KEY],
-            after=plan.seen,
-            ended=FINAL_ACCEPTED_KEY in payload,
-            final_accepted=payload.get(FINAL_ACCEPTED_KEY),
+            answer.metrics, tail=answer.tail, after=plan.seen, ended=answer.ended, final_accepted=answer.final_accepted
         )
         if counts is None:  # the tail was too short: the frontend reports the snapshot as partial
-            assert len(plan.seen) > len(payload[TAIL_KEY])
+            assert len(plan.seen) > len(answer.tail)
             outcomes["tail too short"] += 1
             continue
         assert (counts.histogram, counts.num_draft_tokens) == plan.kept
-        taken_off = payload[TAIL_KEY][: len(plan.seen)]
+        taken_off = answer.tail[: len(plan.seen)]
         outcomes["taken off"] += bool(taken_off)
         outcomes["taken off, one without drafts"] += NOT_VERIFIED in taken_off
-        outcomes["ended in the core"] += FINAL_ACCEPTED_KEY in payload and bool(taken_off)
+        outcomes["ended in the core"] += answer.ended and bool(taken_off)
     return outcomes
 
 
@@ -225,11 +238,11 @@ def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_c
     scheduler.finish_requests(["a", "b", "c", "gone"], RequestStatus.FINISHED_ABORTED)
     assert scheduler.has_requests()
     outputs = _step(scheduler, {})
-    tails = {o.request_id: (client, o.kv_transfer_params) for client, eco in outputs.items() for o in eco.outputs}
+    tails = {rid: (client, answer.tail, answer.ended) for rid, (client, answer) in _answers(outputs).items()}
     assert tails == {
-        "a": (0, {TAIL_KEY: [NOT_VERIFIED, 2, UNKNOWN]}),
-        "b": (1, {TAIL_KEY: [3, 2, UNKNOWN]}),
-        "c": (0, {TAIL_KEY: [UNKNOWN]}),  # preempted: its last steps' outputs may have been dropped
+        "a": (0, [NOT_VERIFIED, 2, UNKNOWN], False),
+        "b": (1, [3, 2, UNKNOWN], False),
+        "c": (0, [UNKNOWN], False),  # preempted: its last steps' outputs may have been dropped
     }
     assert not scheduler._answers and not scheduler.has_requests()
 
@@ -254,7 +267,7 @@ def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() ->
     scheduler.finish_requests(["plain"], RequestStatus.FINISHED_ABORTED)
     assert not scheduler._answers and scheduler._with_stops == {"stop"}
     scheduler.finish_requests(["stop"], RequestStatus.FINISHED_ABORTED)
-    assert len(scheduler._answers) == 1 and not scheduler._with_stops
+    assert list(scheduler._answers[0]) == ["stop"] and not scheduler._with_stops
 
 
 def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None:
@@ -270,9 +283,9 @@ def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None
     # Both ended in the core on 4 tokens; vLLM trimmed nothing here, the frontend saw 4.
     assert {o.request_id for o in outputs[0].outputs if o.finish_reason is not None} == {"early", "late"}
     scheduler.finish_requests(["early"], RequestStatus.FINISHED_ABORTED)
-    answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["early"]
-    assert answer.kv_transfer_params == {TAIL_KEY: [3], FINAL_ACCEPTED_KEY: 3}
-    counts = kept_counts(answer.spec_decode_metrics, tail=[3], after=[4], ended=True, final_accepted=3)
+    _, answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["early"]
+    assert (answer.tail, answer.ended, answer.final_accepted) == ([3], True, 3)
+    counts = kept_counts(answer.metrics, tail=[3], after=[4], ended=True, final_accepted=3)
     assert counts is not None and counts.histogram == [0, 0, 0, 0] and counts.num_draft_tokens == 0
     for _ in range(_RING):
         _step(scheduler, {"other": (3, 0, 0)})
@@ -300,3 +313,18 @@ def test_kept_counts_arithmetic() -> None:
     assert kept_counts(m, tail=[3], after=[1], ended=True, final_accepted=None) is None
     ended = kept_counts(m, tail=[3], after=[1], ended=True, final_accepted=3)
     assert ended is not None and ended.histogram == [1, 1, 1, 1]
+
+
+def test_answers_round_trip() -> None:
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+
+    summary = RequestSpecDecodeMetrics(3, [1, 0, 2, 5], 24)
+    detailed = RequestSpecDecodeMetrics(2, [1, 1, 1], 6, [0, 1, 2], [2, 2, 2])
+    for metrics, tail, ended, final in [
+        (summary, [3, NOT_VERIFIED, 2], False, None),
+        (summary, [], True, None),
+        (detailed, [2, UNKNOWN], True, 0),
+        (detailed, [2], True, 2),
+    ]:
+        answer = decode_answer(encode_answer(metrics, tail, ended=ended, final_accepted=final))
+        assert answer == Answer(metrics, tail, ended, final)

@@ -31,11 +31,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm.outputs import RequestOutput
-from vllm.v1.engine import FinishReason
 from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutput, RequestState
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-from worker.spec_scheduler import FINAL_ACCEPTED_KEY, NOT_VERIFIED, TAIL_KEY, UNKNOWN
+from worker.spec_scheduler import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, decode_answer
 
 __all__ = ["ExactStopStats", "PartialSpecDecodeMetrics", "install", "kept_counts"]
 
@@ -91,6 +90,10 @@ class ExactStopStats(OutputProcessor):
     ) -> OutputProcessorOutput:
         if self._held:
             self._scan_held(engine_core_outputs)
+            # A step's answers come last in its outputs (after any of a held request's own).
+            if engine_core_outputs and engine_core_outputs[-1].request_id == ANSWERS_ID:
+                for rid, answer in engine_core_outputs[-1].kv_transfer_params[ANSWERS_KEY].items():
+                    self._release(rid, answer)
         self._finishing.clear()
         result = super().process_outputs(engine_core_outputs, engine_core_timestamp, iteration_stats, weight_version)
         # The requests vLLM finished on a stop string and aborts in the engine core.
@@ -102,12 +105,12 @@ class ExactStopStats(OutputProcessor):
         return result
 
     def _scan_held(self, engine_core_outputs: list[Any]) -> None:
-        """The outputs of held requests: vLLM ignores them (the request has finished here)."""
+        """The outputs of held requests, counted: vLLM ignores them (the request has finished here)."""
         held = self._held
         for output in engine_core_outputs:
             entry = held.get(output.request_id)
             if entry is not None:
-                self._after_stop(output, entry)
+                entry.after.append(len(output.new_token_ids))
 
     def _finish_request(self, req_state: RequestState) -> None:
         super()._finish_request(req_state)
@@ -134,33 +137,27 @@ class ExactStopStats(OutputProcessor):
         timer = loop.call_later(self.wait_s, self._release, rid, None)
         self._held[rid] = _Held(collector, output, [], timer, time.monotonic())
 
-    def _after_stop(self, output: Any, entry: _Held) -> None:
-        payload = output.kv_transfer_params
-        if output.finish_reason == FinishReason.ABORT and payload and TAIL_KEY in payload:
-            self._release(output.request_id, output)
-        else:
-            entry.after.append(len(output.new_token_ids))
-
-    def _release(self, rid: str, answer: Any | None) -> None:
+    def _release(self, rid: str, flat: list[int] | None) -> None:
+        """Release a held final output: with the counts of the steps it kept, from the engine core's
+        answer (``flat``, ``worker.spec_scheduler.encode_answer``), or partial (None: no answer)."""
         entry = self._held.pop(rid, None)
         if entry is None:
             return
         entry.timer.cancel()
         completion = entry.output.outputs[0]
+        answer = None if flat is None else decode_answer(flat)
         exact = None
-        whole = None if answer is None else answer.spec_decode_metrics
-        if answer is not None and whole is not None:
-            payload = answer.kv_transfer_params
+        if answer is not None:
             exact = kept_counts(
-                whole,
-                tail=payload[TAIL_KEY],
+                answer.metrics,
+                tail=answer.tail,
                 after=entry.after,
-                ended=FINAL_ACCEPTED_KEY in payload,
-                final_accepted=payload.get(FINAL_ACCEPTED_KEY),
+                ended=answer.ended,
+                final_accepted=answer.final_accepted,
             )
-        if whole is not None and exact is not None:
+        if answer is not None and exact is not None:
             completion.spec_decode_metrics = exact
-            self._count_taken_off(whole, exact, len(entry.after))
+            self._count_taken_off(answer.metrics, exact, len(entry.after))
             self.recent.append((time.monotonic() - entry.since, len(entry.after)))
         else:
             snapshot = completion.spec_decode_metrics

@@ -4,8 +4,8 @@ vLLM attaches a request's spec-decode metrics only to the engine core's final ou
 get none: a stop string, which vLLM's frontend detects and then aborts the request in the core
 (which has run a step or more past it by then and sends nothing back), and a cancellation.
 
-- A stop string: these subclasses answer the abort. The answer is one output with the request's
-  counts as the core let go of it and the shape of its last steps, its *tail*: for each recent
+- A stop string: these subclasses answer the abort. The answer is the request's counts as the core
+  let go of it and the shape of its last steps, its *tail*: for each recent
   step that yielded it tokens, how many drafts that step verified, or that it verified none. The
   frontend (:mod:`worker.spec_frontend`) knows how many of those steps came after the stop string
   (it saw their outputs, and dropped them), and takes them off. A request the core finished itself
@@ -30,20 +30,23 @@ from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import RequestStatus
 
 __all__ = [
-    "FINAL_ACCEPTED_KEY",
+    "ANSWERS_ID",
+    "ANSWERS_KEY",
     "NOT_VERIFIED",
     "SNAPSHOT_EVERY_STEPS",
-    "TAIL_KEY",
     "TAIL_STEPS",
     "UNKNOWN",
+    "Answer",
     "SpecMetricsAsyncScheduler",
     "SpecMetricsScheduler",
     "SpecMetricsSnapshots",
+    "decode_answer",
+    "encode_answer",
 ]
 
 # Engine steps between snapshots of every request: a cancelled request then reports counts at
@@ -58,10 +61,61 @@ _RING = 2 * TAIL_STEPS
 # tell (a prefill chunk or a recomputation after a preemption): the frontend stops there.
 NOT_VERIFIED = -1
 UNKNOWN = -2
-# The answer's payload, in the output's ``kv_transfer_params``: vLLM sends no output for an aborted
-# request, so none of its own fields is in use on this one, which only the worker's frontend reads.
-TAIL_KEY = "spec_decode_tail"
-FINAL_ACCEPTED_KEY = "spec_decode_final_accepted"
+# A step's answers travel to each client as one output of their own, under a request id vLLM never
+# makes (its ids end in random hex), in that output's ``kv_transfer_params`` (vLLM ignores outputs
+# of requests it does not track; only the worker's frontend reads this one): request id -> the
+# answer as a flat list of ints (``encode_answer``). One output a step, not one per request: 20
+# answers as outputs of their own cost 39 µs a step to build, encode and decode on the 2-core
+# machine, in one output nothing measurable.
+ANSWERS_ID = "\x00spec-decode-answers"
+ANSWERS_KEY = "spec_decode_answers"
+# In an answer: the core did not finish the request itself; it did, the last step's accepted
+# drafts unknown.
+_NOT_ENDED = -1
+_ENDED_UNKNOWN = -2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answer:
+    """A decoded answer: the request's counts when the core let go of it, its tail (newest step
+    first), and whether the core finished it itself in the tail's newest step, which accepted
+    ``final_accepted`` drafts (None: not known)."""
+
+    metrics: RequestSpecDecodeMetrics
+    tail: list[int]
+    ended: bool
+    final_accepted: int | None
+
+
+def encode_answer(
+    m: RequestSpecDecodeMetrics, tail: list[int], *, ended: bool, final_accepted: int | None
+) -> list[int]:
+    """``[num_spec_tokens, num_draft_tokens, ended, n, *histogram, *per_step_accepted(n),
+    *per_step_drafted(n), *tail]``, ``ended`` being _NOT_ENDED, _ENDED_UNKNOWN or the accepted count."""
+    final = _NOT_ENDED if not ended else _ENDED_UNKNOWN if final_accepted is None else final_accepted
+    steps = len(m.per_step_accepted)
+    return [
+        m.num_spec_tokens,
+        m.num_draft_tokens,
+        final,
+        steps,
+        *m.histogram,
+        *m.per_step_accepted,
+        *m.per_step_drafted,
+        *tail,
+    ]
+
+
+def decode_answer(flat: list[int]) -> Answer:
+    k, drafted, final, steps = flat[:4]
+    histogram_end = 4 + k + 1
+    accepted_end = histogram_end + steps
+    drafted_end = accepted_end + steps
+    metrics = RequestSpecDecodeMetrics(
+        k, flat[4:histogram_end], drafted, flat[histogram_end:accepted_end], flat[accepted_end:drafted_end]
+    )
+    ended = final != _NOT_ENDED
+    return Answer(metrics, flat[drafted_end:], ended, final if final >= 0 else None)
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,7 +146,8 @@ class SpecMetricsSnapshots:
         self._with_stops: set[str] = set()  # requests with stop strings in the core
         self._ended: dict[str, _Ended] = {}
         self._ended_order: collections.deque[tuple[int, str]] = collections.deque()
-        self._answers: list[tuple[int, EngineCoreOutput]] = []  # to send with the next step's outputs
+        # To send with the next step's outputs: client index -> request id -> answer.
+        self._answers: dict[int, dict[str, list[int]]] = {}
         # While vLLM's update runs: the model output, and each request's token count before vLLM
         # trimmed it at a stop (EOS, max_tokens).
         self._model_output: Any = None
@@ -203,26 +258,21 @@ class SpecMetricsSnapshots:
         """Queue the answer to an abort. ``ended``: the core finished the request itself, in the
         newest step of ``tail``, which then verified ``final_accepted`` accepted drafts (None: not
         known): vLLM trimmed that step's tokens at the stop, so the frontend cannot count them."""
-        payload: dict[str, Any] = {TAIL_KEY: tail}
-        if ended:
-            payload[FINAL_ACCEPTED_KEY] = final_accepted
-        answer = EngineCoreOutput(
-            request_id=rid,
-            new_token_ids=[],
-            finish_reason=FinishReason.ABORT,
-            spec_decode_metrics=metrics,  # the request's own: it has finished, nothing changes it now
-            kv_transfer_params=payload,
-        )
-        self._answers.append((client_index, answer))
+        answers = self._answers.get(client_index)
+        if answers is None:
+            answers = self._answers[client_index] = {}
+        answers[rid] = encode_answer(metrics, tail, ended=ended, final_accepted=final_accepted)
 
     def _send_answers(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        for client_index, answer in self._answers:
+        """The step's answers, one output per client, last in its list (where the frontend looks)."""
+        for client_index, answers in self._answers.items():
+            answer = EngineCoreOutput(ANSWERS_ID, [], kv_transfer_params={ANSWERS_KEY: answers})
             engine_outputs = outputs.get(client_index)
             if engine_outputs is None:
                 outputs[client_index] = EngineCoreOutputs(outputs=[answer])
             else:
                 engine_outputs.outputs.append(answer)
-        self._answers = []
+        self._answers = {}
 
     def _snapshot_all(self, outputs: Any) -> None:
         requests = self.requests

@@ -185,7 +185,7 @@ def _time_case(
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
     from worker.spec_frontend import ExactStopStats
-    from worker.spec_scheduler import SpecMetricsSnapshots
+    from worker.spec_scheduler import ANSWERS_ID, ANSWERS_KEY, SpecMetricsSnapshots
 
     Core, new_request = stand_in_engine(size, k=k, stop=stop)
 
@@ -235,9 +235,10 @@ def _time_case(
                 hook += (hooked.entered - started) + (time.perf_counter_ns() - hooked.returned)
                 # The transport of this step's answers (sent with its outputs), paired.
                 flat = outputs[0].outputs
-                answers = [o for o in flat if o.kv_transfer_params]
-                if answers:
-                    plain = EngineCoreOutputs(engine_index=0, outputs=[o for o in flat if not o.kv_transfer_params])
+                answered: dict[str, Any] = {}
+                if flat and flat[-1].request_id == ANSWERS_ID:
+                    answered = flat[-1].kv_transfer_params[ANSWERS_KEY]
+                    plain = EngineCoreOutputs(engine_index=0, outputs=flat[:-1])
                     for with_answers in (step % 2 == 0, step % 2 == 1):
                         payload = outputs[0] if with_answers else plain
                         t0 = time.perf_counter_ns()
@@ -249,8 +250,8 @@ def _time_case(
                     t0 = time.perf_counter_ns()
                     frontend(flat, held)
                     scan += time.perf_counter_ns() - t0
-                for answer in answers:
-                    held.pop(answer.request_id, None)
+                for rid in answered:
+                    held.pop(rid, None)
                 # Aborts that land now (their stop string was ABORT_LAG_STEPS steps ago), and the
                 # requests ending on this step: replaced by new requests, from the same place on.
                 landing = [rid for rid, when in held.items() if when == step]
@@ -313,13 +314,10 @@ def _frontend_scan(scan: Any) -> Any:
 
 
 class _Processor:
-    """What ``ExactStopStats._scan_held`` reads: the held requests (their answers handled apart)."""
+    """What ``ExactStopStats._scan_held`` reads: the held requests."""
 
     def __init__(self, held: dict[str, Any]) -> None:
         self._held = {rid: SimpleNamespace(after=[]) for rid in held}
-
-    def _after_stop(self, output: Any, entry: Any) -> None:
-        entry.after.append(len(output.new_token_ids))
 
 
 def bench_stats_path(batch_sizes: list[int], *, k: int = 4, steps: int = 800, repeats: int = 5) -> dict[str, Any]:
