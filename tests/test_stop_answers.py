@@ -168,7 +168,7 @@ def test_the_counts_kept_equal_the_counts_at_the_stop_string() -> None:
 def _trial(seed: int) -> collections.Counter[str]:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import _RING
+    from worker.spec_scheduler import _ENDED_STEPS
 
     rng = random.Random(seed)
     scheduler = _scheduler()
@@ -207,7 +207,7 @@ def _trial(seed: int) -> collections.Counter[str]:
     for plan in plans.values():
         answer = plan.answer
         if answer is None:  # ended in the core long before its abort: the answer's window had passed
-            assert plan.ended is not None and plan.abort - plan.ended >= _RING
+            assert plan.ended is not None and plan.abort - plan.ended >= _ENDED_STEPS
             continue
         counts = kept_counts(
             answer.metrics, tail=answer.tail, after=plan.seen, ended=answer.ended, final_accepted=answer.final_accepted
@@ -273,15 +273,16 @@ def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() ->
 def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import _RING
+    from worker.spec_scheduler import _ENDED_STEPS, _RING
 
     scheduler = _scheduler()
     scheduler.add_request(_request("early", stop=["x"], max_tokens=4))
     scheduler.add_request(_request("late", stop=["x"], max_tokens=4))
+    scheduler.add_request(_request("latest", stop=["x"], max_tokens=4))
     scheduler.add_request(_request("other", stop=None))
-    outputs = _step(scheduler, {"early": (3, 0, 3), "late": (3, 0, 3), "other": (3, 0, 0)})
-    # Both ended in the core on 4 tokens; vLLM trimmed nothing here, the frontend saw 4.
-    assert {o.request_id for o in outputs[0].outputs if o.finish_reason is not None} == {"early", "late"}
+    outputs = _step(scheduler, {"early": (3, 0, 3), "late": (3, 0, 3), "latest": (3, 0, 3), "other": (3, 0, 0)})
+    # All ended in the core on 4 tokens; vLLM trimmed nothing here, the frontend saw 4.
+    assert {o.request_id for o in outputs[0].outputs if o.finish_reason is not None} == {"early", "late", "latest"}
     scheduler.finish_requests(["early"], RequestStatus.FINISHED_ABORTED)
     _, answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["early"]
     assert (answer.tail, answer.ended, answer.final_accepted) == ([3], True, 3)
@@ -289,7 +290,14 @@ def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None
     assert counts is not None and counts.histogram == [0, 0, 0, 0] and counts.num_draft_tokens == 0
     for _ in range(_RING):
         _step(scheduler, {"other": (3, 0, 0)})
-    scheduler.finish_requests(["late"], RequestStatus.FINISHED_ABORTED)  # past the window: no answer
+    # Past the ring: answered, with no tail left to read (the frontend reports it partial at once).
+    scheduler.finish_requests(["late"], RequestStatus.FINISHED_ABORTED)
+    _, answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["late"]
+    assert (answer.tail, answer.ended) == ([], True)
+    assert kept_counts(answer.metrics, tail=answer.tail, after=[4], ended=True, final_accepted=3) is None
+    for _ in range(_ENDED_STEPS):
+        _step(scheduler, {"other": (3, 0, 0)})
+    scheduler.finish_requests(["latest"], RequestStatus.FINISHED_ABORTED)  # past the window: no answer
     assert not scheduler._answers and not scheduler._ended
 
 

@@ -10,7 +10,7 @@ get none: a stop string, which vLLM's frontend detects and then aborts the reque
   frontend (:mod:`worker.spec_frontend`) knows how many of those steps came after the stop string
   (it saw their outputs, and dropped them), and takes them off. A request the core finished itself
   (EOS, ``max_tokens``) after the frontend's stop string is answered the same way when the abort
-  comes, for ``_RING`` steps.
+  comes, for ``_ENDED_STEPS`` steps (with what the ring still holds of its tail).
 - A cancellation: every request gets a snapshot of its counts every ``SNAPSHOT_EVERY_STEPS``
   steps; the frontend keeps the latest (what a cancelled request reports, marked partial).
 
@@ -57,6 +57,10 @@ SNAPSHOT_EVERY_STEPS = 64
 # finished itself ended (its abort can come that much later).
 TAIL_STEPS = 8
 _RING = 2 * TAIL_STEPS
+# Steps for which a request with stop strings that the core finished itself is remembered: an abort
+# of it answered even when the ring no longer holds its tail (the frontend then reports the counts
+# partial at once, instead of waiting out its timeout for an answer that would never come).
+_ENDED_STEPS = 1024
 # A tail step that verified no drafts (it yielded one token), and one whose shape the ring cannot
 # tell (a prefill chunk or a recomputation after a preemption): the frontend stops there.
 NOT_VERIFIED = -1
@@ -178,8 +182,8 @@ class SpecMetricsSnapshots:
         if self._answers:
             self._send_answers(outputs)
         order = self._ended_order
-        if order and order[0][0] <= step - _RING:
-            while order and order[0][0] <= step - _RING:
+        if order and order[0][0] <= step - _ENDED_STEPS:
+            while order and order[0][0] <= step - _ENDED_STEPS:
                 self._ended.pop(order.popleft()[1], None)
         if step % SNAPSHOT_EVERY_STEPS == 0:
             self._snapshot_all(outputs)
