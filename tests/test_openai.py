@@ -294,14 +294,15 @@ async def test_route_stream_items_hold_whole_events_on_the_readme_schedule(both:
     """What the README promises of an openai_route stream: each item one or more whole events, the
     first exactly one, then up to 1, 3, 9, ... events, the last ending with [DONE]; joined, the
     event stream itself."""
-    body = {"model": MODEL, "prompt": "The", "max_tokens": 30, "ignore_eos": True, "temperature": 0, "stream": True}
+    body = {"model": MODEL, "prompt": "The", "max_tokens": 80, "ignore_eos": True, "temperature": 0, "stream": True}
     items = await both.route("/v1/completions", body)
     events = [[e + "\n\n" for e in item.split("\n\n") if e] for item in items]
     assert all(isinstance(item, str) and item == "".join(group) for item, group in zip(items, events, strict=True))
     assert all(e.startswith("data: ") for group in events for e in group)
     sizes = [len(group) for group in events]
     assert sizes[0] == 1 and all(size <= limit for size, limit in zip(sizes[1:-1], [1, 3, 9, 27, 50], strict=False))
-    # 30 tokens (a speculative step's event carries several), then [DONE].
+    # 80 tokens, about 30 events (a speculative step's event carries several; on a loaded machine
+    # vLLM merges outputs the stream has not yet taken: 30 tokens once came as only 13 events), then [DONE].
     assert items[-1].endswith("data: [DONE]\n\n") and sizes[1:4] == [1, 3, 9]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert "each item is a string of **one or more whole\nserver-sent events**" in readme
