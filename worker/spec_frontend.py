@@ -34,7 +34,7 @@ from vllm.outputs import RequestOutput
 from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutput, RequestState
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-from worker.spec_scheduler import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, decode_answer
+from worker.spec_scheduler import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, copy_metrics, decode_answer
 
 __all__ = ["ExactStopStats", "PartialSpecDecodeMetrics", "install", "kept_counts"]
 
@@ -94,7 +94,6 @@ class ExactStopStats(OutputProcessor):
             if engine_core_outputs and engine_core_outputs[-1].request_id == ANSWERS_ID:
                 for rid, answer in engine_core_outputs[-1].kv_transfer_params[ANSWERS_KEY].items():
                     self._release(rid, answer)
-        self._finishing.clear()
         result = super().process_outputs(engine_core_outputs, engine_core_timestamp, iteration_stats, weight_version)
         # The requests vLLM finished on a stop string and aborts in the engine core.
         for rid in result.reqs_to_abort:
@@ -113,6 +112,7 @@ class ExactStopStats(OutputProcessor):
                 entry.after.append(len(output.new_token_ids))
 
     def _finish_request(self, req_state: RequestState) -> None:
+        # Kept until the end of the next process_outputs: those it finished on a stop string may be held.
         super()._finish_request(req_state)
         self._finishing[req_state.request_id] = req_state
 
@@ -160,8 +160,7 @@ class ExactStopStats(OutputProcessor):
             self._count_taken_off(answer.metrics, exact, len(entry.after))
             self.recent.append((time.monotonic() - entry.since, len(entry.after)))
         else:
-            snapshot = completion.spec_decode_metrics
-            completion.spec_decode_metrics = None if snapshot is None else _partial(snapshot)
+            completion.spec_decode_metrics = copy_metrics(completion.spec_decode_metrics, PartialSpecDecodeMetrics)
             self.outcomes["partial"] += 1
             self.recent.append((time.monotonic() - entry.since, -1))
             why = "no answer from the engine core" if answer is None else "its last steps could not be matched"
@@ -229,12 +228,6 @@ def kept_counts(
         drafted,
         metrics.per_step_accepted[: max(steps, 0)],
         metrics.per_step_drafted[: max(steps, 0)],
-    )
-
-
-def _partial(m: RequestSpecDecodeMetrics) -> PartialSpecDecodeMetrics:
-    return PartialSpecDecodeMetrics(
-        m.num_spec_tokens, list(m.histogram), m.num_draft_tokens, list(m.per_step_accepted), list(m.per_step_drafted)
     )
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "SpecMetricsAsyncScheduler",
     "SpecMetricsScheduler",
     "SpecMetricsSnapshots",
+    "copy_metrics",
     "decode_answer",
     "encode_answer",
 ]
@@ -166,8 +167,7 @@ class SpecMetricsSnapshots:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         if self._with_stops:
             self._model_output = model_runner_output
-            sampled = getattr(model_runner_output, "sampled_token_ids", None)
-            self._yielded = list(map(len, sampled)) if sampled else None
+            self._yielded = list(map(len, model_runner_output.sampled_token_ids))
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         self._model_output = self._yielded = None
         step = self._num_steps = self._num_steps + 1
@@ -182,9 +182,8 @@ class SpecMetricsSnapshots:
         if self._answers:
             self._send_answers(outputs)
         order = self._ended_order
-        if order and order[0][0] <= step - _ENDED_STEPS:
-            while order and order[0][0] <= step - _ENDED_STEPS:
-                self._ended.pop(order.popleft()[1], None)
+        while order and order[0][0] <= step - _ENDED_STEPS:
+            self._ended.pop(order.popleft()[1], None)
         if step % SNAPSHOT_EVERY_STEPS == 0:
             self._snapshot_all(outputs)
         return outputs
@@ -285,15 +284,18 @@ class SpecMetricsSnapshots:
                 if output.spec_decode_metrics is None:  # else vLLM's own, on the final output
                     request = requests.get(output.request_id)
                     if request is not None and request.spec_decode_metrics is not None:
-                        output.spec_decode_metrics = _snapshot(request.spec_decode_metrics)
+                        output.spec_decode_metrics = copy_metrics(request.spec_decode_metrics)
 
 
-def _snapshot(m: RequestSpecDecodeMetrics | None) -> RequestSpecDecodeMetrics | None:
-    # Positional fields: a quarter of ``dataclasses.replace``'s cost. A copy: the core goes on
-    # mutating the live object (the next step may run while the output thread serialises this one).
+def copy_metrics(
+    m: RequestSpecDecodeMetrics | None, cls: type[RequestSpecDecodeMetrics] = RequestSpecDecodeMetrics
+) -> RequestSpecDecodeMetrics | None:
+    """A copy of ``m`` (as ``cls``), None for None. A snapshot must be a copy: the core goes on
+    mutating the live object (the next step may run while the output thread serialises this one).
+    Positional fields: a quarter of ``dataclasses.replace``'s cost."""
     if m is None:
         return None
-    return RequestSpecDecodeMetrics(
+    return cls(
         m.num_spec_tokens,
         m.histogram.copy(),
         m.num_draft_tokens,

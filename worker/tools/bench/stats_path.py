@@ -106,7 +106,7 @@ def _schedule(
     return tokens, ending
 
 
-def stand_in_engine(size: int, *, k: int, stop: str | None) -> tuple[type, Any]:
+def stand_in_engine(*, k: int, stop: str | None) -> tuple[type, Any]:
     """vLLM's scheduler reduced to what the worker's hooks call: taking requests, handing back a
     step's outputs for the tokens given it, finishing requests. Each slot holds one of vLLM's own
     engine-core requests (with the metrics its scheduler gives them); ``new_request()`` makes the
@@ -187,7 +187,7 @@ def _time_case(
     from worker.spec_frontend import ExactStopStats
     from worker.spec_scheduler import ANSWERS_ID, ANSWERS_KEY, SpecMetricsSnapshots
 
-    Core, new_request = stand_in_engine(size, k=k, stop=stop)
+    Core, new_request = stand_in_engine(k=k, stop=stop)
 
     class Hooked(SpecMetricsSnapshots, Core):  # type: ignore[valid-type,misc]  # a class made at run time
         pass
