@@ -165,3 +165,41 @@ def test_every_setting_is_in_the_readmes_configuration_table() -> None:
     table = readme[start : readme.index("\n## ", start)]
     missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in table]
     assert not missing, f"not in the README's configuration table: {missing}"
+
+
+def test_speculative_tokens_by_batch_passes_vllms_schedule_through() -> None:
+    env = {"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
+    settings = load_settings({**env, "SPECULATIVE_TOKENS_BY_BATCH": "1-8:4, 9-64:2,65-256:0"})
+    assert settings.speculative_tokens_by_batch == [(1, 8, 4), (9, 64, 2), (65, 256, 0)]
+    spec = settings.resolved_speculative_config()
+    assert spec is not None
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 2], [65, 256, 0]]
+    assert load_settings({**env, "SPECULATIVE_TOKENS_BY_BATCH": "1:2"}).speculative_tokens_by_batch == [(1, 1, 2)]
+    assert load_settings({**env, "SPECULATIVE_TOKENS_BY_BATCH": " "}).speculative_tokens_by_batch is None
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    ["1-8", "1-8:x", "a-b:1", "2-8:3", "8-1:2", "1-8:-1", "0-8:1", "1-8:2,5-9:1", "9-16:1,1-8:2", "1-8:5", ":"],
+)
+def test_a_bad_schedule_is_refused_in_one_sentence_naming_the_variable(schedule: str) -> None:
+    env = {"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
+    with pytest.raises(ConfigError) as info:
+        load_settings({**env, "SPECULATIVE_TOKENS_BY_BATCH": schedule})
+    message = info.value.message
+    assert "SPECULATIVE_TOKENS_BY_BATCH" in message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_a_schedule_needs_speculation() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"MODEL_NAME": "m", "SPECULATIVE_TOKENS_BY_BATCH": "1-8:2"})
+    assert "SPECULATIVE_TOKENS_BY_BATCH needs speculative decoding" in info.value.message
+
+
+def test_speculation_control_is_auto_or_static() -> None:
+    assert load_settings({}).speculation_control == "static"
+    assert load_settings({"SPECULATION_CONTROL": "auto"}).speculation_control == "auto"
+    with pytest.raises(ConfigError) as info:
+        load_settings({"SPECULATION_CONTROL": "sometimes"})
+    assert "SPECULATION_CONTROL" in info.value.message

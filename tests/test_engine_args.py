@@ -1,5 +1,6 @@
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,3 +236,15 @@ def test_lora_slots_keep_the_last_one_empty_on_cpu_only() -> None:
     assert lora_slots(one, is_cpu=True) == 2 and lora_slots(three, is_cpu=True) == 4
     assert lora_slots(load_settings({}), is_cpu=True) is None
     assert build_engine_kwargs(one, resolve=str, is_cpu=True)["max_loras"] == 2
+
+
+def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
+    # vLLM changes k per step only with a batch-size schedule: auto adds one range (the configured
+    # k, carried to every batch size) unless the user gave one; static leaves the config alone.
+    def spec_for(**env: str) -> Any:
+        return build_engine_kwargs(load_settings(env), resolve=lambda ref: ref)["speculative_config"]
+
+    assert spec_for(SPECULATION_CONTROL="auto")["num_speculative_tokens_per_batch_size"] == [[1, 1, 3]]
+    assert "num_speculative_tokens_per_batch_size" not in spec_for(SPECULATION_CONTROL="static")
+    given = spec_for(SPECULATION_CONTROL="auto", SPECULATIVE_TOKENS_BY_BATCH="1-4:3,5-256:1")
+    assert given["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 256, 1]]

@@ -39,7 +39,7 @@ from worker.errors import EngineBootError, InvalidRequest, WorkerError
 from worker.models import check_local_paths, resolver
 from worker.output_tail import OutputTail
 from worker.schema import parse_request
-from worker.spec_scheduler import SpecMetricsAsyncScheduler, SpecMetricsScheduler
+from worker.spec_scheduler import SCHEDULER_CLASSES
 
 __all__ = ["WARMUP_SAMPLING_FEATURES", "ApiProcess", "boot", "build_args", "build_config", "create_engine", "warm_up"]
 
@@ -116,11 +116,15 @@ def build_config(
         raise _config_error(exc, settings) from None
     # vLLM's CPU platform has just set spawn, whatever was asked: put back what this boot asked for.
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = start_method(settings, mode=mode)
-    if vllm_config.speculative_config is not None and settings.per_request_spec_decode_metrics != "none":
+    spec = vllm_config.speculative_config
+    is_controlled = (
+        spec is not None and settings.speculation_control == "auto" and spec.uses_dynamic_speculative_decoding()
+    )
+    if spec is not None and (settings.per_request_spec_decode_metrics != "none" or is_controlled):
         sched = vllm_config.scheduler_config
         if sched.scheduler_cls is None:
             # vLLM turns async scheduling off for n-gram drafts and keeps it for draft models.
-            sched.scheduler_cls = SpecMetricsAsyncScheduler if sched.async_scheduling else SpecMetricsScheduler
+            sched.scheduler_cls = SCHEDULER_CLASSES[is_controlled, bool(sched.async_scheduling)]
     return vllm_config
 
 
@@ -146,7 +150,7 @@ def create_engine(
         vllm_config = build_config(settings, mode=mode, api_process_count=count, api_process_rank=index)
         log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
-        if vllm_config.scheduler_config.scheduler_cls in (SpecMetricsScheduler, SpecMetricsAsyncScheduler):
+        if vllm_config.scheduler_config.scheduler_cls in SCHEDULER_CLASSES.values():
             # The frontend half: a stop string's final output waits for the core's exact counts.
             spec_frontend.install(llm)
     except WorkerError:

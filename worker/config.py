@@ -31,6 +31,7 @@ __all__ = [
     "drafts_with_model",
     "is_on_runpod",
     "load_settings",
+    "parse_tokens_by_batch",
     "sdk_environment",
 ]
 
@@ -191,6 +192,14 @@ class Settings(BaseSettings):
     speculative_method: str | None = None
     speculative_model: str | None = None
     num_speculative_tokens: int | None = Field(None, ge=1, le=32)
+    speculative_tokens_by_batch: list[tuple[int, int, int]] | None = Field(
+        None,
+        description="vLLM's batch-size schedule of k as start-end:k,... (num_speculative_tokens_per_batch_size)",
+    )
+    speculation_control: Literal["auto", "static"] = Field(
+        "static",
+        description="auto: the worker picks k each step from the batch size and live acceptance (spec_control.py)",
+    )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "summary"
@@ -265,6 +274,11 @@ class Settings(BaseSettings):
             raise ValueError("must be a JSON object")
         return value
 
+    @field_validator("speculative_tokens_by_batch", mode="before")
+    @classmethod
+    def _parse_schedule(cls, value: Any) -> Any:
+        return parse_tokens_by_batch(value) if isinstance(value, str) else value
+
     @field_validator("allowed_media_domains", mode="before")
     @classmethod
     def _parse_domains(cls, value: Any) -> Any:
@@ -325,6 +339,14 @@ class Settings(BaseSettings):
             raise ValueError("LORA_MODULES: adapter names must be unique")
         if self.speculative_method == "none":
             return self
+        spec = self.resolved_speculative_config()
+        if self.speculative_tokens_by_batch is not None:
+            if spec is None:
+                raise ValueError("SPECULATIVE_TOKENS_BY_BATCH needs speculative decoding to be configured")
+            k = spec.get("num_speculative_tokens")
+            highest = max(entry[2] for entry in self.speculative_tokens_by_batch)
+            if isinstance(k, int) and highest > k:
+                raise ValueError(f"SPECULATIVE_TOKENS_BY_BATCH asks for k={highest}, above NUM_SPECULATIVE_TOKENS={k}")
         if (self.speculative_method or self.speculative_model) and self.num_speculative_tokens is None:
             raise ValueError("speculative decoding needs NUM_SPECULATIVE_TOKENS (e.g. 3)")
         if self.speculative_method == "draft_model" and not self.speculative_model:
@@ -366,6 +388,12 @@ class Settings(BaseSettings):
         """
         if self.speculative_method == "none":
             return None
+        spec = self._base_speculative_config()
+        if spec is not None and self.speculative_tokens_by_batch is not None:
+            spec["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in self.speculative_tokens_by_batch]
+        return spec
+
+    def _base_speculative_config(self) -> dict[str, Any] | None:
         if self.speculative_config is not None:
             return dict(self.speculative_config)
         if self.speculative_method or self.speculative_model:
@@ -381,6 +409,33 @@ class Settings(BaseSettings):
             # The embedded default shows speculation working: a noisy copy drafts for the target.
             return {"method": "draft_model", "model": f"{TINY_PREFIX}noisy", "num_speculative_tokens": 3}
         return None
+
+
+def parse_tokens_by_batch(text: str) -> list[tuple[int, int, int]] | None:
+    """``SPECULATIVE_TOKENS_BY_BATCH``: ``start-end:k`` ranges, comma-separated (``1-8:4,9-64:2,65-256:0``),
+    to vLLM's ``num_speculative_tokens_per_batch_size``. vLLM checks the same rules at boot (its
+    ``validate_and_normalize_dynamic_sd_schedule``); checked here, without importing vLLM, so that the
+    error is one sentence naming the variable. Blank: None."""
+    if not text.strip():
+        return None
+    entries: list[tuple[int, int, int]] = []
+    for part in text.split(","):
+        span, sep, k_text = part.strip().partition(":")
+        start_text, dash, end_text = span.partition("-")
+        try:
+            start = int(start_text)
+            end = int(end_text) if dash else start
+            k = int(k_text)
+        except ValueError:
+            raise ValueError(f"{part.strip()!r} is not start-end:k (e.g. 1-8:4,9-256:0)") from None
+        if not sep or start < 1 or end < start or k < 0:
+            raise ValueError(f"{part.strip()!r} is not start-end:k with 1 <= start <= end and k >= 0")
+        if entries and start <= entries[-1][1]:
+            raise ValueError("batch-size ranges must be in increasing order without overlap")
+        entries.append((start, end, k))
+    if entries[0][0] != 1:
+        raise ValueError("the first batch-size range must start at 1")
+    return entries
 
 
 def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:

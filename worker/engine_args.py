@@ -68,6 +68,11 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str], is
     if spec is not None:
         if isinstance(spec.get("model"), str):
             spec["model"] = resolve(spec["model"])
+        k = spec.get("num_speculative_tokens")
+        if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
+            # vLLM's batch-size schedule is what lets k change per step: one range carried to every
+            # batch size; the worker's scheduler then answers its lookups (worker/spec_control.py).
+            spec.setdefault("num_speculative_tokens_per_batch_size", [[1, 1, k]])
         kwargs["speculative_config"] = spec
         kwargs["per_request_spec_decode_metrics"] = settings.per_request_spec_decode_metrics
     kwargs = {key: value for key, value in kwargs.items() if value is not None}

@@ -34,14 +34,19 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import RequestStatus
 
+from worker.spec_control import ControlledScheduling
+
 __all__ = [
     "ANSWERS_ID",
     "ANSWERS_KEY",
     "NOT_VERIFIED",
+    "SCHEDULER_CLASSES",
     "SNAPSHOT_EVERY_STEPS",
     "TAIL_STEPS",
     "UNKNOWN",
     "Answer",
+    "SpecControlAsyncScheduler",
+    "SpecControlScheduler",
     "SpecMetricsAsyncScheduler",
     "SpecMetricsScheduler",
     "SpecMetricsSnapshots",
@@ -310,3 +315,21 @@ class SpecMetricsScheduler(SpecMetricsSnapshots, Scheduler):
 
 class SpecMetricsAsyncScheduler(SpecMetricsSnapshots, AsyncScheduler):
     pass
+
+
+# SPECULATION_CONTROL=auto: k chosen per step (worker/spec_control.py), with the same exact stats.
+class SpecControlScheduler(ControlledScheduling, SpecMetricsSnapshots, Scheduler):
+    pass
+
+
+class SpecControlAsyncScheduler(ControlledScheduling, SpecMetricsSnapshots, AsyncScheduler):
+    pass
+
+
+# (is_controlled, is_async) -> the scheduler class; every one of them keeps the exact stats.
+SCHEDULER_CLASSES: dict[tuple[bool, bool], type[Scheduler]] = {
+    (False, False): SpecMetricsScheduler,
+    (False, True): SpecMetricsAsyncScheduler,
+    (True, False): SpecControlScheduler,
+    (True, True): SpecControlAsyncScheduler,
+}

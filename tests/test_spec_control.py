@@ -1,0 +1,227 @@
+"""SPECULATION_CONTROL=auto: the controller on its own (pure), then in the real CPU engine with
+the tiny drafts (the noisy copy keeps speculating, the unrelated model ends at k = 0 with probes,
+the noisy draft's acceptance comes back after a stretch at k = 0, the stats stay exact)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tests.helpers import boot_engine
+from worker.schema import SpecDecodeStats, parse_request
+from worker.spec_control import PROBE_EVERY_STEPS, Acceptance, SpeculationController, geometric_rate
+from worker.spec_cost import PROVISIONAL
+
+K = 4
+
+
+def controller(**kwargs: Any) -> SpeculationController:
+    return SpeculationController(num_spec_tokens=K, cost=PROVISIONAL["ngram"], **kwargs)
+
+
+def run_steps(c: SpeculationController, *, steps: int, batch_size: int, accept: float) -> list[int]:
+    """``steps`` steps of ``batch_size`` sequences, each accepting the first ``round(accept * k)``
+    drafts of the k chosen the step before: the k of each step."""
+    chosen, previous = [], 0
+    for _ in range(steps):
+        pairs = {(previous, round(accept * previous)): batch_size} if previous else {}
+        c.observe(pairs)
+        previous = c.choose(batch_size)
+        chosen.append(previous)
+    return chosen
+
+
+def test_acceptance_is_estimated_per_position() -> None:
+    a = Acceptance(3)
+    # 10 sequences drafted 3: 4 accepted none, 3 accepted one, 3 accepted all three.
+    a.observe({(3, 0): 4, (3, 1): 3, (3, 3): 3})
+    rates = a.rates()
+    assert rates[0] == pytest.approx((6 + 2 * 0.7) / (10 + 2))  # 6 of 10 accepted the first
+    assert rates[1] < rates[0]  # 3 of 6 reached the second
+    assert rates[2] > rates[1]  # 3 of 3 reached the third
+
+
+def test_a_good_draft_keeps_speculating_and_a_bad_one_stops_then_probes() -> None:
+    good = run_steps(controller(), steps=200, batch_size=1, accept=1.0)
+    assert set(good) == {K}
+    c = controller()
+    bad = run_steps(c, steps=600, batch_size=1, accept=0.0)
+    first_off = bad.index(0)
+    assert first_off < 100
+    tail = bad[first_off:]
+    probes = [i for i, k in enumerate(tail) if k]
+    assert probes and all(tail[i] == 1 for i in probes), "a probe drafts the smallest k"
+    assert len(probes) == pytest.approx(len(tail) / PROBE_EVERY_STEPS, abs=2)
+    assert c.num_probes == len(probes) and c.steps_by_k[0] == tail.count(0)
+
+
+def test_a_probe_notices_when_acceptance_recovers() -> None:
+    c = controller()
+    run_steps(c, steps=400, batch_size=1, accept=0.0)
+    assert c.choose_quietly(1) == 0
+    recovered = run_steps(c, steps=8 * PROBE_EVERY_STEPS, batch_size=1, accept=1.0)
+    assert recovered[-10:] == [K] * 10
+
+
+def test_the_schedule_and_the_engines_ks_bound_the_choice() -> None:
+    schedule = [0] + [K] * 8 + [1] * 8 + [0] * 16  # dense: index = batch size
+    c = controller(schedule=schedule, allowed_ks=[0, 2, 4])
+    assert run_steps(c, steps=50, batch_size=4, accept=1.0)[-1] == 4
+    assert set(run_steps(c, steps=50, batch_size=12, accept=1.0)) == {0}  # 1 is not runnable, 2 is above the cap
+    assert set(run_steps(c, steps=50, batch_size=20, accept=1.0)) == {0}  # the schedule's 0: no probes either
+    assert c.num_probes == 0
+    assert set(run_steps(c, steps=50, batch_size=100, accept=1.0)) == {0}  # beyond the table: its last entry
+
+
+def test_a_request_that_accepts_far_less_than_the_batch_is_capped() -> None:
+    c = controller()
+    run_steps(c, steps=100, batch_size=256, accept=0.75)  # compute-bound: verification costs
+    k = c.choose_quietly(256)
+    assert k >= 2
+    good = ("good", [0, 0, 0, 100, 0], 300)  # 3 of 3 accepted every step
+    bad = ("bad", [90, 10, 0, 0, 0], 300)
+    c.review([good, bad], batch_size=256)
+    assert c.caps == {"bad": 1}
+    assert c.draft_cap == K  # not every request is capped: the batch still drafts its k
+    c.review([bad], batch_size=256)
+    assert c.draft_cap == 1 and c.highest_k(256) == 1
+    c.review([("new", [3, 0, 0, 0, 0], 9)], batch_size=256)  # too few steps to judge
+    assert c.caps == {} and c.draft_cap == K
+
+
+def test_geometric_rate_inverts_the_mean_accepted() -> None:
+    for rate in (0.0, 0.3, 0.6, 0.9, 1.0):
+        mean = sum(rate**p for p in range(1, K + 1))
+        assert geometric_rate(mean, K) == pytest.approx(rate, abs=0.01)
+
+
+# ------------------------------------------------------------------------------ real engine
+def counts(stats: SpecDecodeStats) -> tuple[int, int]:
+    return stats.num_draft_tokens, stats.num_accepted_draft_tokens
+
+
+def check_exact(stats: SpecDecodeStats, completion_tokens: int) -> None:
+    """Per-step arrays (PER_REQUEST_SPEC_DECODE_METRICS=detailed) agree with the totals, and the
+    verified steps yield no more tokens than the request got."""
+    if not stats.num_spec_steps:  # vLLM leaves the arrays out when empty
+        assert stats.num_draft_tokens == stats.num_accepted_draft_tokens == 0
+        return
+    assert stats.per_step_drafted is not None and stats.per_step_accepted is not None
+    assert len(stats.per_step_drafted) == len(stats.per_step_accepted) == stats.num_spec_steps
+    assert sum(stats.per_step_drafted) == stats.num_draft_tokens
+    assert sum(stats.per_step_accepted) == stats.num_accepted_draft_tokens
+    assert all(0 <= a <= d for a, d in zip(stats.per_step_accepted, stats.per_step_drafted, strict=True))
+    assert sum(stats.acceptance_histogram) == stats.num_spec_steps
+    assert stats.num_spec_steps + stats.num_accepted_draft_tokens <= completion_tokens - 1 + stats.num_spec_tokens
+
+
+async def generate(engine: Any, prompt: str, max_tokens: int) -> tuple[SpecDecodeStats, int]:
+    request = parse_request(
+        {"prompt": prompt, "sampling_params": {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}}
+    )
+    final = [chunk async for chunk in engine.generate(request)][-1]
+    assert final.spec_decode is not None and final.usage is not None
+    check_exact(final.spec_decode, final.usage.completion_tokens)
+    return final.spec_decode, final.usage.completion_tokens
+
+
+def engine_counters() -> tuple[int, int]:
+    from worker.tools.bench.spec import engine_spec_counters
+
+    totals = engine_spec_counters()
+    return int(totals["vllm:spec_decode_num_draft_tokens"]), int(totals["vllm:spec_decode_num_accepted_tokens"])
+
+
+async def counted_by_engine_since(before: tuple[int, int], drafted: int) -> tuple[int, int]:
+    """vLLM's own counters since ``before``, once they have caught up with ``drafted`` (its frontend
+    records a step's stats just after handing out the outputs), or after 5 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while True:
+        now = engine_counters()
+        delta = (now[0] - before[0], now[1] - before[1])
+        if delta[0] >= drafted or loop.time() > deadline:
+            return delta
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+async def noisy_auto(tiny_models: Any) -> AsyncIterator[Any]:
+    """The noisy draft under auto, with a schedule capping k at 0 from batch 2 up: a request that
+    runs alone speculates, and stops while others run beside it (its draft's KV kept in step)."""
+    engine = await boot_engine(
+        tiny_models,
+        MODEL_NAME="tiny:target",
+        SPECULATIVE_MODEL="tiny:noisy",
+        NUM_SPECULATIVE_TOKENS=3,
+        SPECULATION_CONTROL="auto",
+        SPECULATIVE_TOKENS_BY_BATCH="1-1:3,2-16:0",
+        PER_REQUEST_SPEC_DECODE_METRICS="detailed",
+    )
+    yield engine
+    engine.shutdown()
+
+
+PROMPT = "Once upon a time"
+
+
+@pytest.mark.slow
+async def test_the_noisy_draft_keeps_speculating_under_auto(noisy_auto: Any) -> None:
+    stats, completion = await generate(noisy_auto, PROMPT, 120)
+    assert stats.num_spec_steps + stats.num_accepted_draft_tokens == completion - 1, "every step verified drafts"
+    assert stats.draft_acceptance_rate >= 0.3
+
+
+@pytest.mark.slow
+async def test_after_a_stretch_at_k_zero_the_noisy_drafts_acceptance_comes_back(noisy_auto: Any) -> None:
+    # The same greedy request alone (k > 0 throughout), then again with three others running beside
+    # it for a while (batch 4: the schedule's k = 0, no drafts), after which it is alone again. A
+    # draft whose KV cache missed the tokens of the k = 0 stretch would accept far less afterwards.
+    alone, _ = await generate(noisy_auto, PROMPT, 200)
+    before = engine_counters()
+    task = asyncio.create_task(generate(noisy_auto, PROMPT, 200))
+    # Start the others once the request has verified a few steps alone.
+    others = [generate(noisy_auto, f"The worker streams {i}", 60) for i in range(3)]
+    await asyncio.sleep(0)  # let the request be scheduled first
+    side = await asyncio.gather(*others)
+    mixed, completion = await task
+    off_steps = completion - 1 - mixed.num_spec_steps - mixed.num_accepted_draft_tokens
+    assert off_steps >= 20, "the request ran a stretch without drafts"
+    drafted = mixed.per_step_drafted or []
+    accepted = mixed.per_step_accepted or []
+    tail = 20  # the verified steps after the stretch at k = 0 (its last ones: alone again)
+    assert len(drafted) > tail
+    tail_rate = sum(accepted[-tail:]) / sum(drafted[-tail:])
+    assert tail_rate >= 0.5 * alone.draft_acceptance_rate, (tail_rate, alone.draft_acceptance_rate)
+    # The stats across the changes of k: vLLM's own engine-wide counters saw the same drafts.
+    mine = [counts(mixed)] + [counts(s) for s, _ in side]
+    total = (sum(d for d, _ in mine), sum(a for _, a in mine))
+    assert await counted_by_engine_since(before, total[0]) == total
+
+
+@pytest.mark.slow
+async def test_the_unrelated_draft_ends_at_k_zero_with_probes(tiny_models: Any) -> None:
+    engine = await boot_engine(
+        tiny_models,
+        MODEL_NAME="tiny:target",
+        SPECULATIVE_MODEL="tiny:unrelated",
+        NUM_SPECULATIVE_TOKENS=3,
+        SPECULATION_CONTROL="auto",
+        PER_REQUEST_SPEC_DECODE_METRICS="detailed",
+    )
+    try:
+        before = engine_counters()
+        first, _ = await generate(engine, PROMPT, 150)  # the controller learns the draft is bad
+        later, completion = await generate(engine, "The worker streams", 200)
+        assert later.num_accepted_draft_tokens == 0
+        # Off, but probing: one verified step of one draft in every PROBE_EVERY_STEPS or so.
+        assert later.per_step_drafted and set(later.per_step_drafted) == {1}
+        expected_probes = (completion - 1) / PROBE_EVERY_STEPS
+        assert 1 <= later.num_spec_steps <= expected_probes + 2
+        drafted = first.num_draft_tokens + later.num_draft_tokens
+        assert await counted_by_engine_since(before, drafted) == (drafted, 0)
+    finally:
+        engine.shutdown()

@@ -1,0 +1,51 @@
+"""The step-cost model (worker/spec_cost.py): pure arithmetic, on the provisional H200 figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.spec_cost import PROVISIONAL, StepCost, best_k, expected_tokens, step_ms, tokens_per_ms
+
+DRAFT = PROVISIONAL["draft_model"]
+NGRAM = PROVISIONAL["ngram"]
+ALL_KS = range(5)
+
+
+def test_expected_tokens_counts_the_targets_token_and_each_draft_reached() -> None:
+    assert expected_tokens([0.5, 0.5], 0) == 1.0
+    assert expected_tokens([1.0, 1.0, 1.0], 3) == 4.0
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([0.0, 1.0], 2) == 1.0  # nothing past a rejected position
+
+
+def test_the_provisional_figures_reproduce_the_points_they_were_read_from() -> None:
+    # 1B-shaped draft, k = 4, 0% acceptance, one stream: 0.36x no speculation.
+    no_spec = 1 / step_ms(StepCost(4.85, 0, 0, 512, 0, 0, 0, False), batch_size=1, k=0)
+    assert tokens_per_ms(DRAFT, batch_size=1, k=4, rates=[0.0] * 4) / no_spec == pytest.approx(0.36, abs=0.02)
+    # n-gram, k = 4, every draft accepted, one stream: 3.50x.
+    assert tokens_per_ms(NGRAM, batch_size=1, k=4, rates=[1.0] * 4) / no_spec == pytest.approx(3.5, abs=0.05)
+
+
+def test_a_draft_model_pays_its_kv_sync_pass_at_k_zero_and_ngram_pays_nothing() -> None:
+    one_pass = DRAFT.draft_pass_ms + DRAFT.draft_per_seq_ms
+    assert step_ms(DRAFT, batch_size=1, k=0) == pytest.approx(DRAFT.base_ms + one_pass)
+    assert step_ms(NGRAM, batch_size=1, k=0) == NGRAM.base_ms
+
+
+def test_step_time_grows_with_tokens_past_the_knee() -> None:
+    below = step_ms(NGRAM, batch_size=64, k=4)  # 320 tokens: under the knee
+    above = step_ms(NGRAM, batch_size=256, k=4)  # 1,280 tokens
+    assert above - step_ms(NGRAM, batch_size=256, k=0) > below - step_ms(NGRAM, batch_size=64, k=0)
+
+
+@pytest.mark.parametrize("cost", [DRAFT, NGRAM], ids=["draft_model", "ngram"])
+def test_best_k_follows_acceptance_and_load(cost: StepCost) -> None:
+    good, bad = [0.9] * 4, [0.0] * 4
+    assert best_k(cost, batch_size=1, rates=good, allowed_ks=ALL_KS) == 4
+    assert best_k(cost, batch_size=1, rates=bad, allowed_ks=ALL_KS) == 0
+    # Compute-bound at 256 streams: verification is no longer free, so k shrinks.
+    assert best_k(cost, batch_size=256, rates=[0.8] * 4, allowed_ks=ALL_KS) < best_k(
+        cost, batch_size=1, rates=[0.8] * 4, allowed_ks=ALL_KS
+    )
+    # Only what the engine can run.
+    assert best_k(cost, batch_size=1, rates=good, allowed_ks=[0, 2]) == 2

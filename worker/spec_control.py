@@ -1,0 +1,294 @@
+"""``SPECULATION_CONTROL=auto``: k chosen per engine step from the batch size and live acceptance.
+
+vLLM 0.32 runs a speculation schedule by batch size (``num_speculative_tokens_per_batch_size``):
+its scheduler reads the step's k from a dense table, ``Scheduler.dynamic_sd_lookup[batch_size]``,
+and the model runner drafts that many tokens for the next step. With a draft model, k = 0 still
+runs the draft's first pass over the step's tokens (``llm_base_proposer.propose``: "keep the
+drafter KV cache in sync"), so after a period without drafting its KV cache is whole: the
+collapse TensorRT-LLM and vLLM V0 once had on re-enabling cannot happen here. On the GPU the V1
+runner then runs piecewise CUDA graphs (any k up to the configured one works); the V2 runner
+captures full graphs only for the query lengths of the schedule's k values.
+
+:class:`SpeculationController` replaces that table with an object that answers each lookup with
+the k of most tokens per millisecond under the cost model (:mod:`worker.spec_cost`), given the
+acceptance the step outputs show, per draft position:
+
+- it never exceeds the configured schedule (``SPECULATIVE_TOKENS_BY_BATCH``) nor the configured k;
+- below break-even it returns 0, and one step in ``probe_every`` it drafts the smallest k again
+  (a probe), so that it notices when acceptance recovers;
+- per request, where a request's own acceptance is far below the batch's, it caps how many of
+  that request's drafts are verified (the batch's drafting is capped too when every request is).
+
+Nothing here imports vLLM: the scheduler mixin (:class:`ControlledScheduling`) reads vLLM's objects
+by the attributes the pinned version has, and the arithmetic is plain Python, tested on its own.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from worker.spec_cost import PROVISIONAL, StepCost, best_k, expected_tokens, step_ms
+
+__all__ = [
+    "PROBE_EVERY_STEPS",
+    "REVIEW_EVERY_STEPS",
+    "Acceptance",
+    "ControlledScheduling",
+    "SpeculationController",
+    "geometric_rate",
+]
+
+log = logging.getLogger(__name__)
+
+# Steps at k = 0 between probes: a probe at 0% acceptance costs one draft pass and one verified
+# token per sequence, 1/32 of that per step.
+PROBE_EVERY_STEPS = 32
+# Steps between reviews of each request's own acceptance (the per-request caps).
+REVIEW_EVERY_STEPS = 16
+# Evidence halves every this many steps, so that a change of acceptance shows within a few hundred.
+HALF_LIFE_STEPS = 64
+# Before any evidence, each position is assumed accepted this often (so that drafting starts, and
+# measures); a position with little evidence leans on the one before it with this many pseudo-trials.
+PRIOR_RATE = 0.7
+PRIOR_TRIALS = 2.0
+# A request is reviewed once it has verified this many steps.
+MIN_REQUEST_STEPS = 8
+
+
+class Acceptance:
+    """Conditional acceptance per draft position, from the (drafted, accepted) pairs of each step,
+    with exponentially decaying weights. Position ``i`` (1-based) is tried when at least ``i``
+    drafts were verified and the ``i - 1`` before it were accepted; it succeeds when accepted."""
+
+    def __init__(self, num_positions: int, *, half_life_steps: float = HALF_LIFE_STEPS) -> None:
+        self.num_positions = num_positions
+        self.decay = 0.5 ** (1 / half_life_steps)
+        self.trials = [0.0] * num_positions
+        self.successes = [0.0] * num_positions
+
+    def age(self) -> None:
+        """One step of evidence passed."""
+        decay = self.decay
+        self.trials = [t * decay for t in self.trials]
+        self.successes = [s * decay for s in self.successes]
+
+    def observe(self, pairs: Mapping[tuple[int, int], int]) -> None:
+        """``(drafted, accepted) -> number of sequences`` of one step (pairs with no drafts ignored)."""
+        trials, successes = self.trials, self.successes
+        for (drafted, accepted), count in pairs.items():
+            for i in range(min(drafted, accepted + 1, self.num_positions)):
+                trials[i] += count
+            for i in range(min(accepted, self.num_positions)):
+                successes[i] += count
+
+    def rates(self) -> list[float]:
+        rates, previous = [], PRIOR_RATE
+        for trials, successes in zip(self.trials, self.successes, strict=True):
+            previous = (successes + PRIOR_TRIALS * previous) / (trials + PRIOR_TRIALS)
+            rates.append(previous)
+        return rates
+
+
+def geometric_rate(mean_accepted: float, k: int, *, table: Sequence[float] | None = None) -> float:
+    """The per-position rate a whose geometric model accepts ``mean_accepted`` drafts per step of
+    ``k``: ``a + a^2 + ... + a^k``. ``table``: :func:`_geometric_table` for k (a bisection in C)."""
+    table = table if table is not None else _geometric_table(k)
+    index = bisect.bisect_left(table, mean_accepted)
+    return min(index, len(table) - 1) / (len(table) - 1)
+
+
+def _geometric_table(k: int, steps: int = 200) -> list[float]:
+    return [sum((i / steps) ** p for p in range(1, k + 1)) for i in range(steps + 1)]
+
+
+class SpeculationController:
+    """The k of each step (:meth:`choose`), learnt from each step's outcome (:meth:`observe`).
+
+    ``schedule``: vLLM's dense table of the highest k per batch size (index = batch size), or None
+    for ``num_spec_tokens`` at every size. ``allowed_ks``: the k values the engine can run (all of
+    0..num_spec_tokens on vLLM's V1 runner)."""
+
+    def __init__(
+        self,
+        *,
+        num_spec_tokens: int,
+        cost: StepCost,
+        schedule: Sequence[int] | None = None,
+        allowed_ks: Iterable[int] | None = None,
+        probe_every: int = PROBE_EVERY_STEPS,
+    ) -> None:
+        self.num_spec_tokens = num_spec_tokens
+        self.cost = cost
+        self.schedule = schedule
+        ks = range(num_spec_tokens + 1) if allowed_ks is None else allowed_ks
+        self.allowed_ks = sorted({k for k in ks if 0 <= k <= num_spec_tokens} | {0})
+        self.probe_every = probe_every
+        self.acceptance = Acceptance(num_spec_tokens)
+        self.draft_cap = num_spec_tokens  # lowered when every running request is capped
+        self.caps: dict[str, int] = {}  # request id -> drafts verified at most
+        self.steps_by_k = [0] * (num_spec_tokens + 1)
+        self.num_probes = 0
+        self.time_off_s = 0.0
+        self._off_streak = 0
+        self._last_k: int | None = None
+        self._last_time: float | None = None
+        self._choices: dict[tuple[int, int], tuple[int, int]] = {}  # (batch, top k) -> (k, probe k)
+        self._table = _geometric_table(num_spec_tokens)
+
+    # vLLM's scheduler reads ``dynamic_sd_lookup[batch_size]``.
+    def __getitem__(self, batch_size: int) -> int:
+        return self.choose(batch_size)
+
+    def highest_k(self, batch_size: int) -> int:
+        schedule = self.schedule
+        top = self.num_spec_tokens
+        if schedule is not None:
+            top = schedule[min(batch_size, len(schedule) - 1)]
+        return min(top, self.draft_cap)
+
+    def choose(self, batch_size: int) -> int:
+        top = self.highest_k(batch_size)
+        key = (batch_size, top)
+        choice = self._choices.get(key)
+        if choice is None:
+            ks = [x for x in self.allowed_ks if x <= top]
+            best = best_k(self.cost, batch_size=batch_size, rates=self.acceptance.rates(), allowed_ks=ks)
+            # (the k, and the k a probe drafts: the smallest runnable one; 0 where none is allowed)
+            choice = self._choices[key] = (best, ks[1] if len(ks) > 1 else 0)
+        k, probe_k = choice
+        if k == 0 and probe_k:
+            self._off_streak += 1
+            if self._off_streak >= self.probe_every:
+                self._off_streak = 0
+                self.num_probes += 1
+                k = probe_k
+        else:
+            self._off_streak = 0
+        if (k == 0) != (self._last_k == 0) and self._last_k is not None and k != self._last_k:
+            log.info("speculation %s at batch %d", "off (k=0)" if k == 0 else f"on (k={k})", batch_size)
+        self.steps_by_k[k] += 1
+        self._last_k = k
+        return k
+
+    def observe(self, pairs: Mapping[tuple[int, int], int], *, now: float | None = None) -> None:
+        """One step's outcome: ``(drafted, accepted) -> sequences`` (empty: nothing was verified)."""
+        now = time.monotonic() if now is None else now
+        if self._last_k == 0 and self._last_time is not None:
+            self.time_off_s += now - self._last_time
+        self._last_time = now
+        if pairs:
+            # Evidence ages with new evidence only: while off, what made the controller stop stays
+            # until a probe says otherwise (aged by the clock, it would drift back to the prior).
+            self.acceptance.age()
+            self.acceptance.observe(pairs)
+        # The choice per batch size is kept while acceptance stays put; aged evidence alone moves it
+        # only slowly, so recompute every review.
+        if pairs or not self._choices:
+            self._choices.clear()
+
+    def review(self, requests: Iterable[tuple[str, Sequence[int], int]], *, batch_size: int) -> None:
+        """Per-request caps from each request's own counts: ``(request id, histogram of accepted
+        drafts per verify step, drafts verified)``. A request keeps ``cap`` drafts per step where
+        its own geometric acceptance ``a`` has ``a^cap`` worth the verification of one token at
+        this batch size (a marginal cost next to the batch's tokens per millisecond); at least one,
+        so that it keeps measuring."""
+        self._choices.clear()
+        k = self.choose_quietly(batch_size)
+        caps: dict[str, int] = {}
+        num_requests = 0
+        if k > 1:
+            cost, rates = self.cost, self.acceptance.rates()
+            base = step_ms(cost, batch_size=batch_size, k=k)
+            marginal = step_ms(cost, batch_size=batch_size, k=k, num_verified=batch_size * k + 1) - base
+            threshold = marginal * batch_size * expected_tokens(rates, k) / base
+            if threshold > 0:
+                for rid, histogram, _drafted in requests:
+                    num_requests += 1
+                    steps = sum(histogram)
+                    if steps < MIN_REQUEST_STEPS:
+                        continue
+                    accepted = sum(j * n for j, n in enumerate(histogram))
+                    rate = geometric_rate(accepted / steps, self.num_spec_tokens, table=self._table)
+                    cap = 1
+                    while cap < k and rate ** (cap + 1) >= threshold:
+                        cap += 1
+                    if cap < k:
+                        caps[rid] = cap
+        self.caps = caps
+        self.draft_cap = max(caps.values()) if caps and len(caps) == num_requests else self.num_spec_tokens
+
+    def choose_quietly(self, batch_size: int) -> int:
+        """The k :meth:`choose` would pick, without counting a step or probing."""
+        top = min(self.highest_k(batch_size), self.num_spec_tokens)
+        ks = [x for x in self.allowed_ks if x <= top]
+        return best_k(self.cost, batch_size=batch_size, rates=self.acceptance.rates(), allowed_ks=ks)
+
+    def report(self) -> dict[str, Any]:
+        """Steps by chosen k, probes, and the seconds spent at k = 0."""
+        return {
+            "steps_by_k": list(self.steps_by_k),
+            "num_probes": self.num_probes,
+            "time_off_s": round(self.time_off_s, 3),
+            "rates": [round(r, 3) for r in self.acceptance.rates()],
+            "num_capped_requests": len(self.caps),
+        }
+
+
+_NO_DRAFTS: tuple[int, ...] = ()
+
+
+class ControlledScheduling:
+    """Scheduler mixin (before vLLM's scheduler in the MRO): vLLM's ``dynamic_sd_lookup`` is the
+    controller, fed each step's (drafted, accepted) pairs; a capped request's drafts are trimmed
+    before the step is scheduled (vLLM trims drafts the same way when a step's budget is short).
+    Needs a speculative config with a batch-size schedule (``engine_args`` adds one for ``auto``)."""
+
+    requests: dict[str, Any]
+    running: list[Any]
+    dynamic_sd_lookup: Any
+    num_spec_tokens: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        schedule = self.dynamic_sd_lookup
+        spec = self.vllm_config.speculative_config  # type: ignore[attr-defined]
+        cost = PROVISIONAL["ngram" if spec.method == "ngram" else "draft_model"]
+        self.controller = SpeculationController(num_spec_tokens=self.num_spec_tokens, cost=cost, schedule=schedule)
+        self.dynamic_sd_lookup = self.controller
+        self._control_steps = 0
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        caps = self.controller.caps
+        if caps:
+            requests = self.requests
+            for rid, cap in caps.items():
+                request = requests.get(rid)
+                if request is not None and len(request.spec_token_ids) > cap:
+                    request.spec_token_ids = request.spec_token_ids[:cap]
+        return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        pairs: collections.Counter[tuple[int, int]] = collections.Counter()
+        if spec and model_runner_output.sampled_token_ids:
+            # One C-level pass per list: (drafts verified, tokens yielded) per request.
+            drafted = map(len, map(spec.get, model_runner_output.req_ids, itertools.repeat(_NO_DRAFTS)))
+            pairs.update(zip(drafted, map(len, model_runner_output.sampled_token_ids), strict=False))
+            pairs = collections.Counter(
+                {(d, y - 1): n for (d, y), n in pairs.items() if d and y}  # y - 1: the drafts accepted
+            )
+        controller = self.controller
+        controller.observe(pairs)
+        step = self._control_steps = self._control_steps + 1
+        if step % REVIEW_EVERY_STEPS == 0:
+            counted = [(r.request_id, r.spec_decode_metrics) for r in self.running if r.spec_decode_metrics]
+            controller.review(
+                ((rid, m.histogram, m.num_draft_tokens) for rid, m in counted), batch_size=max(1, len(self.running))
+            )
+        return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]

@@ -1,0 +1,108 @@
+"""The cost of a speculative decode step: a pure model, from which the controller picks k.
+
+A step of ``b`` sequences that each verify ``k`` drafts runs the target on ``b * (k + 1)`` tokens,
+and the drafter: a draft model one pass per drafted position (vLLM 0.32 runs its first pass even at
+``k = 0``, so that the draft's KV cache stays in step with the target's), n-gram matching on the CPU.
+What a step yields per sequence is ``1 + sum_i prod_{m <= i} p_m`` tokens for the conditional
+acceptance ``p_i`` of each draft position. The best k maximises tokens per millisecond.
+
+Parameters are per GPU, model and drafter (:data:`PROVISIONAL`). The H200 map
+(``python -m worker bench --parts spec_map``, docs/benchmarks.md) measures them; until it has, the
+figures below are PROVISIONAL: read off the single-stream H200 points that existed (8B shape, bf16,
+4.85 ms per step without speculation; a 1B-shaped draft at k = 4 and 0% acceptance 0.36x; n-gram
+k = 4 at full acceptance 3.50x) and a roofline for the compute knee (an 8B step turns compute-bound
+near 512 tokens on an H200).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+__all__ = ["PROVISIONAL", "StepCost", "best_k", "expected_tokens", "step_ms", "tokens_per_ms"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepCost:
+    """Milliseconds of one engine step. The target: ``base_ms`` plus ``per_seq_ms`` for each
+    sequence beyond the first, plus ``per_token_ms`` for each token beyond ``knee_tokens`` (below
+    the knee the step reads the weights once whatever it computes), plus ``verify_ms`` when
+    verifying (the rejection sampler, the extra logits). The drafter: ``draft_pass_ms`` plus
+    ``draft_per_seq_ms`` per sequence for each pass; a draft model makes ``max(k, 1)`` passes
+    (``is_synced_at_zero``: its KV-sync pass at k = 0), n-gram none (its matching is in
+    ``draft_per_seq_ms`` per drafted step)."""
+
+    base_ms: float
+    per_seq_ms: float
+    per_token_ms: float
+    knee_tokens: int
+    verify_ms: float
+    draft_pass_ms: float
+    draft_per_seq_ms: float
+    is_synced_at_zero: bool
+
+
+# PROVISIONAL until the H200 map (module docstring): 8B bf16 target on one H200.
+PROVISIONAL: dict[str, StepCost] = {
+    # 0.36x at k=4, 0% acceptance, b=1: 4.85 / 0.36 = 13.5 ms a step, ~2 ms per 1B pass.
+    "draft_model": StepCost(
+        base_ms=4.85,
+        per_seq_ms=0.03,
+        per_token_ms=0.025,
+        knee_tokens=512,
+        verify_ms=0.4,
+        draft_pass_ms=2.0,
+        draft_per_seq_ms=0.004,
+        is_synced_at_zero=True,
+    ),
+    # 3.50x at k=4 with every draft accepted, b=1: 5 tokens in 6.9 ms (2.16x at k=2 follows).
+    "ngram": StepCost(
+        base_ms=4.85,
+        per_seq_ms=0.03,
+        per_token_ms=0.025,
+        knee_tokens=512,
+        verify_ms=2.0,
+        draft_pass_ms=0.0,
+        draft_per_seq_ms=0.02,
+        is_synced_at_zero=False,
+    ),
+}
+
+
+def step_ms(cost: StepCost, *, batch_size: int, k: int, num_verified: int | None = None) -> float:
+    """One step of ``batch_size`` sequences drafting ``k`` tokens for the next step and verifying
+    ``num_verified`` drafts in all (default ``batch_size * k``: every sequence verifies k)."""
+    verified = batch_size * k if num_verified is None else num_verified
+    tokens = batch_size + verified
+    target = cost.base_ms + cost.per_seq_ms * (batch_size - 1) + cost.per_token_ms * max(0, tokens - cost.knee_tokens)
+    if verified:
+        target += cost.verify_ms
+    passes = max(k, 1) if cost.is_synced_at_zero else k
+    draft = passes * (cost.draft_pass_ms + cost.draft_per_seq_ms * batch_size)
+    if not cost.is_synced_at_zero and k:
+        draft += cost.draft_per_seq_ms * batch_size
+    return target + draft
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """Tokens a sequence yields in a step verifying ``k`` drafts: the target's own token, plus
+    each draft position ``i`` reached and accepted (``rates[i]``: accepted given the ones before it)."""
+    total, reach = 1.0, 1.0
+    for rate in rates[:k]:
+        reach *= rate
+        total += reach
+    return total
+
+
+def tokens_per_ms(cost: StepCost, *, batch_size: int, k: int, rates: Sequence[float]) -> float:
+    return batch_size * expected_tokens(rates, k) / step_ms(cost, batch_size=batch_size, k=k)
+
+
+def best_k(cost: StepCost, *, batch_size: int, rates: Sequence[float], allowed_ks: Iterable[int]) -> int:
+    """The k among ``allowed_ks`` with the most tokens per millisecond (ties: the smaller k)."""
+    best, best_rate = 0, -1.0
+    for k in sorted(allowed_ks):
+        rate = tokens_per_ms(cost, batch_size=batch_size, k=k, rates=rates)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = k, rate
+    return best
