@@ -225,3 +225,50 @@ async def test_the_unrelated_draft_ends_at_k_zero_with_probes(tiny_models: Any) 
         assert await counted_by_engine_since(before, drafted) == (drafted, 0)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+async def test_a_capped_request_verifies_fewer_drafts_and_the_counts_stay_exact(
+    tiny_models: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The trimming of a capped request's drafts, in vLLM's async scheduler (a draft model): which
+    # requests are capped is the controller's call from acceptance and load, which the tiny models
+    # on a CPU do not produce on demand, so a stand-in review caps every request whose prompt says
+    # so to one draft a step (the engine core is forked from this process: it inherits the patch).
+    def stand_in_review(self: SpeculationController, requests: Any, *, batch_size: int) -> None:
+        self.caps = {rid: 1 for rid, _, _ in requests if "capped" in rid}
+
+    monkeypatch.setattr(SpeculationController, "review", stand_in_review)
+    engine = await boot_engine(
+        tiny_models,
+        MODEL_NAME="tiny:target",
+        SPECULATIVE_MODEL="tiny:target",  # its own draft: every draft accepted, the batch's k stays 3
+        NUM_SPECULATIVE_TOKENS=3,
+        SPECULATION_CONTROL="auto",
+        PER_REQUEST_SPEC_DECODE_METRICS="detailed",
+        WARMUP_REQUEST="false",
+    )
+    try:
+        before = engine_counters()
+
+        async def one(rid: str) -> SpecDecodeStats:
+            request = parse_request(
+                {"prompt": PROMPT, "sampling_params": {"temperature": 0, "max_tokens": 120, "ignore_eos": True}}
+            )
+            final = [chunk async for chunk in engine.generate(request, request_id=rid)][-1]
+            assert final.spec_decode is not None and final.usage is not None
+            check_exact(final.spec_decode, final.usage.completion_tokens)
+            return final.spec_decode
+
+        names = [f"{'capped' if i % 2 else 'free'}-{i}" for i in range(4)]
+        results = await asyncio.gather(*(one(rid) for rid in names))
+        for rid, stats in zip(names, results, strict=True):
+            steps = stats.per_step_drafted or []
+            # After the first review (16 steps), a capped request verifies one draft a step.
+            late = steps[20:]
+            assert late and set(late) == ({1} if "capped" in rid else {3}), (rid, steps)
+        drafted = sum(s.num_draft_tokens for s in results)
+        accepted = sum(s.num_accepted_draft_tokens for s in results)
+        assert await counted_by_engine_since(before, drafted) == (drafted, accepted)
+    finally:
+        engine.shutdown()

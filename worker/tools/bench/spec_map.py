@@ -1,0 +1,225 @@
+"""Where speculation pays: decode throughput and ITL per speculation configuration and load.
+
+Every configuration is an engine of its own, all booted side by side (an equal share of the GPU's
+memory each), so that the runs alternate between them: for each repeat, for each concurrency, each
+engine in turn (the order rotated per repeat) decodes one wave of ``concurrency`` requests of
+``max_tokens`` tokens. The figures are medians over the repeats.
+
+A configuration is ``none`` or ``DRAFTER:K:LENGTH:CONTROL``:
+
+- ``DRAFTER``: ``ngram`` or a draft model (a path or ``tiny:`` name);
+- ``K``: ``NUM_SPECULATIVE_TOKENS``;
+- ``LENGTH``: the mean acceptance length vLLM's synthetic rejection sampler holds the drafts to
+  (``rejection_sample_method="synthetic"``: the draft and the target run for real, acceptance
+  follows the set rate; GPU only), or ``real`` for the standard sampler;
+- ``CONTROL``: ``static`` or ``auto`` (``SPECULATION_CONTROL``).
+
+Synthetic acceptance because no real draft weights can be had here: with dummy weights the cost of
+speculation is real and the acceptance is chosen. vLLM's synthetic rates are per position, for
+every request alike.
+
+    python -m worker.tools.bench.spec_map --out DIR --configs none,/tmp/d:4:2.5:static,... \\
+        --concurrency 1,8,64,256 --max-tokens 128 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from worker.config import load_settings
+from worker.tools.bench.timing import PROMPT, RequestTiming, run_concurrent, summarize
+
+__all__ = ["bench_spec_map", "config_env", "main"]
+
+
+def config_env(base: dict[str, str], name: str) -> dict[str, str]:
+    """The worker's environment for configuration ``name`` (module docstring)."""
+    env = {key: value for key, value in base.items() if not key.startswith("SPECUL")}
+    if name == "none":
+        return {**env, "SPECULATIVE_METHOD": "none"}
+    try:
+        drafter, k_text, length, control = name.rsplit(":", 3)
+        k = int(k_text)
+    except ValueError:
+        raise ValueError(f"{name!r} is not none or DRAFTER:K:LENGTH:CONTROL") from None
+    spec: dict[str, Any] = {"num_speculative_tokens": k}
+    if drafter == "ngram":
+        spec.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=1)
+    else:
+        spec.update(method="draft_model", model=drafter)
+    if length != "real":
+        spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
+    return {**env, "SPECULATIVE_CONFIG": json.dumps(spec), "SPECULATION_CONTROL": control}
+
+
+async def _wave(engine: Any, *, concurrency: int, max_tokens: int) -> dict[str, Any]:
+    """``concurrency`` requests at once through the worker's engine path; throughput, ITL, and the
+    per-request spec-decode counts summed (steps with speculation off: the request's tokens after
+    the first that no verify step yielded)."""
+    from worker.schema import parse_request
+
+    sums = {"num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_draft_tokens": 0, "num_steps_off": 0}
+
+    def make(i: int) -> Any:
+        request = parse_request(
+            {
+                "prompt": f"{PROMPT} {i}",
+                "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+            }
+        )
+
+        async def run(timing: RequestTiming) -> None:
+            async for chunk in engine.generate(request):
+                if chunk.num_tokens and timing.first_token is None:
+                    timing.first_token = time.perf_counter()
+                if chunk.is_final:
+                    assert chunk.usage is not None
+                    timing.num_tokens = chunk.usage.completion_tokens
+                    stats = chunk.spec_decode
+                    if stats is not None:
+                        sums["num_spec_steps"] += stats.num_spec_steps
+                        sums["num_draft_tokens"] += stats.num_draft_tokens
+                        sums["num_accepted_draft_tokens"] += stats.num_accepted_draft_tokens
+                        yielded = stats.num_spec_steps + stats.num_accepted_draft_tokens
+                        sums["num_steps_off"] += max(0, timing.num_tokens - 1 - yielded)
+            timing.end = time.perf_counter()
+
+        return run
+
+    timings, wall = await run_concurrent(make, num_requests=concurrency, concurrency=concurrency)
+    point = summarize(timings, wall)
+    point.update(sums)
+    steps = sums["num_spec_steps"]
+    point["mean_acceptance_length"] = 1 + sums["num_accepted_draft_tokens"] / steps if steps else None
+    point["mean_k_verified"] = sums["num_draft_tokens"] / steps if steps else None
+    return point
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("throughput_tok_s", "itl_p50_ms", "mean_acceptance_length", "mean_k_verified", "num_steps_off")
+    out: dict[str, Any] = {"runs": len(runs)}
+    for key in keys:
+        values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+async def bench_spec_map(
+    base_env: dict[str, str],
+    *,
+    configs: list[str],
+    concurrencies: list[int],
+    max_tokens: int,
+    repeats: int,
+    out: Path,
+    deadline_s: float | None = None,
+) -> dict[str, Any]:
+    """The map (module docstring); ``spec_map.json`` under ``out`` after every point, so that a run
+    cut short keeps what it measured. ``deadline_s``: no new repeat starts after this many seconds."""
+    from worker.runtime import boot_engine
+
+    started = time.monotonic()
+    share = float(base_env.get("GPU_MEMORY_UTILIZATION", "0.9")) / len(configs)
+    result: dict[str, Any] = {
+        "configs": configs,
+        "concurrencies": concurrencies,
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "boot_s": {},
+        "errors": {},
+        "runs": {name: {str(c): [] for c in concurrencies} for name in configs},
+    }
+    path = out / "spec_map.json"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        result["table"] = {
+            name: {c: _medians(runs) for c, runs in by_c.items() if runs} for name, by_c in result["runs"].items()
+        }
+        base = result["table"].get("none", {})
+        for by_c in result["table"].values():
+            for c, row in by_c.items():
+                ref = base.get(c, {}).get("throughput_tok_s")
+                row["vs_none"] = row["throughput_tok_s"] / ref if ref and row["throughput_tok_s"] else None
+        result["elapsed_s"] = round(time.monotonic() - started, 1)
+        path.write_text(json.dumps(result, indent=1))
+
+    engines: dict[str, Any] = {}
+    try:
+        for name in configs:  # one after the other: two booting at once can miss memory for the cache
+            env = {**config_env(base_env, name), "GPU_MEMORY_UTILIZATION": f"{share:.3f}"}
+            t0 = time.monotonic()
+            try:
+                engines[name] = await boot_engine(load_settings(env), mode="serverless")
+            except Exception as exc:
+                result["errors"][name] = f"boot: {exc}"
+            result["boot_s"][name] = round(time.monotonic() - t0, 1)
+            print(f"spec_map boot {name}: {result['boot_s'][name]} s", flush=True)
+            save()
+        for engine in engines.values():  # compile and capture nothing during the measured waves
+            await _wave(engine, concurrency=2, max_tokens=8)
+        for repeat in range(repeats):
+            if deadline_s is not None and repeat and time.monotonic() - started > deadline_s:
+                result["stopped_early"] = f"after {repeat} repeats (deadline {deadline_s} s)"
+                break
+            for c in concurrencies:
+                names = list(engines)
+                names = names[repeat % len(names) :] + names[: repeat % len(names)]
+                for name in names:
+                    try:
+                        point = await _wave(engines[name], concurrency=c, max_tokens=max_tokens)
+                    except Exception as exc:
+                        result["errors"][name] = f"c={c}: {exc}"
+                        engines.pop(name).shutdown()
+                        continue
+                    result["runs"][name][str(c)].append(point)
+                    print(
+                        f"spec_map r{repeat} c={c} {name}: {point['throughput_tok_s']:.0f} tok/s, "
+                        f"ITL {point['itl_p50_ms'] or 0:.2f} ms, AL {point['mean_acceptance_length'] or 0:.2f}, "
+                        f"k {point['mean_k_verified'] or 0:.2f}, off {point['num_steps_off']}",
+                        flush=True,
+                    )
+                    save()
+    finally:
+        save()
+        for engine in engines.values():
+            engine.shutdown()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.tools.bench.spec_map", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--configs", required=True, help="comma-separated: none, DRAFTER:K:LENGTH:CONTROL")
+    parser.add_argument("--concurrency", default="1,8,32,64,128,256")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--deadline-s", type=float, default=None, help="start no repeat after this many seconds")
+    args = parser.parse_args(argv)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    env = dict(os.environ)
+    env.setdefault("MAX_NUM_SEQS", str(max(concurrencies)))
+    result = asyncio.run(
+        bench_spec_map(
+            env,
+            configs=args.configs.split(","),
+            concurrencies=concurrencies,
+            max_tokens=args.max_tokens,
+            repeats=args.repeats,
+            out=args.out,
+            deadline_s=args.deadline_s,
+        )
+    )
+    print(json.dumps(result["table"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
