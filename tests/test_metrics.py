@@ -97,3 +97,33 @@ def test_metrics_page_shows_what_the_observer_saw() -> None:
     assert samples[("worker_spec_decode_rolling_mean_acceptance_length", ())] == pytest.approx(1.25)
     assert samples[("worker_spec_decode_low_acceptance", ())] == 1
     assert samples[("worker_request_acceptance_rate_count", ())] == 5
+
+
+def test_steps_with_speculation_off_are_counted_per_request() -> None:
+    from worker.tracking import RequestEnd
+
+    metrics = WorkerMetrics(num_spec_tokens=4, threshold=1.5, window=5)
+    # 30 tokens: the first from the prefill, 4 verify steps yielding 1 + 2 each (12), 17 steps off.
+    stats = spec_stats_from_histogram([0, 0, 4, 0, 0], num_draft_tokens=8, num_spec_tokens=4)
+    metrics.observe(RequestEnd("a", "finished", "length", stats, 0.02, 30))
+    # Speculation off throughout (k = 0): no verify step at all, 9 steps off.
+    metrics.observe(
+        RequestEnd(
+            "b",
+            "finished",
+            "length",
+            spec_stats_from_histogram([0] * 5, num_draft_tokens=0, num_spec_tokens=4),
+            0.02,
+            10,
+        )
+    )
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(render_metrics(metrics).decode())
+        for s in family.samples
+        if not s.labels or (set(s.labels) == {"le"} and s.labels["le"] == "+Inf")
+    }
+    assert samples["worker_spec_decode_verify_steps_total"] == 4
+    assert samples["worker_spec_decode_steps_off_total"] == 17 + 9
+    assert samples["worker_request_drafts_per_step_sum"] == 2.0
+    assert samples["worker_request_spec_off_fraction_sum"] == pytest.approx(17 / 21 + 1.0)

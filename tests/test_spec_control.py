@@ -12,7 +12,13 @@ import pytest
 
 from tests.helpers import boot_engine
 from worker.schema import SpecDecodeStats, parse_request
-from worker.spec_control import PROBE_EVERY_STEPS, Acceptance, SpeculationController, geometric_rate
+from worker.spec_control import (
+    PROBE_EVERY_STEPS,
+    REVIEW_EVERY_STEPS,
+    Acceptance,
+    SpeculationController,
+    geometric_rate,
+)
 from worker.spec_cost import PROVISIONAL
 
 K = 4
@@ -253,7 +259,7 @@ async def test_a_capped_request_verifies_fewer_drafts_and_the_counts_stay_exact(
 
         async def one(rid: str) -> SpecDecodeStats:
             request = parse_request(
-                {"prompt": PROMPT, "sampling_params": {"temperature": 0, "max_tokens": 120, "ignore_eos": True}}
+                {"prompt": PROMPT, "sampling_params": {"temperature": 0, "max_tokens": 400, "ignore_eos": True}}
             )
             final = [chunk async for chunk in engine.generate(request, request_id=rid)][-1]
             assert final.spec_decode is not None and final.usage is not None
@@ -264,8 +270,8 @@ async def test_a_capped_request_verifies_fewer_drafts_and_the_counts_stay_exact(
         results = await asyncio.gather(*(one(rid) for rid in names))
         for rid, stats in zip(names, results, strict=True):
             steps = stats.per_step_drafted or []
-            # After the first review (16 steps), a capped request verifies one draft a step.
-            late = steps[20:]
+            # After the first review, a capped request verifies one draft a step.
+            late = steps[REVIEW_EVERY_STEPS + 4 :]
             assert late and set(late) == ({1} if "capped" in rid else {3}), (rid, steps)
         drafted = sum(s.num_draft_tokens for s in results)
         accepted = sum(s.num_accepted_draft_tokens for s in results)

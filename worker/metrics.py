@@ -10,6 +10,13 @@ default registry), the worker exports per-request distributions that vLLM aggreg
     worker_spec_decode_rolling_mean_acceptance_length   gauge over the watchdog window
     worker_spec_decode_low_acceptance     gauge: 1 while the window is below the threshold
     worker_requests_in_engine             gauge, read at scrape time: requests the engine holds
+    worker_spec_decode_verify_steps_total counter: steps that verified drafts, of finished requests
+    worker_spec_decode_steps_off_total    counter: steps that verified none (speculation off: k = 0
+                                          chosen by SPECULATION_CONTROL=auto or the schedule, or no
+                                          n-gram match), of finished requests
+    worker_request_drafts_per_step        histogram of per-request drafts verified per verify step
+                                          (the k chosen for it, on average)
+    worker_request_spec_off_fraction      histogram of per-request share of decode steps without drafts
 
 The acceptance watchdog keeps a rolling window of the last ``window`` speculated requests.
 When the window's mean acceptance length (1 + accepted / steps, pooled over its requests)
@@ -181,6 +188,26 @@ class WorkerMetrics:
             registry=self.registry,
             multiprocess_mode="livesum",  # each API process's own requests, summed over live processes
         )
+        self.verify_steps = Counter(
+            "worker_spec_decode_verify_steps", "Decode steps that verified drafts", registry=self.registry
+        )
+        self.steps_off = Counter(
+            "worker_spec_decode_steps_off",
+            "Decode steps that verified no drafts (speculation off for the request)",
+            registry=self.registry,
+        )
+        self.drafts_per_step = Histogram(
+            "worker_request_drafts_per_step",
+            "Per-request drafts verified per verify step (the k chosen for it, on average)",
+            buckets=sorted({i * 0.5 for i in range(2 * k + 1)}),
+            registry=self.registry,
+        )
+        self.off_fraction = Histogram(
+            "worker_request_spec_off_fraction",
+            "Per-request share of decode steps that verified no drafts",
+            buckets=[0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0],
+            registry=self.registry,
+        )
         self.watchdog = AcceptanceWatchdog(threshold=threshold, window=window, memory=shared_window)
 
     def count_in_engine(self, count: Callable[[], float]) -> None:
@@ -203,8 +230,17 @@ class WorkerMetrics:
         if end.time_to_first_token_s is not None:
             self.ttft.observe(end.time_to_first_token_s)
         stats = end.spec_decode
+        if stats is not None and not stats.partial:
+            # Every token after the first comes from a decode step; a verify step yields 1 + accepted.
+            yielded = stats.num_spec_steps + stats.num_accepted_draft_tokens
+            steps_off = max(0, end.num_completion_tokens - 1 - yielded)
+            self.verify_steps.inc(stats.num_spec_steps)
+            self.steps_off.inc(steps_off)
+            if steps_off + stats.num_spec_steps:
+                self.off_fraction.observe(steps_off / (steps_off + stats.num_spec_steps))
         if stats is None or stats.num_spec_steps == 0:
             return
+        self.drafts_per_step.observe(stats.num_draft_tokens / stats.num_spec_steps)
         self.acceptance_length.observe(stats.mean_acceptance_length)
         self.acceptance_rate.observe(stats.draft_acceptance_rate)
         self.watchdog.observe(num_steps=stats.num_spec_steps, num_accepted=stats.num_accepted_draft_tokens)

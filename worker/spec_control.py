@@ -50,7 +50,11 @@ log = logging.getLogger(__name__)
 # token per sequence, 1/32 of that per step.
 PROBE_EVERY_STEPS = 32
 # Steps between reviews of each request's own acceptance (the per-request caps).
-REVIEW_EVERY_STEPS = 16
+REVIEW_EVERY_STEPS = 64
+# Sequences of a step whose outcome the controller reads (the batch's first ones).
+SAMPLE_SEQUENCES = 64
+# Steps with evidence between re-evaluations of the cost model per batch size.
+RECHOOSE_EVERY_STEPS = 4
 # Evidence halves every this many steps, so that a change of acceptance shows within a few hundred.
 HALF_LIFE_STEPS = 64
 # Before any evidence, each position is assumed accepted this often (so that drafting starts, and
@@ -138,6 +142,7 @@ class SpeculationController:
         self._off_streak = 0
         self._last_k: int | None = None
         self._last_time: float | None = None
+        self._num_observed = 0
         self._choices: dict[tuple[int, int], tuple[int, int]] = {}  # (batch, top k) -> (k, probe k)
         self._table = _geometric_table(num_spec_tokens)
 
@@ -187,10 +192,12 @@ class SpeculationController:
             # until a probe says otherwise (aged by the clock, it would drift back to the prior).
             self.acceptance.age()
             self.acceptance.observe(pairs)
-        # The choice per batch size is kept while acceptance stays put; aged evidence alone moves it
-        # only slowly, so recompute every review.
-        if pairs or not self._choices:
-            self._choices.clear()
+        # The choice per batch size is kept for RECHOOSE_EVERY_STEPS steps of evidence: the model's
+        # arithmetic is most of the controller's time per step, and a few steps' evidence moves it little.
+        if pairs:
+            self._num_observed += 1
+            if self._num_observed % RECHOOSE_EVERY_STEPS == 0:
+                self._choices.clear()
 
     def review(self, requests: Iterable[tuple[str, Sequence[int], int]], *, batch_size: int) -> None:
         """Per-request caps from each request's own counts: ``(request id, histogram of accepted
@@ -275,20 +282,28 @@ class ControlledScheduling:
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         spec = scheduler_output.scheduled_spec_decode_tokens
-        pairs: collections.Counter[tuple[int, int]] = collections.Counter()
-        if spec and model_runner_output.sampled_token_ids:
-            # One C-level pass per list: (drafts verified, tokens yielded) per request.
-            drafted = map(len, map(spec.get, model_runner_output.req_ids, itertools.repeat(_NO_DRAFTS)))
-            pairs.update(zip(drafted, map(len, model_runner_output.sampled_token_ids), strict=False))
-            pairs = collections.Counter(
-                {(d, y - 1): n for (d, y), n in pairs.items() if d and y}  # y - 1: the drafts accepted
-            )
+        sampled = model_runner_output.sampled_token_ids
+        pairs: dict[tuple[int, int], int] = {}
+        if spec and sampled:
+            # (drafts verified, drafts accepted) -> sequences, in C-level passes over the batch.
+            # The first SAMPLE_SEQUENCES of the batch: evidence enough per step, at a bounded cost.
+            yielded = list(map(len, sampled[:SAMPLE_SEQUENCES]))  # 1 + accepted, where drafts were verified
+            widths = set(map(len, spec.values()))
+            if len(widths) == 1 and len(spec) == len(sampled):  # every request verified the same k
+                d = widths.pop()
+                pairs = {(d, y - 1): n for y in range(1, d + 2) if (n := yielded.count(y))}
+            else:
+                req_ids = model_runner_output.req_ids[:SAMPLE_SEQUENCES]
+                drafted = map(len, map(spec.get, req_ids, itertools.repeat(_NO_DRAFTS)))
+                counted = collections.Counter(zip(drafted, yielded, strict=False))
+                pairs = {(d, y - 1): n for (d, y), n in counted.items() if d and y}
         controller = self.controller
         controller.observe(pairs)
         step = self._control_steps = self._control_steps + 1
         if step % REVIEW_EVERY_STEPS == 0:
-            counted = [(r.request_id, r.spec_decode_metrics) for r in self.running if r.spec_decode_metrics]
+            # A generator: read only when the load makes per-request caps worth computing.
+            live = ((r.request_id, r.spec_decode_metrics) for r in self.running if r.spec_decode_metrics)
             controller.review(
-                ((rid, m.histogram, m.num_draft_tokens) for rid, m in counted), batch_size=max(1, len(self.running))
+                ((rid, m.histogram, m.num_draft_tokens) for rid, m in live), batch_size=max(1, len(self.running))
             )
         return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]

@@ -36,7 +36,7 @@ from typing import Any
 from worker.config import load_settings
 from worker.tools.bench.timing import PROMPT, RequestTiming, run_concurrent, summarize
 
-__all__ = ["bench_spec_map", "config_env", "main"]
+__all__ = ["bench_spec_map", "config_env", "controller_step_us", "main"]
 
 
 def config_env(base: dict[str, str], name: str) -> dict[str, str]:
@@ -194,16 +194,91 @@ async def bench_spec_map(
     return result
 
 
+def controller_step_us(batch_size: int, *, k: int = 4, steps: int = 4000, caps: bool = True) -> float:
+    """CPU time per engine step of ``SPECULATION_CONTROL=auto``'s hooks (the controller's lookup,
+    its reading of the step's outputs, the per-request review every ``REVIEW_EVERY_STEPS`` steps
+    and, with ``caps``, trimming half the requests' drafts), in microseconds. vLLM's scheduler
+    is stood in for by a class with the attributes the hooks read; the hooks themselves are the
+    worker's (:class:`worker.spec_control.ControlledScheduling`)."""
+    import random
+    from types import SimpleNamespace
+
+    from worker.spec_control import ControlledScheduling
+
+    rng = random.Random(0)
+    ids = [f"req-{i}" for i in range(batch_size)]
+
+    class StandInScheduler:
+        def __init__(self) -> None:
+            self.num_spec_tokens = k
+            self.dynamic_sd_lookup = [k] * (batch_size + 1)
+            self.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method="draft_model"))
+            metrics = [
+                SimpleNamespace(histogram=[rng.randrange(50) for _ in range(k + 1)], num_draft_tokens=400) for _ in ids
+            ]
+            self.running = [
+                SimpleNamespace(request_id=rid, spec_decode_metrics=m, spec_token_ids=[-1] * k)
+                for rid, m in zip(ids, metrics, strict=True)
+            ]
+            self.requests = {r.request_id: r for r in self.running}
+
+        def schedule(self) -> Any:
+            return None
+
+        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+            return {}
+
+    class Timed(ControlledScheduling, StandInScheduler):
+        pass
+
+    scheduler = Timed()
+    if caps:  # a stand-in review: half the requests capped (trimmed before every step)
+        half = {rid: 1 for rid in ids[::2]}
+        scheduler.controller.review = lambda requests, *, batch_size: setattr(  # type: ignore[method-assign]
+            scheduler.controller, "caps", half
+        )
+    outputs = [
+        (
+            SimpleNamespace(scheduled_spec_decode_tokens={rid: [-1] * k for rid in ids}),
+            SimpleNamespace(req_ids=ids, sampled_token_ids=[[0] * (1 + rng.randrange(k + 1)) for _ in ids]),
+        )
+        for _ in range(16)
+    ]
+    clock = time.perf_counter
+    elapsed = 0.0
+    for step in range(steps):
+        started = clock()
+        scheduler.schedule()
+        scheduler.dynamic_sd_lookup[batch_size]
+        scheduler.update_from_output(*outputs[step % 16])
+        elapsed += clock() - started
+        for request in scheduler.running:  # vLLM puts the next drafts back (not the hooks' cost)
+            request.spec_token_ids = [-1] * k
+    return elapsed / steps * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.tools.bench.spec_map", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--configs", required=True, help="comma-separated: none, DRAFTER:K:LENGTH:CONTROL")
+    parser.add_argument("--configs", default="", help="comma-separated: none, DRAFTER:K:LENGTH:CONTROL")
+    parser.add_argument(
+        "--controller-cost", action="store_true", help="print the auto controller's CPU time per step and exit"
+    )
     parser.add_argument("--concurrency", default="1,8,32,64,128,256")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--deadline-s", type=float, default=None, help="start no repeat after this many seconds")
     args = parser.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
+    if args.controller_cost:
+        for batch_size in concurrencies:
+            plain = statistics.median(controller_step_us(batch_size, caps=False) for _ in range(5))
+            capped = statistics.median(controller_step_us(batch_size, caps=True) for _ in range(5))
+            print(
+                f"controller per step at batch {batch_size}: {plain:.1f} us, "
+                f"{capped:.1f} us with half the requests capped"
+            )
+        return 0
     env = dict(os.environ)
     env.setdefault("MAX_NUM_SEQS", str(max(concurrencies)))
     result = asyncio.run(
