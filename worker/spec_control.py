@@ -266,7 +266,12 @@ class ControlledScheduling:
         schedule = self.dynamic_sd_lookup
         spec = self.vllm_config.speculative_config  # type: ignore[attr-defined]
         cost = PROVISIONAL["ngram" if spec.method == "ngram" else "draft_model"]
-        self.controller = SpeculationController(num_spec_tokens=self.num_spec_tokens, cost=cost, schedule=schedule)
+        # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
+        # captures full graphs for the query lengths of the schedule's k values (and 1): only those.
+        allowed = set(schedule[1:]) | {0} if getattr(self, "use_v2_model_runner", False) else None
+        self.controller = SpeculationController(
+            num_spec_tokens=self.num_spec_tokens, cost=cost, schedule=schedule, allowed_ks=allowed
+        )
         self.dynamic_sd_lookup = self.controller
         self._control_steps = 0
 

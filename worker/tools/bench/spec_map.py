@@ -36,12 +36,12 @@ from typing import Any
 from worker.config import load_settings
 from worker.tools.bench.timing import PROMPT, RequestTiming, run_concurrent, summarize
 
-__all__ = ["bench_spec_map", "config_env", "controller_step_us", "main"]
+__all__ = ["bench_spec_map", "config_env", "controller_step_us", "main", "render"]
 
 
 def config_env(base: dict[str, str], name: str) -> dict[str, str]:
     """The worker's environment for configuration ``name`` (module docstring)."""
-    env = {key: value for key, value in base.items() if not key.startswith("SPECUL")}
+    env = {key: value for key, value in base.items() if "SPECULATI" not in key}
     if name == "none":
         return {**env, "SPECULATIVE_METHOD": "none"}
     try:
@@ -257,10 +257,61 @@ def controller_step_us(batch_size: int, *, k: int = 4, steps: int = 4000, caps: 
     return elapsed / steps * 1e6
 
 
+def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
+    """Markdown tables of a map (throughput vs no speculation, ITL, acceptance, drafts per verify
+    step, steps off per request) from its ``spec_map.json``; with ``plot``, a PNG of the first."""
+    table = result["table"]
+    concurrencies = [str(c) for c in result["concurrencies"]]
+    names = [name for name in result["configs"] if name in table]
+    head = "| configuration | " + " | ".join(f"{c} streams" for c in concurrencies) + " |"
+    rule = "|---|" + "---|" * len(concurrencies)
+
+    def rows(cell: Any) -> list[str]:
+        return [f"| `{name}` | " + " | ".join(cell(table[name].get(c)) for c in concurrencies) + " |" for name in names]
+
+    def tok(row: dict[str, Any] | None) -> str:
+        if not row or row.get("throughput_tok_s") is None:
+            return "-"
+        vs = row.get("vs_none")
+        return f"{row['throughput_tok_s']:,.0f}" + (f" ({vs:.2f}x)" if vs else "")
+
+    def itl(row: dict[str, Any] | None) -> str:
+        return f"{row['itl_p50_ms']:.2f}" if row and row.get("itl_p50_ms") is not None else "-"
+
+    def spec(row: dict[str, Any] | None) -> str:
+        if not row or row.get("mean_acceptance_length") is None:
+            return "-"
+        runs = max(1, row["runs"])
+        return f"{row['mean_acceptance_length']:.2f} / {row['mean_k_verified']:.2f} / {row['num_steps_off'] / runs:.0f}"
+
+    lines = ["Throughput, tok/s (vs no speculation):", "", head, rule, *rows(tok), ""]
+    lines += ["Median ITL, ms:", "", head, rule, *rows(itl), ""]
+    lines += ["Acceptance length / drafts per verify step / steps off per wave:", "", head, rule, *rows(spec)]
+    if result.get("errors"):
+        lines += ["", "Errors: " + "; ".join(f"`{k}`: {v}" for k, v in result["errors"].items())]
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name in names:
+            xs = [int(c) for c in concurrencies if (table[name].get(c) or {}).get("vs_none")]
+            ax.plot(xs, [table[name][str(x)]["vs_none"] for x in xs], marker="o", label=name.split("/")[-1])
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(xscale="log", xlabel="streams", ylabel="throughput vs no speculation", title="Where speculation pays")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(plot, dpi=120)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.tools.bench.spec_map", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--configs", default="", help="comma-separated: none, DRAFTER:K:LENGTH:CONTROL")
+    parser.add_argument("--render", type=Path, help="print Markdown for a saved spec_map.json (and plot it) and exit")
     parser.add_argument(
         "--controller-cost", action="store_true", help="print the auto controller's CPU time per step and exit"
     )
@@ -269,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--deadline-s", type=float, default=None, help="start no repeat after this many seconds")
     args = parser.parse_args(argv)
+    if args.render:
+        print(render(json.loads(args.render.read_text()), plot=args.render.with_suffix(".png")))
+        return 0
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     if args.controller_cost:
         for batch_size in concurrencies:
