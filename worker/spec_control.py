@@ -44,7 +44,9 @@ __all__ = [
     "geometric_rate",
 ]
 
-log = logging.getLogger(__name__)
+# A child of vLLM's logger: the controller runs in vLLM's engine-core process, where only vLLM's
+# loggers have handlers.
+log = logging.getLogger("vllm.worker.spec_control")
 
 # Steps at k = 0 between probes: a probe at 0% acceptance costs one draft pass and one verified
 # token per sequence, 1/32 of that per step.
@@ -141,6 +143,7 @@ class SpeculationController:
         self.time_off_s = 0.0
         self._off_streak = 0
         self._last_k: int | None = None
+        self._is_off = False
         self._last_time: float | None = None
         self._num_observed = 0
         self._choices: dict[tuple[int, int], tuple[int, int]] = {}  # (batch, top k) -> (k, probe k)
@@ -167,7 +170,11 @@ class SpeculationController:
             # (the k, and the k a probe drafts: the smallest runnable one; 0 where none is allowed)
             choice = self._choices[key] = (best, ks[1] if len(ks) > 1 else 0)
         k, probe_k = choice
-        if k == 0 and probe_k:
+        is_off = k == 0 and probe_k > 0  # off by acceptance, not by the schedule
+        if is_off != self._is_off:
+            self._is_off = is_off
+            log.info("speculation %s at batch %d: %s", "off" if is_off else "on", batch_size, self.report())
+        if is_off:
             self._off_streak += 1
             if self._off_streak >= self.probe_every:
                 self._off_streak = 0
@@ -175,8 +182,6 @@ class SpeculationController:
                 k = probe_k
         else:
             self._off_streak = 0
-        if (k == 0) != (self._last_k == 0) and self._last_k is not None and k != self._last_k:
-            log.info("speculation %s at batch %d", "off (k=0)" if k == 0 else f"on (k={k})", batch_size)
         self.steps_by_k[k] += 1
         self._last_k = k
         return k
