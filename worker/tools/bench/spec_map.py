@@ -99,11 +99,22 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int) -> dict[str, 
     steps = sums["num_spec_steps"]
     point["mean_acceptance_length"] = 1 + sums["num_accepted_draft_tokens"] / steps if steps else None
     point["mean_k_verified"] = sums["num_draft_tokens"] / steps if steps else None
+    # Engine steps in the wave, the streams decoding in lockstep: each request's decode steps (a
+    # verify step, or one without drafts; without speculation one per token after the first).
+    request_steps = steps + sums["num_steps_off"] if steps or sums["num_steps_off"] else point["tokens"] - concurrency
+    point["ms_per_step"] = wall * 1000 * concurrency / request_steps if request_steps > 0 else None
     return point
 
 
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("throughput_tok_s", "itl_p50_ms", "mean_acceptance_length", "mean_k_verified", "num_steps_off")
+    keys = (
+        "throughput_tok_s",
+        "itl_p50_ms",
+        "ms_per_step",
+        "mean_acceptance_length",
+        "mean_k_verified",
+        "num_steps_off",
+    )
     out: dict[str, Any] = {"runs": len(runs)}
     for key in keys:
         values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
@@ -278,6 +289,9 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     def itl(row: dict[str, Any] | None) -> str:
         return f"{row['itl_p50_ms']:.2f}" if row and row.get("itl_p50_ms") is not None else "-"
 
+    def step(row: dict[str, Any] | None) -> str:
+        return f"{row['ms_per_step']:.2f}" if row and row.get("ms_per_step") is not None else "-"
+
     def spec(row: dict[str, Any] | None) -> str:
         if not row or row.get("mean_acceptance_length") is None:
             return "-"
@@ -286,6 +300,7 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
 
     lines = ["Throughput, tok/s (vs no speculation):", "", head, rule, *rows(tok), ""]
     lines += ["Median ITL, ms:", "", head, rule, *rows(itl), ""]
+    lines += ["Engine step, ms (the wave's time over its steps; prefill included):", "", head, rule, *rows(step), ""]
     lines += ["Acceptance length / drafts per verify step / steps off per wave:", "", head, rule, *rows(spec)]
     if result.get("errors"):
         lines += ["", "Errors: " + "; ".join(f"`{k}`: {v}" for k, v in result["errors"].items())]
