@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -48,3 +49,26 @@ def test_the_report_reads_the_saved_map() -> None:
 
 def test_the_controllers_cost_per_step_is_measured() -> None:
     assert 0 < controller_step_us(8, steps=200) < 10_000
+
+
+def test_the_step_cost_is_read_back_off_a_map() -> None:
+    from worker.spec_cost import StepCost, step_ms
+    from worker.tools.bench.spec_map import fit_step_cost
+
+    truth = StepCost(5.0, 0.02, 0.03, 512, 0.5, 1.5, 0.005, True)
+    plain = StepCost(5.0, 0.02, 0.03, 512, 0.0, 0.0, 0.0, False)
+    loads = [1, 8, 32, 64, 128, 256]
+
+    def rows(ms: Any) -> dict[str, Any]:
+        return {str(b): {"ms_per_step": ms(b)} for b in loads}
+
+    result = {
+        "table": {
+            "none": rows(lambda b: step_ms(plain, batch_size=b, k=0)),
+            "d:4:2.5:static": rows(lambda b: step_ms(truth, batch_size=b, k=4)),
+            "d:4:1.0:auto": rows(lambda b: step_ms(truth, batch_size=b, k=0)),
+        }
+    }
+    fitted = fit_step_cost(result, static="d:4:2.5:static", off="d:4:1.0:auto")
+    for field in ("base_ms", "per_seq_ms", "per_token_ms", "verify_ms", "draft_pass_ms", "draft_per_seq_ms"):
+        assert fitted[field] == pytest.approx(getattr(truth, field), abs=1e-3), field

@@ -36,7 +36,7 @@ from typing import Any
 from worker.config import load_settings
 from worker.tools.bench.timing import PROMPT, RequestTiming, run_concurrent, summarize
 
-__all__ = ["bench_spec_map", "config_env", "controller_step_us", "main", "render"]
+__all__ = ["bench_spec_map", "config_env", "controller_step_us", "fit_step_cost", "main", "render"]
 
 
 def config_env(base: dict[str, str], name: str) -> dict[str, str]:
@@ -268,6 +268,46 @@ def controller_step_us(batch_size: int, *, k: int = 4, steps: int = 4000, caps: 
     return elapsed / steps * 1e6
 
 
+def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens: int = 512) -> dict[str, float]:
+    """:class:`worker.spec_cost.StepCost` figures read off a map's engine steps (``ms_per_step``):
+    ``none`` gives the target's step (``base_ms`` at one stream, ``per_seq_ms`` the least-squares
+    slope up to 64 streams); ``off``, a draft-model configuration the controller held at k = 0,
+    gives the draft's KV-sync pass over ``none`` (``draft_pass_ms`` and ``draft_per_seq_ms``, a
+    line through its two smallest loads); ``static`` (k drafts every step) the rest of a verify step
+    below the knee (``verify_ms``) and, past ``knee_tokens``, ``per_token_ms``."""
+    table = result["table"]
+    k = json.loads(config_env({}, static)["SPECULATIVE_CONFIG"])["num_speculative_tokens"]
+
+    def steps(name: str) -> dict[int, float]:
+        rows = table.get(name, {})
+        return {int(c): row["ms_per_step"] for c, row in rows.items() if row.get("ms_per_step")}
+
+    none, spec, idle = steps("none"), steps(static), steps(off)
+    low = sorted(b for b in none if b <= 64)
+    base = none[low[0]]
+    xs = [b - 1 for b in low]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(none[b] for b in low)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    per_seq = sum((x - mean_x) * (none[b] - mean_y) for x, b in zip(xs, low, strict=True)) / spread if spread else 0.0
+    sync = sorted((b, idle[b] - none[b]) for b in idle if b in none)
+    (b1, y1), (b2, y2) = sync[0], sync[min(1, len(sync) - 1)]
+    draft_per_seq = (y2 - y1) / (b2 - b1) if b2 != b1 else 0.0
+    draft_pass = y1 - draft_per_seq * b1
+    extra = {b: spec[b] - none[b] - k * (draft_pass + draft_per_seq * b) for b in spec if b in none}
+    below = [v for b, v in extra.items() if (k + 1) * b <= knee_tokens]
+    verify = statistics.median(below) if below else 0.0
+    above = [(v - verify) / ((k + 1) * b - knee_tokens) for b, v in extra.items() if (k + 1) * b > knee_tokens]
+    return {
+        "base_ms": round(base, 3),
+        "per_seq_ms": round(per_seq, 4),
+        "per_token_ms": round(statistics.median(above), 4) if above else 0.0,
+        "knee_tokens": knee_tokens,
+        "verify_ms": round(verify, 3),
+        "draft_pass_ms": round(draft_pass, 3),
+        "draft_per_seq_ms": round(draft_per_seq, 4),
+    }
+
+
 def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     """Markdown tables of a map (throughput vs no speculation, ITL, acceptance, drafts per verify
     step, steps off per request) from its ``spec_map.json``; with ``plot``, a PNG of the first."""
@@ -302,6 +342,11 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     lines += ["Median ITL, ms:", "", head, rule, *rows(itl), ""]
     lines += ["Engine step, ms (the wave's time over its steps; prefill included):", "", head, rule, *rows(step), ""]
     lines += ["Acceptance length / drafts per verify step / steps off per wave:", "", head, rule, *rows(spec)]
+    statics = [n for n in names if n.endswith(":static") and not n.startswith("ngram:")]
+    offs = [n for n in names if n.endswith(":1.0:auto") and not n.startswith("ngram:")]
+    if "none" in names and statics and offs:
+        fitted = fit_step_cost(result, static=statics[0], off=offs[0])
+        lines += ["", f"Step cost read off `{statics[0]}` and `{offs[0]}` (`fit_step_cost`): {fitted}"]
     if result.get("errors"):
         lines += ["", "Errors: " + "; ".join(f"`{k}`: {v}" for k, v in result["errors"].items())]
     if plot is not None:
