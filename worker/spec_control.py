@@ -147,7 +147,7 @@ class SpeculationController:
         self._last_time: float | None = None
         self._num_observed = 0
         self._choices: dict[tuple[int, int], tuple[int, int]] = {}  # (batch, top k) -> (k, probe k)
-        self._table = _geometric_table(num_spec_tokens)
+        self._tables = [_geometric_table(k) for k in range(num_spec_tokens + 1)]  # by drafts per step
 
     # vLLM's scheduler reads ``dynamic_sd_lookup[batch_size]``.
     def __getitem__(self, batch_size: int) -> int:
@@ -220,13 +220,15 @@ class SpeculationController:
             marginal = step_ms(cost, batch_size=batch_size, k=k, num_verified=batch_size * k + 1) - base
             threshold = marginal * batch_size * expected_tokens(rates, k) / base
             if threshold > 0:
-                for rid, histogram, _drafted in requests:
+                for rid, histogram, drafted in requests:
                     num_requests += 1
                     steps = sum(histogram)
                     if steps < MIN_REQUEST_STEPS:
                         continue
                     accepted = sum(j * n for j, n in enumerate(histogram))
-                    rate = geometric_rate(accepted / steps, self.num_spec_tokens, table=self._table)
+                    # The drafts it verified per step (its k may have changed): the geometric model's k.
+                    width = min(self.num_spec_tokens, max(1, round(drafted / steps)))
+                    rate = geometric_rate(accepted / steps, width, table=self._tables[width])
                     cap = 1
                     while cap < k and rate ** (cap + 1) >= threshold:
                         cap += 1
