@@ -15,6 +15,7 @@ import argparse
 import logging
 import sys
 
+from worker import version_line
 from worker.config import load_settings
 from worker.errors import ConfigError
 
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return main_plan(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     # The tools parse their own arguments (dispatched above); listed here so that --help shows them.
     for name, summary in _TOOLS.items():

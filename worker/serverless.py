@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, TypeAlias
 
+from worker import version_line
 from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_payload
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
@@ -215,6 +216,7 @@ def local_arg_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--test_input", metavar="JSON", help='the job to run: {"input": {...}} or the input itself')
     parser.add_argument("--verbose", action="store_true", help="vLLM's own INFO logging (WARNING otherwise)")
+    parser.add_argument("--version", action="version", version=version_line())
     sdk = parser.add_argument_group("RunPod SDK (its local API server)")
     sdk.add_argument("--rp_serve_api", action="store_true", help="serve RunPod's local API (POST /run, /runsync)")
     sdk.add_argument("--rp_api_port", type=int, metavar="PORT")
