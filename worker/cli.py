@@ -51,21 +51,28 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("LISTENING ON %s WITHOUT AN API KEY: anyone who can reach this port can use the GPU", settings.host)
         log.warning("set API_KEY to require 'Authorization: Bearer <key>'")
         log.warning("=" * 72)
+    from worker.pod import listen_socket
+
+    try:
+        sock = listen_socket(settings.host, settings.port)  # before anything boots
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
     if settings.num_api_servers() > 1:
         from worker.api_servers import serve
 
-        return serve(settings)
+        return serve(settings, sock=sock)
     holder = EngineHolder(settings_loader=lambda: settings, mode="pod")
     app = create_app(holder)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         log_level=settings.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
-    return 0
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0 if server.started else 3  # uvicorn.run's status for a server that never started
 
 
 def main(argv: list[str] | None = None) -> int:
