@@ -10,6 +10,7 @@ from worker.config import (
     drafts_with_model,
     is_on_runpod,
     load_settings,
+    local_run_environment,
     sdk_environment,
 )
 from worker.errors import ConfigError
@@ -198,3 +199,13 @@ def test_every_setting_is_in_the_readmes_configuration_table() -> None:
     table = readme[start : readme.index("\n## ", start)]
     missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in table]
     assert not missing, f"not in the README's configuration table: {missing}"
+
+
+def test_the_local_run_sends_vllms_logs_to_stderr_at_warning() -> None:
+    # stdout carries the job's items; vLLM logs to stdout by default.
+    assert local_run_environment({}, is_verbose=False) == {
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+    }
+    assert local_run_environment({}, is_verbose=True) == {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+    assert local_run_environment({"VLLM_LOGGING_STREAM": "ext://sys.stdout"}, is_verbose=True) == {}

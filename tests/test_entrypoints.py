@@ -77,6 +77,8 @@ def test_local_test_input_run_streams_and_ends_with_the_blocks(subprocess_env: d
     before_first_chunk = len(out.stderr.splitlines()) + lines.index(chunks[0])
     assert before_first_chunk <= 60, out.stderr[-3000:]
     assert "Attempted to load weight" not in out.stderr
+    # stdout is the job's items only: vLLM's own log lines go to stderr.
+    assert not [line for line in lines if re.match(r"(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) \d", line)]
 
 
 def _run_test_input(job: dict[str, Any], *, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
