@@ -21,7 +21,7 @@ from contextlib import aclosing
 from typing import Any, TypeAlias
 
 from worker import version_line
-from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_payload
+from worker.errors import ConfigError, EngineDead, InvalidRequest, WorkerError, to_error_payload
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
 from worker.streaming import ChunkBatcher, coalesce_events, collect_final
@@ -200,6 +200,8 @@ def openai_error_item(
     else:
         message = f"the OpenAI route answered HTTP {status}"
     error_type = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    if isinstance(detail, dict) and detail.get("type") == EngineDead.error_type:  # the worker's own (worker/openai.py)
+        error_type = EngineDead.error_type
     item: dict[str, Any] = {"error": message, "error_type": error_type, "status": status}
     if isinstance(detail, dict):
         item["openai_error"] = detail
