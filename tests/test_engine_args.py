@@ -30,6 +30,12 @@ def test_tiny_default() -> None:
     assert kwargs["per_request_spec_decode_metrics"] == "summary"
 
 
+def test_vllms_metrics_are_labelled_with_the_served_model_name() -> None:
+    assert build_engine_kwargs(load_settings({}), resolve=resolve)["served_model_name"] == "tiny:target"
+    settings = load_settings({"MODEL_NAME": "/models/m", "OPENAI_SERVED_MODEL_NAME_OVERRIDE": "my-model"})
+    assert build_engine_kwargs(settings, resolve=resolve)["served_model_name"] == "my-model"
+
+
 def test_real_model_keeps_vllm_defaults_and_checkpoint_quantization() -> None:
     kwargs = build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}), resolve=resolve)
     assert kwargs["model"] == "org/m"

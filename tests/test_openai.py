@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -341,3 +342,25 @@ async def test_media_urls_reach_the_workers_guarded_connector_on_pod_and_route(b
     assert response.status_code == 400, response.text
     (item,) = await both.route("/v1/chat/completions", body)
     assert item["status"] == 400 and isinstance(item["error"], str), item
+
+
+@pytest.mark.parametrize("entry", ENTRYPOINTS)
+async def test_unstreamed_requests_report_the_engines_time_to_first_token(both: Both, entry: str) -> None:
+    """A request vLLM's layer does not stream gets one engine output, at its end: its time to first
+    token (worker_time_to_first_token_seconds) is vLLM's measure, not the time of that output."""
+    engine = both.worker.holder.engine
+    assert engine is not None
+    ended: list[RequestEnd] = []
+    engine.observers.append(ended.append)
+    body = {"model": MODEL, "prompt": "The", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+    try:
+        started = time.perf_counter()
+        response = await both.ask(entry, "/v1/completions", body)
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.observers.remove(ended.append)
+    assert response["usage"]["completion_tokens"] == 300
+    (end,) = ended
+    assert end.outcome == "finished" and end.time_to_first_token_s is not None
+    # The prompt's one step among the ~100 steps of 300 tokens at k=3 (old: the whole request).
+    assert 0 < end.time_to_first_token_s < elapsed / 4, (end.time_to_first_token_s, elapsed)

@@ -260,7 +260,7 @@ class Engine:
             async for output in outputs:
                 track.add(sum(len(c.token_ids) for c in output.outputs))
                 if output.finished:
-                    track.finish(output.outputs[0] if len(output.outputs) == 1 else None)
+                    track.finish(output.outputs[0] if len(output.outputs) == 1 else None, stats=output.metrics)
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
             track.cancel()

@@ -34,6 +34,9 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str], is
     is_tiny = settings.is_tiny_default
     kwargs: dict[str, Any] = {
         "model": resolve(settings.target_ref),
+        # The name the OpenAI routes answer to, as vLLM's server passes it: the model_name label of
+        # vLLM's own metrics (vllm:*), which otherwise shows the resolved path.
+        "served_model_name": settings.served_model_name,
         "revision": settings.model_revision,
         "tokenizer": resolve(settings.tokenizer_name) if settings.tokenizer_name else None,
         "tokenizer_revision": settings.tokenizer_revision,

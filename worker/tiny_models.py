@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BUILD_VERSION", "TinyModels", "calibration_texts", "ensure_tiny_models"]
 
@@ -308,5 +311,7 @@ def ensure_tiny_models(cache_dir: Path, *, num_steps: int = 400) -> TinyModels:
     with open(root.parent / f".tiny-llama-{BUILD_VERSION}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "BUILD.json").exists():
+            # A first run is otherwise silent for half a minute (2 cores; faster with more).
+            log.info("building the embedded tiny model (about 35 s, once) in %s", root)
             _build(root, num_steps=num_steps)
     return models
