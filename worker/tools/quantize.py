@@ -70,9 +70,9 @@ def ensure_env(python: str = sys.executable) -> Path:
 
 def _resolve(model: str) -> Path:
     if model.startswith(TINY_PREFIX):
-        from worker.tiny_models import ensure_tiny_models
+        from worker.tiny_models import ensure_tiny_model
 
-        return ensure_tiny_models(load_settings().worker_cache_dir).path(model.removeprefix(TINY_PREFIX))
+        return ensure_tiny_model(load_settings().worker_cache_dir, model.removeprefix(TINY_PREFIX))
     return Path(model)
 
 
