@@ -14,8 +14,9 @@ CPU cores), then writes the draft variants beside it:
                  weights large enough to change its greedy output): what vLLM loads as an adapter
 - ``vision``     an Idefics3 (SmolVLM-architecture) model: a randomly initialised two-layer vision
                  tower and connector over the trained target, with the processor and chat template
-                 vLLM needs to serve images on a CPU without torchvision; built on first use
-                 (about a second, from the target), so that the text models' cache stays valid
+                 vLLM needs to serve images on a CPU without torchvision; built from the target
+                 on first use (seconds) and versioned by :data:`VISION_BUILD_VERSION`, so that
+                 adding it left the text models' cache valid
 
 Everything is seeded, cached under ``cache_dir`` keyed by :data:`BUILD_VERSION`, and
 built once per machine (a file lock keeps concurrent builders from racing).
