@@ -36,6 +36,16 @@ def test_vllms_metrics_are_labelled_with_the_served_model_name() -> None:
     assert build_engine_kwargs(settings, resolve=resolve)["served_model_name"] == "my-model"
 
 
+def test_tiny_vision_serves_without_speculation_on_the_tiny_budget() -> None:
+    """The embedded drafts are text-only Llamas: tiny:vision has none, unless one is configured."""
+    settings = load_settings({"MODEL_NAME": "tiny:vision"})
+    assert settings.resolved_speculative_config() is None and settings.served_model_name == "tiny:vision"
+    kwargs = build_engine_kwargs(settings, resolve=resolve)
+    assert kwargs["model"] == "/models/tiny-vision"
+    assert "speculative_config" not in kwargs and "per_request_spec_decode_metrics" not in kwargs
+    assert kwargs["enforce_eager"] is True and kwargs["max_model_len"] == TINY_MAX_MODEL_LEN
+
+
 def test_real_model_keeps_vllm_defaults_and_checkpoint_quantization() -> None:
     kwargs = build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}), resolve=resolve)
     assert kwargs["model"] == "org/m"

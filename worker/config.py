@@ -400,6 +400,8 @@ class Settings(BaseSettings):
             return spec
         if self.model_name is None:
             # The embedded default shows speculation working: a noisy copy drafts for the target.
+            # A named model, tiny:vision included (the embedded drafts are text-only), speculates
+            # only when configured.
             return {
                 "method": "draft_model",
                 "model": f"{TINY_PREFIX}noisy",

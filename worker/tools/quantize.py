@@ -72,12 +72,12 @@ def ensure_env(python: str = sys.executable) -> Path:
 def _resolve(model: str) -> Path:
     """The checkpoint directory ``model`` names; :class:`ValueError` saying why there is none."""
     if model.startswith(TINY_PREFIX):
-        from worker.tiny_models import VARIANTS, ensure_tiny_models
+        from worker.tiny_models import VARIANTS, ensure_tiny_model
 
         variant = model.removeprefix(TINY_PREFIX)
         if variant not in VARIANTS:  # checked before the tiny models are built (35 s on a first run)
             raise ValueError(f"no embedded tiny model {model!r}; known: {', '.join(TINY_PREFIX + v for v in VARIANTS)}")
-        return ensure_tiny_models(load_settings().worker_cache_dir).path(variant)
+        return ensure_tiny_model(load_settings().worker_cache_dir, variant)
     path = Path(model)
     if not path.is_dir():
         raise ValueError(f"no such directory: {model} (give a local checkpoint directory, or tiny:target)")
