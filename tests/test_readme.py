@@ -116,7 +116,7 @@ def command_kind(command: str) -> str | None:
 def block_kind(block: Block) -> str | None:
     if block.mark is not None:
         return block.mark
-    if block.lang == "json" and isinstance(_json_or_none(block.body), dict) and "input" in json.loads(block.body):
+    if block.lang == "json" and "input" in _json_object(block.body):
         return "job"
     if block.lang == "python":
         return "python"
@@ -125,11 +125,12 @@ def block_kind(block: Block) -> str | None:
     return None
 
 
-def _json_or_none(text: str) -> Any:
+def _json_object(text: str) -> dict[str, Any]:
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
-        return None
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def test_every_block_is_run_or_marked() -> None:
@@ -167,7 +168,8 @@ class Servers:
 
 def _popen(command: str, *, extra: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """A README command line (``VAR=value ... .venv/bin/python ...``) started as written, with this
-    interpreter, the README's ports swapped for free ones and ``extra`` arguments appended."""
+    interpreter and ``extra`` arguments appended (argparse takes the last of a repeated option, so
+    ``--port N`` appended wins over the README's port)."""
     words = shlex.split(command)
     assignments = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w))
     argv = words[len(assignments) :]
@@ -201,7 +203,6 @@ def readme_servers(subprocess_env: dict[str, str], tmp_path_factory: pytest.Temp
     lines = _server_lines()
     logs = tmp_path_factory.mktemp("readme")
     pod_port, api_port = free_port(), free_port()
-    # argparse takes the last of a repeated option: the free ports win over the README's.
     pod = _popen(lines["pod"], extra=["--port", str(pod_port)], env=subprocess_env, log=logs / "pod.log")
     api = _popen(
         lines["local_api"], extra=["--rp_api_port", str(api_port)], env=subprocess_env, log=logs / "local-api.log"
