@@ -311,10 +311,10 @@ async def test_route_stream_items_hold_whole_events_on_the_readme_schedule(both:
 
 async def test_sampling_with_speculation_on_cpu_is_a_400_naming_the_cause_on_pod_and_route(both: Both) -> None:
     """The CPU build's lossy sampler (engine.unsupported_sampling), refused through vLLM's layer too:
-    the pod answers 400 (OpenAI's error object), the route an error item; the default temperature
-    of the OpenAI API is 1, so leaving it out is refused as well."""
+    the pod answers 400 (OpenAI's error object), the route an error item. (Leaving the temperature
+    out is served: the tiny model's generation config makes it 0.)"""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-    response = await both.http.post("/v1/chat/completions", json=body)
+    response = await both.http.post("/v1/chat/completions", json={**body, "temperature": 1})
     assert response.status_code == 400, response.text
     assert "SPECULATIVE_METHOD=none" in response.json()["error"]["message"]
     (item,) = await both.route("/v1/chat/completions", {**body, "temperature": 0.9})

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run the OpenAI-compatible pod server",
         description="Run the OpenAI-compatible pod server. Configured by the environment like the "
         "handler (README); API_KEY requires 'Authorization: Bearer <key>' on the OpenAI routes (/health, "
-        "/ping and /metrics stay open; unset: no key, with a warning at start).",
+        "/ping and /metrics stay open; unset: no key, and a warning at start if --host is not a loopback address).",
     )
     serve.add_argument("--host", help="bind address (env HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (env PORT, default 8000)")

@@ -19,7 +19,9 @@ CPU cores), then writes the draft variants beside it:
                  adding it left the text models' cache valid
 
 Everything is seeded, cached under ``cache_dir`` keyed by :data:`BUILD_VERSION`, and
-built once per machine (a file lock keeps concurrent builders from racing).
+built once per machine (a file lock keeps concurrent builders from racing). The models decode
+greedily unless a request says otherwise: their ``generation_config.json`` sets temperature 0
+(:data:`GENERATION_DEFAULTS`), which vLLM applies as the model's default sampling parameters.
 This module imports torch and transformers lazily: it only runs when no model is given.
 """
 
@@ -35,12 +37,26 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUILD_VERSION", "TinyModels", "calibration_texts", "ensure_tiny_model", "ensure_tiny_models"]
+__all__ = [
+    "BUILD_VERSION",
+    "GENERATION_DEFAULTS",
+    "TinyModels",
+    "calibration_texts",
+    "ensure_tiny_model",
+    "ensure_tiny_models",
+]
 
-BUILD_VERSION = "v8"
+# v9: GENERATION_DEFAULTS in each model's generation config (a new key, so that a cache built
+# before has them, and a branch without them keeps its own build).
+BUILD_VERSION = "v9"
 VISION_BUILD_VERSION = "v1"
 NOISE_SCALE = 0.8
 VARIANTS = ("target", "noisy", "unrelated", "mismatch", "lora", "vision")
+# The models' default sampling parameters, in their generation config (what vLLM reads with its
+# default generation_config="auto"): greedy, because the default set-up, a CPU engine speculating
+# with the noisy draft, serves greedy requests only (engine.unsupported_sampling), so a request
+# that sets no temperature works there. do_sample false is how Hugging Face spells greedy.
+GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 0.0}
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = (
@@ -213,6 +229,8 @@ def _save_served_dtype(model: Any, directory: Path) -> None:
     import torch
 
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
+    path = directory / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **GENERATION_DEFAULTS}, indent=2) + "\n")
 
 
 def _build(root: Path, *, num_steps: int) -> None:
