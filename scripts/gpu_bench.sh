@@ -57,6 +57,11 @@
 #   coldstart-disk    real-size weights from a cold disk (scripts/page_cache.py evicts them, residency checked):
 #                     after a fill, rounds of PREFETCH_WEIGHTS=false / true evicted ($DISK_ROUNDS), then in the
 #                     page cache ($CACHE_ROUNDS); a later call on the same machine reuses the filled cache root
+#   coldstart-new     the serverless defaults (CUDAGRAPH_MODE=auto) and vLLM's own server (its defaults), real-size
+#                     weights, the handler's own MAX_NUM_SEQS: the fill (both roots empty), then $NEW_ROUNDS of a page-
+#                     cache pair and a cold-disk pair; coldstart-graphs-ab: the handler alone on that root,
+#                     FULL_AND_PIECEWISE against the default ($AB_ROUNDS), then the multithreaded weight loader;
+#                     decode-graphs: decode at 1, 8, 64 streams in both modes. BENCH_END (epoch s) bounds the call
 #   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
 #                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
 #   coldstart-disk-ab the last empty root, weights evicted before each boot, PREFETCH_WEIGHTS off / on ($DISK_AB_ROUNDS)
@@ -130,12 +135,20 @@ export MODEL_NAME=$M LOAD_FORMAT=dummy MAX_MODEL_LEN=4096 MAX_NUM_SEQS=256 SPECU
 B="python3 -m worker bench --gpu H200 --max-tokens 256 --num-requests 0"
 run() {  # label, then bench arguments
   local label=$1; shift
+  # BENCH_END (epoch seconds): the call's end. A run needing more than RUN_MIN_S (default 60) of what is
+  # left is skipped, and each run is cut 10 s before it, so that the archive is written within the call.
+  local limit=${STAGE_TIMEOUT:-0}
+  if [ -n "${BENCH_END:-}" ]; then
+    local left=$((BENCH_END - $(date +%s) - 10))
+    if [ $left -lt "${RUN_MIN_S:-60}" ]; then echo "=== $label: skipped, ${left}s left"; return; fi
+    if [ "$limit" = 0 ] || [ $left -lt "$limit" ]; then limit=$left; fi
+  fi
   echo "=== $label: $(date +%T)"
   # Every process of this stage (servers start their own sessions) inherits GPU_BENCH_STAGE: killing
   # by it afterwards leaves nothing of the stage holding the GPU and spares a stage running beside
   # it on another GPU.
   local tag="$label-$$-$RANDOM"
-  GPU_BENCH_STAGE=$tag timeout -k 30 "${STAGE_TIMEOUT:-0}" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
+  GPU_BENCH_STAGE=$tag timeout -k 5 "$limit" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
   echo "=== $label: exit $? at $(date +%T)"; tail -3 "$OUT/$label.log"
   local left; left=$(grep -lz "^GPU_BENCH_STAGE=$tag\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
   [ -n "$left" ] && kill -9 $left 2>/dev/null && sleep 5
@@ -286,6 +299,43 @@ for stage in "$@"; do
       for i in ${BESIDE_ROUNDS-1 2 3}; do
         COLDSTART_EVICT_WEIGHTS=1 run cold-beside-disk-$i --parts coldstart
         run cold-beside-cache-$i --parts coldstart
+      done ;;
+    coldstart-new | coldstart-graphs-ab)
+      # The serverless defaults of issue 50 (CUDAGRAPH_MODE=auto: FULL_DECODE_ONLY) with the handler's own
+      # defaults (MAX_NUM_SEQS unset: vLLM's library 128), against vLLM's own server with its defaults (its
+      # own cache root), real-size weights. coldstart-new: both roots empty (the fill), then rounds
+      # ($NEW_ROUNDS, default "1 2 3") of a page-cache boot pair and a cold-disk one (evicted before each).
+      # coldstart-graphs-ab, the handler alone on the same root: CUDAGRAPH_MODE=FULL_AND_PIECEWISE (vLLM's
+      # default, the worker's before) compiled once, then alternating with the default ($AB_ROUNDS, default
+      # "1 2"), then the default with vLLM's multithreaded weight loader (8 threads). Page cache throughout.
+      real_weights
+      unset MAX_NUM_SEQS
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-new COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-new-srv
+      export MODEL_NAME=$R LOAD_FORMAT=auto
+      if [ $stage = coldstart-new ]; then
+        [ -d $VLLM_CACHE_ROOT ] || RUN_MIN_S=240 run cold-new-fill --parts coldstart
+        for i in ${NEW_ROUNDS-1 2 3}; do
+          RUN_MIN_S=80 run cold-new-cache-$i --parts coldstart
+          COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=95 run cold-new-disk-$i --parts coldstart
+        done
+      else
+        FP=FULL_AND_PIECEWISE
+        [ -d $OUT/cold-fp-fill ] || CUDAGRAPH_MODE=$FP run cold-fp-fill --parts coldstart_handler
+        for i in ${AB_ROUNDS-1 2}; do
+          CUDAGRAPH_MODE=$FP RUN_MIN_S=35 run cold-fp-$i --parts coldstart_handler
+          RUN_MIN_S=35 run cold-fdo-$i --parts coldstart_handler
+        done
+        MT='{"model_loader_extra_config": {"enable_multithread_load": true, "num_threads": 8}}'
+        ENGINE_ARGS=$MT RUN_MIN_S=35 run cold-mt --parts coldstart_handler
+      fi ;;
+    decode-graphs)
+      # Decode through the handler and AsyncLLM at 1, 8, 64 streams, CUDAGRAPH_MODE's default (FULL_DECODE_ONLY
+      # for serverless) against FULL_AND_PIECEWISE, real-size weights on coldstart-new's root, 1 run each.
+      real_weights
+      unset MAX_NUM_SEQS
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-new MODEL_NAME=$R LOAD_FORMAT=auto
+      for m in auto FULL_AND_PIECEWISE; do
+        CUDAGRAPH_MODE=$m RUN_MIN_S=50 run decode-graphs-$m --parts overhead --concurrency 1,8,64 --repeats 1
       done ;;
     coldstart-empty)
       # The endpoint's first worker: an empty cache root of its own for every boot, the weights evicted
