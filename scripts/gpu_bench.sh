@@ -57,11 +57,10 @@
 #   coldstart-disk    real-size weights from a cold disk (scripts/page_cache.py evicts them, residency checked):
 #                     after a fill, rounds of PREFETCH_WEIGHTS=false / true evicted ($DISK_ROUNDS), then in the
 #                     page cache ($CACHE_ROUNDS); a later call on the same machine reuses the filled cache root
-#   coldstart-new     the serverless defaults (CUDAGRAPH_MODE=auto) and vLLM's own server (its defaults), real-size
-#                     weights, the handler's own MAX_NUM_SEQS: the fill (both roots empty), then $NEW_ROUNDS of a page-
-#                     cache pair and a cold-disk pair; coldstart-graphs-ab: the handler alone on that root,
-#                     FULL_AND_PIECEWISE against the default ($AB_ROUNDS), then the multithreaded weight loader;
-#                     decode-graphs: decode at 1, 8, 64 streams in both modes. BENCH_END (epoch s) bounds the call
+#   coldstart-graphs  issue 50's serverless defaults (CUDAGRAPH_MODE=auto) and vLLM's own server beside them, real-size
+#                     weights, MAX_NUM_SEQS=128: the steps of $GRAPHS_PLAN (fill, page-cache and cold-disk boot pairs,
+#                     the handler alone, FULL_AND_PIECEWISE against the default, the multithreaded loader, decode
+#                     in both modes; the stage's comment lists them). BENCH_END (epoch seconds) bounds the call
 #   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
 #                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
 #   coldstart-disk-ab the last empty root, weights evicted before each boot, PREFETCH_WEIGHTS off / on ($DISK_AB_ROUNDS)
@@ -300,42 +299,36 @@ for stage in "$@"; do
         COLDSTART_EVICT_WEIGHTS=1 run cold-beside-disk-$i --parts coldstart
         run cold-beside-cache-$i --parts coldstart
       done ;;
-    coldstart-new | coldstart-graphs-ab)
-      # The serverless defaults of issue 50 (CUDAGRAPH_MODE=auto: FULL_DECODE_ONLY) with the handler's own
-      # defaults (MAX_NUM_SEQS unset: vLLM's library 128), against vLLM's own server with its defaults (its
-      # own cache root), real-size weights. coldstart-new: both roots empty (the fill), then rounds
-      # ($NEW_ROUNDS, default "1 2 3") of a page-cache boot pair and a cold-disk one (evicted before each).
-      # coldstart-graphs-ab, the handler alone on the same root: CUDAGRAPH_MODE=FULL_AND_PIECEWISE (vLLM's
-      # default, the worker's before) compiled once, then alternating with the default ($AB_ROUNDS, default
-      # "1 2"), then the default with vLLM's multithreaded weight loader (8 threads). Page cache throughout.
+    coldstart-graphs)
+      # Issue 50's serverless defaults (CUDAGRAPH_MODE=auto: FULL_DECODE_ONLY) against vLLM's own server
+      # with the same engine arguments (vLLM's CUDA-graph defaults, its own cache root), real-size weights,
+      # MAX_NUM_SEQS=128 (the handler's own default, vLLM's library one). $GRAPHS_PLAN, in order (default
+      # "fill cache-1 fpfill fp-1 disk-1 fp-2"): fill (both roots empty), cache-N / disk-N (a handler boot
+      # and a server boot, the weights in the page cache / evicted before each), hcache-N / hdisk-N (the
+      # handler alone), fpfill then fp-N (the handler with CUDAGRAPH_MODE=FULL_AND_PIECEWISE, vLLM's default
+      # and the worker's before, compiled once on the same root), mt (the default with vLLM's multithreaded
+      # weight loader, 8 threads), decode (the handler and AsyncLLM at 1, 8, 64 streams, both modes).
       real_weights
-      unset MAX_NUM_SEQS
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-new COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-new-srv
-      export MODEL_NAME=$R LOAD_FORMAT=auto
-      if [ $stage = coldstart-new ]; then
-        [ -d $VLLM_CACHE_ROOT ] || RUN_MIN_S=240 run cold-new-fill --parts coldstart
-        for i in ${NEW_ROUNDS-1 2 3}; do
-          RUN_MIN_S=80 run cold-new-cache-$i --parts coldstart
-          COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=95 run cold-new-disk-$i --parts coldstart
-        done
-      else
-        FP=FULL_AND_PIECEWISE
-        [ -d $OUT/cold-fp-fill ] || CUDAGRAPH_MODE=$FP run cold-fp-fill --parts coldstart_handler
-        for i in ${AB_ROUNDS-1 2}; do
-          CUDAGRAPH_MODE=$FP RUN_MIN_S=35 run cold-fp-$i --parts coldstart_handler
-          RUN_MIN_S=35 run cold-fdo-$i --parts coldstart_handler
-        done
-        MT='{"model_loader_extra_config": {"enable_multithread_load": true, "num_threads": 8}}'
-        ENGINE_ARGS=$MT RUN_MIN_S=35 run cold-mt --parts coldstart_handler
-      fi ;;
-    decode-graphs)
-      # Decode through the handler and AsyncLLM at 1, 8, 64 streams, CUDAGRAPH_MODE's default (FULL_DECODE_ONLY
-      # for serverless) against FULL_AND_PIECEWISE, real-size weights on coldstart-new's root, 1 run each.
-      real_weights
-      unset MAX_NUM_SEQS
-      export VLLM_CACHE_ROOT=/tmp/vllm-cache-new MODEL_NAME=$R LOAD_FORMAT=auto
-      for m in auto FULL_AND_PIECEWISE; do
-        CUDAGRAPH_MODE=$m RUN_MIN_S=50 run decode-graphs-$m --parts overhead --concurrency 1,8,64 --repeats 1
+      export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
+      FP=FULL_AND_PIECEWISE
+      MT='{"model_loader_extra_config": {"enable_multithread_load": true, "num_threads": 8}}'
+      for step in ${GRAPHS_PLAN:-fill cache-1 fpfill fp-1 disk-1 fp-2}; do
+        case $step in
+          fill) RUN_MIN_S=240 run cold-new-fill --parts coldstart ;;
+          cache-*) RUN_MIN_S=85 run cold-new-$step --parts coldstart ;;
+          disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=105 run cold-new-$step --parts coldstart ;;
+          hcache-*) RUN_MIN_S=35 run cold-new-$step --parts coldstart_handler ;;
+          hdisk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=40 run cold-new-$step --parts coldstart_handler ;;
+          fpfill) CUDAGRAPH_MODE=$FP RUN_MIN_S=70 run cold-fp-fill --parts coldstart_handler ;;
+          fp-*) CUDAGRAPH_MODE=$FP RUN_MIN_S=35 run cold-$step --parts coldstart_handler ;;
+          mt) ENGINE_ARGS=$MT RUN_MIN_S=35 run cold-mt --parts coldstart_handler ;;
+          decode)
+            for m in auto $FP; do
+              CUDAGRAPH_MODE=$m RUN_MIN_S=60 run decode-graphs-$m --parts overhead --concurrency 1,8,64 --repeats 1
+            done ;;
+          *) echo "unknown step $step"; exit 2 ;;
+        esac
       done ;;
     coldstart-empty)
       # The endpoint's first worker: an empty cache root of its own for every boot, the weights evicted
