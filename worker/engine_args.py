@@ -94,7 +94,7 @@ def compilation_config(settings: Settings, *, mode: DeploymentMode) -> dict[str,
     is ``1 + k`` tokens a sequence and vLLM sizes its graphs for that itself, so no cap there.
     Measured on an H200 in docs/benchmarks.md ("Cold start").
     """
-    cudagraph_mode = settings.cudagraph_mode
+    cudagraph_mode: str | None = settings.cudagraph_mode
     if cudagraph_mode == "auto":
         cudagraph_mode = "FULL_DECODE_ONLY" if mode == "serverless" else None
     capture = settings.max_cudagraph_capture_size
