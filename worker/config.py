@@ -133,6 +133,17 @@ class Settings(BaseSettings):
         "auto",
         description="vLLM's GPU model runner; auto: v1 for serverless and draft models, else vLLM's (v2)",
     )
+    cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
+        "auto",
+        description="vLLM's cudagraph_mode; auto: FULL_DECODE_ONLY for serverless (no piecewise graphs: a shorter "
+        "capture), vLLM's default (FULL_AND_PIECEWISE) for pods",
+    )
+    max_cudagraph_capture_size: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM's largest CUDA-graph batch; unset: serverless MAX_CONCURRENCY when set (no step runs more "
+        "sequences; not with speculation), else vLLM's",
+    )
     vllm_use_v2_model_runner: str | None = Field(
         None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"
     )
