@@ -71,10 +71,10 @@ class ApiProcess:
     index: int
 
 
-def build_args(settings: Settings) -> AsyncEngineArgs:
+def build_args(settings: Settings, *, mode: DeploymentMode = "serverless") -> AsyncEngineArgs:
     """vLLM's engine arguments for ``settings``, after the checks vLLM does not make (local paths
     exist, the draft can draft for the target, ``ENGINE_ARGS`` names only vLLM's own fields)."""
-    kwargs = build_engine_kwargs(settings, resolve=resolver(settings), is_cpu=current_platform.is_cpu())
+    kwargs = build_engine_kwargs(settings, resolve=resolver(settings), is_cpu=current_platform.is_cpu(), mode=mode)
     check_local_paths(kwargs)
     spec = kwargs.get("speculative_config")
     if spec is not None and settings.draft_ref is not None:
@@ -107,7 +107,7 @@ def build_config(
     """
     context = UsageContext.OPENAI_API_SERVER if mode == "pod" else UsageContext.ENGINE_CONTEXT
     modelinfo.wait()  # the model-class inspection prepare_boot started in this process, if any
-    args = build_args(settings)
+    args = build_args(settings, mode=mode)
     # What vLLM's multi-API-server launcher sets (rank -1: the process that starts the engine core).
     args._api_process_count, args._api_process_rank = api_process_count, api_process_rank
     try:

@@ -24,7 +24,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from worker.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "TINY_PREFIX",
+    "VLLM_SPECULATIVE_METHODS",
     "DeploymentMode",
     "LoraModule",
     "Settings",
@@ -44,6 +46,19 @@ DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
 # Where RunPod's cached-models feature puts models: <dir>/models--ORG--NAME/snapshots/<HASH>/
 RUNPOD_MODEL_CACHE_DIR = Path("/runpod-volume/huggingface-cache/hub")
 
+
+# SPECULATIVE_METHOD's values: vLLM 0.32's ``SpeculativeMethod`` (vllm/config/speculative.py), written
+# out because this module imports without vLLM (tests/test_config.py checks it against vLLM's own
+# type), and "none". A typo fails at once here rather than after vLLM's import, 10 s into the boot.
+VLLM_SPECULATIVE_METHODS = frozenset(
+    """ngram medusa mlp_speculator draft_model suffix custom_class eagle eagle3 extract_hidden_states
+    deepseek_mtp dots3_note_mtp mimo_mtp mimo_v2_mtp glm4_moe_mtp glm4_moe_lite_mtp glm_ocr_mtp ernie_mtp
+    nemotron_h_mtp exaone_moe_mtp exaone4_5_mtp qwen3_next_mtp qwen4_exp_mtp qwen3_5_mtp longcat_flash_mtp
+    bailing_hybrid_v3_mtp minimax_m3_mtp bailing_hybrid_mtp mtp kimi_k3_mtp pangu_ultra_moe_mtp step3p5_mtp
+    hy_v3_mtp hy_v4_mtp gemma4_mtp inkling_mtp glm5_next_mtp dflash ngram_gpu dspark""".split()
+)
+# NUM_SPECULATIVE_TOKENS when the simple knobs turn speculation on without it (the tiny default's k).
+DEFAULT_NUM_SPECULATIVE_TOKENS = 3
 
 # Substrings of a draft's name from which vLLM 0.32 infers another method than a separate draft
 # model, even under method "draft_model" (``SpeculativeConfig.__post_init__``).
@@ -119,6 +134,17 @@ class Settings(BaseSettings):
         "auto",
         description="vLLM's GPU model runner; auto: v1 for serverless and draft models, else vLLM's (v2)",
     )
+    cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
+        "auto",
+        description="vLLM's cudagraph_mode; auto: FULL_DECODE_ONLY for serverless (no piecewise graphs: a shorter "
+        "capture), vLLM's default (FULL_AND_PIECEWISE) for pods",
+    )
+    max_cudagraph_capture_size: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM's largest CUDA-graph batch; unset: serverless MAX_CONCURRENCY when set (no step runs more "
+        "sequences; not with speculation), else vLLM's",
+    )
     vllm_use_v2_model_runner: str | None = Field(
         None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"
     )
@@ -191,7 +217,9 @@ class Settings(BaseSettings):
     speculative_config: dict[str, Any] | None = None
     speculative_method: str | None = None
     speculative_model: str | None = None
-    num_speculative_tokens: int | None = Field(None, ge=1, le=32)
+    num_speculative_tokens: int | None = Field(
+        None, ge=1, le=32, description=f"tokens drafted per step; unset: {DEFAULT_NUM_SPECULATIVE_TOKENS}"
+    )
     speculative_tokens_by_batch: list[tuple[int, int, int]] | None = Field(
         None,
         description="vLLM's batch-size schedule of k as start-end:k,... (num_speculative_tokens_per_batch_size)",
@@ -339,6 +367,11 @@ class Settings(BaseSettings):
             raise ValueError("LORA_MODULES: adapter names must be unique")
         if self.speculative_method == "none":
             return self
+        if self.speculative_method is not None and self.speculative_method not in VLLM_SPECULATIVE_METHODS:
+            raise ValueError(
+                f"SPECULATIVE_METHOD={self.speculative_method!r} is not one of vLLM's methods: none, "
+                + ", ".join(sorted(VLLM_SPECULATIVE_METHODS))
+            )
         spec = self.resolved_speculative_config()
         if self.speculative_tokens_by_batch is not None:
             if spec is None:
@@ -347,8 +380,6 @@ class Settings(BaseSettings):
             highest = max(entry[2] for entry in self.speculative_tokens_by_batch)
             if isinstance(k, int) and highest > k:
                 raise ValueError(f"SPECULATIVE_TOKENS_BY_BATCH asks for k={highest}, above NUM_SPECULATIVE_TOKENS={k}")
-        if (self.speculative_method or self.speculative_model) and self.num_speculative_tokens is None:
-            raise ValueError("speculative decoding needs NUM_SPECULATIVE_TOKENS (e.g. 3)")
         if self.speculative_method == "draft_model" and not self.speculative_model:
             raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
         return self
@@ -398,7 +429,8 @@ class Settings(BaseSettings):
             return dict(self.speculative_config)
         if self.speculative_method or self.speculative_model:
             method = self.speculative_method or "draft_model"
-            spec: dict[str, Any] = {"method": method, "num_speculative_tokens": self.num_speculative_tokens}
+            num_tokens = self.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
+            spec: dict[str, Any] = {"method": method, "num_speculative_tokens": num_tokens}
             if self.speculative_model:
                 spec["model"] = self.speculative_model
             if method == "ngram":
@@ -407,7 +439,13 @@ class Settings(BaseSettings):
             return spec
         if self.model_name is None:
             # The embedded default shows speculation working: a noisy copy drafts for the target.
-            return {"method": "draft_model", "model": f"{TINY_PREFIX}noisy", "num_speculative_tokens": 3}
+            # A named model, tiny:vision included (the embedded drafts are text-only), speculates
+            # only when configured.
+            return {
+                "method": "draft_model",
+                "model": f"{TINY_PREFIX}noisy",
+                "num_speculative_tokens": self.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS,
+            }
         return None
 
 
@@ -461,11 +499,15 @@ def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[st
 def local_run_environment(env: Mapping[str, str] | None = None, *, is_verbose: bool) -> dict[str, str]:
     """What the local test run (``python handler.py``) sets before vLLM is imported: vLLM's own
     logging at WARNING (a few hundred INFO lines otherwise), unless ``--verbose`` was given or
-    ``VLLM_LOGGING_LEVEL`` is set."""
+    ``VLLM_LOGGING_LEVEL`` is set; and on stderr (vLLM's default is stdout, where its warnings
+    came between the job's streamed items), unless ``VLLM_LOGGING_STREAM`` is set."""
     source = os.environ if env is None else env
-    if is_verbose or "VLLM_LOGGING_LEVEL" in source:
-        return {}
-    return {"VLLM_LOGGING_LEVEL": "WARNING"}
+    values = {}
+    if not is_verbose and "VLLM_LOGGING_LEVEL" not in source:
+        values["VLLM_LOGGING_LEVEL"] = "WARNING"
+    if "VLLM_LOGGING_STREAM" not in source:
+        values["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    return values
 
 
 def sdk_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:

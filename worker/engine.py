@@ -67,6 +67,9 @@ class Engine:
             spec_decode_available=bool(spec) and settings.per_request_spec_decode_metrics != "none",
         )
         self._tokenizer = llm.get_tokenizer()
+        # The model's default sampling parameters (its generation_config.json), applied to what a
+        # request leaves unset, as vLLM's OpenAI layer applies them.
+        self.default_sampling: dict[str, Any] = config.model_config.get_diff_sampling_param()
         # vLLM's CPU build cannot sample faithfully with speculation (unsupported_sampling).
         self.is_greedy_only = bool(spec) and current_platform.is_cpu()
         self.observers: list[Callable[[RequestEnd], None]] = []
@@ -136,8 +139,11 @@ class Engine:
                 f"({options.max_tokens}) exceeds the model's context of {self.max_model_len} tokens",
                 param="sampling_params.max_tokens",
             )
-        max_tokens = options.max_tokens or min(self._settings.default_max_tokens, room)
+        defaults = self.default_sampling
+        default_max_tokens = min(self._settings.default_max_tokens, room, defaults.get("max_tokens", room))
+        max_tokens = options.max_tokens or default_max_tokens
         values = options.model_dump(exclude={"structured_outputs", "n", "max_tokens"})
+        values.update({k: v for k, v in defaults.items() if k in values and k not in options.model_fields_set})
         structured = None
         if options.structured_outputs is not None:
             so = options.structured_outputs
@@ -260,7 +266,7 @@ class Engine:
             async for output in outputs:
                 track.add(sum(len(c.token_ids) for c in output.outputs))
                 if output.finished:
-                    track.finish(output.outputs[0] if len(output.outputs) == 1 else None)
+                    track.finish(output.outputs[0] if len(output.outputs) == 1 else None, stats=output.metrics)
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
             track.cancel()
