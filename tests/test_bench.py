@@ -50,7 +50,7 @@ def test_parse_boot_log() -> None:
 COMPILED_BOOT = """\
 [   0.700] INFO worker.runtime: booting engine for model /tmp/llama8b-real
 [  20.500] INFO worker.runtime: vLLM imported in 19.80 s
-[  27.900] INFO worker.boot: engine config built in 7.40 s; starting the engine core
+[  27.900] INFO worker.boot.launch: engine config built in 7.40 s; starting the engine core
 [  28.784] (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
 [  39.258] (EngineCore pid=1) INFO [model_runner.py:424] Model loading took 14.96 GiB memory and 6.69 seconds
 [  46.343] (EngineCore pid=1) INFO [monitor.py:62] [backbone] torch.compile took 6.51 s in total

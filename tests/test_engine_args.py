@@ -4,15 +4,15 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import CACHE_DIR
-from worker.config import DeploymentMode, load_settings
-from worker.engine_args import (
+from worker.boot.engine_args import (
     TINY_KV_CACHE_BYTES,
     TINY_MAX_MODEL_LEN,
     build_engine_kwargs,
     engine_environment,
     lora_slots,
 )
-from worker.models import cached_snapshot, resolver
+from worker.boot.models import cached_snapshot, resolver
+from worker.config import DeploymentMode, load_settings
 from worker.tiny_models import TinyModels
 
 
@@ -104,7 +104,7 @@ def test_runpod_model_cache_lookup(tmp_path: Path) -> None:
 
 
 def test_engine_args_escape_hatch_is_applied_last_and_checked_against_vllm(tiny_models: TinyModels) -> None:
-    from worker import boot
+    from worker.boot import launch as boot
     from worker.errors import EngineBootError
 
     escape = '{"max_num_seqs": 3, "scheduling_policy": "priority"}'
@@ -192,7 +192,7 @@ def test_a_pod_takes_vllms_server_defaults_and_serverless_the_librarys(
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    from worker import boot
+    from worker.boot import launch as boot
 
     h200 = (
         {UsageContext.LLM_CLASS: 16384, UsageContext.OPENAI_API_SERVER: 8192},
@@ -217,7 +217,7 @@ def test_a_pod_takes_vllms_server_defaults_and_serverless_the_librarys(
 
 
 def test_a_value_vllms_config_refuses_names_the_variable_that_set_it() -> None:
-    from worker import boot
+    from worker.boot import launch as boot
     from worker.errors import EngineBootError
 
     settings = load_settings({"DTYPE": "float64x", "WORKER_CACHE_DIR": str(CACHE_DIR)})

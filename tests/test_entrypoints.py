@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from worker import prefetch
+from worker.boot import prefetch
 from worker.tiny_models import TinyModels
 
 ROOT = Path(__file__).resolve().parent.parent

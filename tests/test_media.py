@@ -17,8 +17,8 @@ from PIL import Image
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
 
 import worker.media as media
+from worker.boot.engine_args import PUBLIC_MEDIA_CONNECTOR, build_engine_kwargs, engine_environment
 from worker.config import load_settings
-from worker.engine_args import PUBLIC_MEDIA_CONNECTOR, build_engine_kwargs, engine_environment
 from worker.media import MediaURLRefused, address_refusal
 
 

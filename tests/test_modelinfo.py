@@ -1,5 +1,5 @@
 """vLLM's model-class inspection run beside the main process's imports on an empty cache root
-(worker/modelinfo.py): which architectures it looks for, when it starts, and that vLLM reads
+(worker/boot/modelinfo.py): which architectures it looks for, when it starts, and that vLLM reads
 what it writes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import modelinfo
+from worker.boot import modelinfo
 from worker.config import load_settings
 from worker.tiny_models import TinyModels
 

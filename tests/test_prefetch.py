@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import prefetch
+from worker.boot import prefetch
 from worker.config import load_settings
 
 

@@ -17,8 +17,8 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
-from worker.spec_frontend import kept_counts
-from worker.spec_scheduler import (
+from worker.spec_stats.frontend import kept_counts
+from worker.spec_stats.scheduler import (
     ANSWERS_ID,
     ANSWERS_KEY,
     NOT_VERIFIED,
@@ -50,7 +50,7 @@ def _scheduler() -> Any:
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import SpecMetricsSnapshots
+    from worker.spec_stats.scheduler import SpecMetricsSnapshots
 
     class StandIn:
         def __init__(self) -> None:
@@ -168,7 +168,7 @@ def test_the_counts_kept_equal_the_counts_at_the_stop_string() -> None:
 def _trial(seed: int) -> collections.Counter[str]:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import _ENDED_STEPS
+    from worker.spec_stats.scheduler import _ENDED_STEPS
 
     rng = random.Random(seed)
     scheduler = _scheduler()
@@ -250,7 +250,7 @@ def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_c
 def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
+    from worker.spec_stats.scheduler import SNAPSHOT_EVERY_STEPS
 
     scheduler = _scheduler()
     scheduler.add_request(_request("plain", stop=None))
@@ -273,7 +273,7 @@ def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() ->
 def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import _ENDED_STEPS, _RING
+    from worker.spec_stats.scheduler import _ENDED_STEPS, _RING
 
     scheduler = _scheduler()
     scheduler.add_request(_request("early", stop=["x"], max_tokens=4))

@@ -92,7 +92,7 @@ def serve(settings: Settings) -> int:
     from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
     from vllm.v1.utils import APIServerProcessManager, wait_for_completion_or_failure
 
-    from worker.boot import build_config
+    from worker.boot.launch import build_config
     from worker.engine import one_line
     from worker.pod import FATAL_EXIT_DELAY_S
 
@@ -192,7 +192,7 @@ async def _serve_api_process(sock: socket.socket, settings: Settings, shared: _S
     from vllm.entrypoints.launchers.launcher import NoSignalServer
     from vllm.v1.engine.admission_control import SharedAdmissionStats
 
-    from worker.boot import ApiProcess, boot
+    from worker.boot.launch import ApiProcess, boot
     from worker.pod import create_app
     from worker.runtime import EngineHolder
 

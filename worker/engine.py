@@ -2,7 +2,7 @@
 
 ``Engine.generate(request)`` yields one :class:`StreamChunk` per engine step and a final one with
 usage, timings and exact per-request acceptance stats; ``Engine.observe`` passes vLLM's own
-outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is ``worker/boot.py``.
+outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is ``worker/boot/launch.py``.
 
 Exact stats on every ending: vLLM attaches a request's spec-decode metrics only to the engine
 core's final output, so a request finished by a stop string (detected in the frontend) or
@@ -15,7 +15,7 @@ reports.
 
 vLLM is imported here, in ``boot.py``, in ``spec_scheduler.py`` (the scheduler subclasses, imported
 by the engine-core process too), ``spec_frontend.py`` and ``openai.py`` (vLLM's OpenAI layer);
-where model references point is ``worker/models.py``.
+where model references point is ``worker/boot/models.py``.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from vllm.sampling_params import RequestOutputKind, SamplingType, StructuredOutp
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from worker.boot.models import resolver
 from worker.config import Settings
 from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError
-from worker.models import resolver
 from worker.schema import GenerateRequest, Served, StreamChunk, Usage
-from worker.tracking import RequestEnd, RequestTracker
+from worker.spec_stats.tracking import RequestEnd, RequestTracker
 
 # vLLM's typed client errors, and the ValueError its request validation still raises in places.
 _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
@@ -253,7 +253,7 @@ class Engine:
         """Pass vLLM's outputs of one request through unchanged, telling the observers how it ended.
 
         For callers that use vLLM directly (its OpenAI layer); :meth:`generate` keeps the same
-        books (:class:`~worker.tracking.RequestTracker`) inline, on the native hot path.
+        books (:class:`~worker.spec_stats.tracking.RequestTracker`) inline, on the native hot path.
         """
         track = RequestTracker(self, request_id)
         try:

@@ -38,10 +38,10 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
-from worker.stats import mean_acceptance_length
+from worker.spec_stats.acceptance import mean_acceptance_length
 
 if TYPE_CHECKING:
-    from worker.tracking import RequestEnd
+    from worker.spec_stats.tracking import RequestEnd
 
 __all__ = [
     "AcceptanceWatchdog",

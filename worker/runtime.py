@@ -26,7 +26,7 @@ from worker.schema import GenerateRequest, Served, StreamChunk
 if TYPE_CHECKING:
     from worker.engine import Engine
     from worker.openai import OpenAIServer
-    from worker.tracking import RequestEnd
+    from worker.spec_stats.tracking import RequestEnd
 
 __all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine", "prepare_boot"]
 
@@ -39,17 +39,17 @@ def prepare_boot(settings: Settings, *, mode: DeploymentMode) -> None:
     """What a process that starts vLLM's engine does before importing vLLM: start reading the
     weights (they are read while the imports run) and set the environment the engine must inherit
     (a pure function of the settings and the deployment mode)."""
-    from worker import prefetch
+    from worker.boot import prefetch
 
     prefetch.start(settings)
-    from worker.engine_args import engine_environment
+    from worker.boot.engine_args import engine_environment
 
     for key, value in engine_environment(settings, mode=mode).items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    from worker import modelinfo
+    from worker.boot import modelinfo
 
     modelinfo.start(settings)  # after the environment: it reads VLLM_CACHE_ROOT
 
@@ -58,7 +58,7 @@ async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
     """vLLM's engine for ``settings``: :func:`prepare_boot`, then the boot."""
     prepare_boot(settings, mode=mode)
     started = time.perf_counter()
-    from worker.boot import boot  # imports vLLM (once a process)
+    from worker.boot.launch import boot  # imports vLLM (once a process)
 
     # The boot's stamps (this line, the config's, vLLM's own) split the main process's time.
     log.info("vLLM imported in %.2f s", time.perf_counter() - started)

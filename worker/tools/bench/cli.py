@@ -39,7 +39,7 @@ def _machine() -> str:
 def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     settings = load_settings(env)
-    from worker.boot import build_args  # resolves tiny models and checks the vLLM install early
+    from worker.boot.launch import build_args  # resolves tiny models and checks the vLLM install early
 
     model_path = build_args(settings).model
     results: dict[str, Any] = {"command": command, "machine": _machine(), "plan": asdict(plan), "label": plan.label}

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from worker.boot.engine_args import build_engine_kwargs
 from worker.config import Settings
-from worker.engine_args import build_engine_kwargs
 from worker.tools.bench.timing import (
     PROMPT,
     ROOT,

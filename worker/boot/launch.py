@@ -5,7 +5,7 @@ vLLM's ``AsyncLLM`` off the event loop, checks a draft model against its target 
 runs short warm-up requests through the whole path, and returns the :class:`~worker.engine.Engine`.
 A boot that fails says why in its error: when vLLM's engine core dies while starting, vLLM's own
 exception says only "see root cause above", so the root cause is read from what the engine's
-processes wrote (:class:`worker.output_tail.OutputTail`).
+processes wrote (:class:`worker.boot.output_tail.OutputTail`).
 
 Imports vLLM (with ``engine.py``, ``spec_scheduler.py`` and ``openai.py``).
 """
@@ -30,16 +30,17 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 
 import worker.media  # noqa: F401  (registers the media connector engine_environment selects)
-from worker import modelinfo, spec_frontend
+from worker.boot import modelinfo
+from worker.boot.draft_check import check_draft_compatible
+from worker.boot.engine_args import build_engine_kwargs, start_method
+from worker.boot.models import check_local_paths, resolver
+from worker.boot.output_tail import OutputTail
 from worker.config import DeploymentMode, Settings
-from worker.draft_check import check_draft_compatible
 from worker.engine import Engine, one_line
-from worker.engine_args import build_engine_kwargs, start_method
 from worker.errors import EngineBootError, InvalidRequest, WorkerError
-from worker.models import check_local_paths, resolver
-from worker.output_tail import OutputTail
 from worker.schema import parse_request
-from worker.spec_scheduler import SpecMetricsAsyncScheduler, SpecMetricsScheduler
+from worker.spec_stats import frontend as spec_frontend
+from worker.spec_stats.scheduler import SpecMetricsAsyncScheduler, SpecMetricsScheduler
 
 __all__ = ["WARMUP_SAMPLING_FEATURES", "ApiProcess", "boot", "build_args", "build_config", "create_engine", "warm_up"]
 

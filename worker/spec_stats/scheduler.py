@@ -7,7 +7,7 @@ get none: a stop string, which vLLM's frontend detects and then aborts the reque
 - A stop string: these subclasses answer the abort. The answer is the request's counts as the core
   let go of it and the shape of its last steps, its *tail*: for each recent
   step that yielded it tokens, how many drafts that step verified, or that it verified none. The
-  frontend (:mod:`worker.spec_frontend`) knows how many of those steps came after the stop string
+  frontend (:mod:`worker.spec_stats.frontend`) knows how many of those steps came after the stop string
   (it saw their outputs, and dropped them), and takes them off. A request the core finished itself
   (EOS, ``max_tokens``) after the frontend's stop string is answered the same way when the abort
   comes, for ``_ENDED_STEPS`` steps (with what the ring still holds of its tail).

@@ -2,7 +2,7 @@
 
 vLLM's frontend detects stop strings. When one completes, it finishes the request at once and
 aborts it in the engine core, which has run a step or more past the stop string by then, and
-whose counts include those steps. The worker's scheduler (:mod:`worker.spec_scheduler`) answers
+whose counts include those steps. The worker's scheduler (:mod:`worker.spec_stats.scheduler`) answers
 that abort with the request's counts and the shape of its last steps. This processor holds the
 request's final output until the answer arrives, and takes off the steps that came after the stop
 string. It saw their outputs: vLLM drops them, since the request has finished in the frontend.
@@ -34,7 +34,7 @@ from vllm.outputs import RequestOutput
 from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutput, RequestState
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-from worker.spec_scheduler import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, copy_metrics, decode_answer
+from worker.spec_stats.scheduler import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, copy_metrics, decode_answer
 
 __all__ = ["ExactStopStats", "PartialSpecDecodeMetrics", "install", "kept_counts"]
 
@@ -139,7 +139,7 @@ class ExactStopStats(OutputProcessor):
 
     def _release(self, rid: str, flat: list[int] | None) -> None:
         """Release a held final output: with the counts of the steps it kept, from the engine core's
-        answer (``flat``, ``worker.spec_scheduler.encode_answer``), or partial (None: no answer)."""
+        answer (``flat``, ``worker.spec_stats.scheduler.encode_answer``), or partial (None: no answer)."""
         entry = self._held.pop(rid, None)
         if entry is None:
             return

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.boot.models import local_paths
 from worker.config import Settings
-from worker.models import local_paths
 
 __all__ = [
     "Prefetch",

@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from worker.boot.models import local_paths
 from worker.config import Settings
-from worker.models import local_paths
 
 __all__ = ["architectures", "cache_dir", "fill", "missing", "start", "wait"]
 
@@ -107,7 +107,7 @@ def start(settings: Settings) -> subprocess.Popen[bytes] | None:
     package_root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     _pending = subprocess.Popen(
-        [sys.executable, "-m", "worker.modelinfo", *names],
+        [sys.executable, "-m", "worker.boot.modelinfo", *names],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

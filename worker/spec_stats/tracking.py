@@ -8,7 +8,7 @@ import time
 from typing import Any, Protocol
 
 from worker.schema import SpecDecodeStats, Timings
-from worker.stats import spec_stats_from_histogram
+from worker.spec_stats.acceptance import spec_stats_from_histogram
 
 __all__ = ["RequestEnd", "RequestTracker"]
 
@@ -67,7 +67,7 @@ class RequestTracker:
             return self._end.spec_decode
         metrics = getattr(completion, "spec_decode_metrics", None)
         finish_reason = completion.finish_reason if completion is not None else "stop"
-        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.spec_frontend).
+        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.spec_stats.frontend).
         is_partial = finish_reason == "abort" or getattr(metrics, "partial", False)
         spec = None if metrics is None else stats_from_vllm(metrics, is_partial=is_partial)
         # Observers hear of the end now, not when the consumer gets round to closing the stream.
