@@ -39,6 +39,7 @@ from worker.boot.models import resolver
 from worker.config import Settings
 from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError
 from worker.schema import GenerateRequest, Served, StreamChunk, Usage
+from worker.spec_stats.frontend import ExactStopStats
 from worker.spec_stats.tracking import RequestEnd, RequestTracker
 
 # vLLM's typed client errors, and the ValueError its request validation still raises in places.
@@ -67,6 +68,9 @@ class Engine:
             spec_decode_available=bool(spec) and settings.per_request_spec_decode_metrics != "none",
         )
         self._tokenizer = llm.get_tokenizer()
+        # The frontend half of exact stats, where the boot installed it (worker.boot.launch).
+        processor = llm.output_processor
+        self.exact_stop_stats = processor if isinstance(processor, ExactStopStats) else None
         # vLLM's CPU build cannot sample faithfully with speculation (unsupported_sampling).
         self.is_greedy_only = bool(spec) and current_platform.is_cpu()
         self.observers: list[Callable[[RequestEnd], None]] = []

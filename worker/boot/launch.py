@@ -41,8 +41,18 @@ from worker.errors import EngineBootError, InvalidRequest, WorkerError
 from worker.schema import parse_request
 from worker.spec_stats import frontend as spec_frontend
 from worker.spec_stats.scheduler import SpecMetricsAsyncScheduler, SpecMetricsScheduler
+from worker.spec_stats.tracking import RequestEnd
 
-__all__ = ["WARMUP_SAMPLING_FEATURES", "ApiProcess", "boot", "build_args", "build_config", "create_engine", "warm_up"]
+__all__ = [
+    "WARMUP_SAMPLING_FEATURES",
+    "ApiProcess",
+    "boot",
+    "build_args",
+    "build_config",
+    "check_exact_stop_stats",
+    "create_engine",
+    "warm_up",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,11 @@ WARMUP_SAMPLING_FEATURES: dict[str, Any] = {
     "repetition_penalty": 1.1,
     "seed": 7,
 }
+
+
+# How long the boot's stop-string request waits for the engine core's answer (an idle core answers
+# within a step: milliseconds).
+CHECK_WAIT_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,7 +164,9 @@ def create_engine(
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
         if vllm_config.scheduler_config.scheduler_cls in (SpecMetricsScheduler, SpecMetricsAsyncScheduler):
             # The frontend half: a stop string's final output waits for the core's exact counts.
-            spec_frontend.install(llm)
+            spec = vllm_config.speculative_config
+            assert spec is not None and spec.num_speculative_tokens is not None  # the scheduler is set only then
+            spec_frontend.install(llm, num_spec_tokens=spec.num_speculative_tokens)
     except WorkerError:
         raise
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
@@ -168,6 +185,8 @@ async def boot(
     settings: Settings, *, mode: DeploymentMode = "serverless", api_process: ApiProcess | None = None
 ) -> Engine:
     engine = await asyncio.to_thread(functools.partial(create_engine, settings, mode=mode, api_process=api_process))
+    if engine.exact_stop_stats is not None:
+        await check_exact_stop_stats(engine)
     if settings.warmup_request:
         await warm_up(engine)
     # What vLLM's own server does once it has started: move everything allocated so far
@@ -212,6 +231,44 @@ async def warm_up(engine: Engine) -> None:
         log.warning("warm-up request with the sampler's optional features refused: %s", exc.message)
     await llm.reset_prefix_cache()  # the first user finds the cache as a cold boot leaves it
     log.info("warm-up request done in %.2f s", time.perf_counter() - started)
+
+
+async def check_exact_stop_stats(engine: Engine, *, wait_s: float = CHECK_WAIT_S) -> bool:
+    """Send one stop-string request and require its final output released with exact counts; if it
+    is not (the engine core did not answer within ``wait_s``, or its answer did not match: a vLLM
+    upgrade that changed what the worker's scheduler relies on), switch holding off for the
+    engine's life (an error logged naming the cause), so that no user's stop string waits for an
+    answer that will not come. True: exact. Runs whether or not ``WARMUP_REQUEST`` is set: it checks
+    correctness, like the draft check, and costs two short requests."""
+    processor = engine.exact_stop_stats
+    if processor is None or not processor.is_holding:
+        return False
+    params: dict[str, Any] = {"max_tokens": 8, "ignore_eos": True, "temperature": 0}
+    chunks = [c async for c in engine.generate(parse_request({"prompt": "Hi", "sampling_params": params}))]
+    text = "".join(chunk.text for chunk in chunks)
+    stop = text[2:5]  # completes within the first few tokens; the core runs on (ignore_eos) past it
+    if not stop.strip():
+        log.warning("exact stats for stop strings not checked: the check's greedy text %r has no stop string", text)
+        return True
+    ends: list[RequestEnd] = []
+    engine.observers.append(ends.append)
+    waited, processor.wait_s = processor.wait_s, wait_s
+    try:
+        job = {"prompt": "Hi", "sampling_params": {**params, "max_tokens": 64, "stop": [stop]}}
+        final = [c async for c in engine.generate(parse_request(job), request_id=f"check-{uuid.uuid4().hex}")][-1]
+    finally:
+        processor.wait_s = waited
+        engine.observers.remove(ends.append)
+    await engine.llm.reset_prefix_cache()
+    release = ends[-1].release if ends else None
+    if final.finish_reason != "stop" or final.stop_reason != stop or release is None:
+        log.warning("exact stats for stop strings not checked: the check's request did not end on %r", stop)
+        return True
+    if not release.is_exact:
+        processor.stop_holding(f"the boot's stop-string request was released partial ({release.reason})")
+        return False
+    log.info("exact stats for stop strings checked: held %.1f ms for the engine core's answer", release.held_s * 1000)
+    return True
 
 
 def _config_error(exc: pydantic.ValidationError, settings: Settings) -> EngineBootError:

@@ -11,8 +11,15 @@ Then it releases the output with the exact counts of the steps the request kept.
 The wait is one round trip to the engine core: the abort lands between two steps, and the answer
 leaves with the next step's outputs. If no answer comes within ``wait_s``, or the shapes do not
 add up (a preemption among the last steps), the output goes with the last periodic snapshot
-instead, marked partial (:class:`PartialSpecDecodeMetrics`). Engine death releases every held
-output the same way: its text was complete.
+instead, marked partial. Engine death releases every held output the same way: its text was
+complete. Every release says how it went (:class:`~worker.spec_stats.tracking.Release`, on the
+counts it goes out with): the request's observers count them by outcome and reason.
+
+It fails loud and fast: the boot sends one stop-string request and requires it released exact
+(``worker.boot.launch.check_exact_stop_stats``); if it is not, or if ``NO_ANSWER_LIMIT`` held
+outputs in a row get no answer, holding is switched off for the engine's life
+(:meth:`ExactStopStats.stop_holding`, an error logged naming the cause): stop strings' final
+outputs then go out at once, partial, instead of each waiting for an answer that does not come.
 
 vLLM has no hook for any of this, so the processor overrides ``process_outputs`` (around vLLM's
 own, which it calls unchanged) and ``_finish_request`` (to keep the state of a request it may
@@ -23,37 +30,49 @@ hold), and the engine's processor is switched to this class once the engine is b
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
+import msgspec
 from vllm.outputs import RequestOutput
-from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutput, RequestState
-from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+from vllm.v1.engine import EngineCoreOutput
+from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutput, RequestOutputCollector, RequestState
+from vllm.v1.metrics.stats import IterationStats, RequestSpecDecodeMetrics
 
-from worker.spec_stats.scheduler import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, copy_metrics, decode_answer
+from worker.spec_stats.scheduler import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, copy_metrics
+from worker.spec_stats.tracking import Release, ReleaseReason
 
-__all__ = ["ExactStopStats", "PartialSpecDecodeMetrics", "install", "kept_counts"]
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+__all__ = ["ExactStopStats", "ReleasedSpecDecodeMetrics", "install", "kept_counts"]
 
 log = logging.getLogger(__name__)
 
 # How long a final output waits for the engine core's answer. It takes about one engine step; this
 # allows for a long prefill chunk in that step and a busy host.
 STATS_WAIT_S = 10.0
+# Held outputs in a row released without an answer before holding is switched off for the
+# engine's life: a core that has stopped answering would otherwise cost every stop string the wait.
+NO_ANSWER_LIMIT = 3
 
 
-class PartialSpecDecodeMetrics(RequestSpecDecodeMetrics):
-    """Counts that could not be made exact (the last periodic snapshot): reported as partial."""
+class ReleasedSpecDecodeMetrics(RequestSpecDecodeMetrics):
+    """The counts a stop string's final output went out with, and how (``release``)."""
 
-    partial = True
+    release: Release = Release("answered")
+
+    @property
+    def partial(self) -> bool:
+        return not self.release.is_exact
 
 
 @dataclasses.dataclass(slots=True)
 class _Held:
-    collector: Any  # vLLM's RequestOutputCollector of the request
+    collector: RequestOutputCollector  # vLLM's collector of the request's outputs
     output: RequestOutput  # its final output
     after: list[int]  # token counts of its outputs that came after the stop string, oldest first
     timer: asyncio.TimerHandle
@@ -61,39 +80,43 @@ class _Held:
 
 
 class ExactStopStats(OutputProcessor):
-    """vLLM's output processor, holding a stop string's final output until its exact counts arrive."""
+    """vLLM's output processor, holding a stop string's final output until its exact counts arrive.
+
+    ``is_holding`` goes off for the engine's life (:meth:`stop_holding`) when the boot's check finds
+    the core's answers do not come, or ``NO_ANSWER_LIMIT`` held outputs in a row got none: from then
+    on a stop string's final output goes out at once, its counts marked partial."""
 
     _held: dict[str, _Held]
     _finishing: dict[str, RequestState]
     wait_s: float
-    # How held outputs were released ("exact", "partial"), and what was taken off the exact ones:
-    # their outputs after the stop string, and vLLM's spec-decode counts of those steps
-    # ("num_drafts", "num_draft_tokens", "num_accepted_tokens", as its engine-wide counters name
-    # them: the per-request counts plus these add up to those counters).
-    outcomes: collections.Counter[str]
-    # Of the last releases: seconds held, outputs taken off (-1: released partial).
-    recent: collections.deque[tuple[float, int]]
+    num_spec_tokens: int
+    is_holding: bool
+    holding_off_reason: str | None
+    _num_unanswered: int
 
-    def _init_exact_stop_stats(self, *, wait_s: float = STATS_WAIT_S) -> None:
+    def _init_exact_stop_stats(self, *, num_spec_tokens: int, wait_s: float = STATS_WAIT_S) -> None:
         self._held = {}
         self._finishing = {}
         self.wait_s = wait_s
-        self.outcomes = collections.Counter()
-        self.recent = collections.deque(maxlen=4096)
+        self.num_spec_tokens = num_spec_tokens
+        self.is_holding = True
+        self.holding_off_reason = None
+        self._num_unanswered = 0
 
     def process_outputs(
         self,
-        engine_core_outputs: list[Any],
+        engine_core_outputs: list[EngineCoreOutput],
         engine_core_timestamp: float | None = None,
-        iteration_stats: Any | None = None,
+        iteration_stats: IterationStats | None = None,
         weight_version: str | None = None,
     ) -> OutputProcessorOutput:
         if self._held:
             self._scan_held(engine_core_outputs)
             # A step's answers come last in its outputs (after any of a held request's own).
-            if engine_core_outputs and engine_core_outputs[-1].request_id == ANSWERS_ID:
-                for rid, answer in engine_core_outputs[-1].kv_transfer_params[ANSWERS_KEY].items():
-                    self._release(rid, answer)
+            last = engine_core_outputs[-1] if engine_core_outputs else None
+            if last is not None and last.request_id == ANSWERS_ID and last.kv_transfer_params is not None:
+                for rid, raw in last.kv_transfer_params[ANSWERS_KEY].items():
+                    self._answered(rid, raw)
         result = super().process_outputs(engine_core_outputs, engine_core_timestamp, iteration_stats, weight_version)
         # The requests vLLM finished on a stop string and aborts in the engine core.
         for rid in result.reqs_to_abort:
@@ -103,7 +126,7 @@ class ExactStopStats(OutputProcessor):
         self._finishing.clear()
         return result
 
-    def _scan_held(self, engine_core_outputs: list[Any]) -> None:
+    def _scan_held(self, engine_core_outputs: Sequence[EngineCoreOutput]) -> None:
         """The outputs of held requests, counted: vLLM ignores them (the request has finished here)."""
         held = self._held
         for output in engine_core_outputs:
@@ -119,7 +142,21 @@ class ExactStopStats(OutputProcessor):
     def propagate_error(self, e: Exception) -> None:
         super().propagate_error(e)
         for rid in list(self._held):
-            self._release(rid, None)
+            self._release(rid, None, reason="engine_error")
+
+    def stop_holding(self, cause: str) -> None:
+        """Switch holding off for the engine's life: what is held goes out now, partial, and so do
+        later stop strings' final outputs, without waiting."""
+        if not self.is_holding:
+            return
+        self.is_holding, self.holding_off_reason = False, cause
+        log.error(
+            "exact spec-decode stats for stop strings are off for this engine: %s; requests ending on a stop "
+            "string report their counts as partial",
+            cause,
+        )
+        for rid in list(self._held):
+            self._release(rid, None, reason="holding_off")
 
     def _hold(self, rid: str, state: RequestState) -> None:
         collector = state.queue
@@ -128,55 +165,77 @@ class ExactStopStats(OutputProcessor):
         output = collector.output
         if not isinstance(output, RequestOutput) or not output.finished:  # its final output, not yet taken
             return
+        if not self.is_holding:
+            # Out now (the consumer has not run since vLLM put it: this is one synchronous call).
+            self._mark(output, Release("holding_off"), None)
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not under AsyncLLM's output handler: nothing can wait
             return
         collector.output = None
         collector.ready.clear()
-        timer = loop.call_later(self.wait_s, self._release, rid, None)
+        timer = loop.call_later(self.wait_s, self._release, rid, None, "no_answer")
         self._held[rid] = _Held(collector, output, [], timer, time.monotonic())
 
-    def _release(self, rid: str, flat: list[int] | None) -> None:
+    def _answered(self, rid: str, raw: object) -> None:
+        try:
+            answer = Answer.from_wire(raw)
+        except msgspec.ValidationError as exc:  # a core of another shape: say so once, then stop waiting
+            self._release(rid, None, reason="unmatched")
+            self.stop_holding(f"the engine core's answer is not of the expected shape ({exc})")
+            return
+        self._release(rid, answer)
+
+    def _release(self, rid: str, answer: Answer | None, reason: ReleaseReason = "answered") -> None:
         """Release a held final output: with the counts of the steps it kept, from the engine core's
-        answer (``flat``, ``worker.spec_stats.scheduler.encode_answer``), or partial (None: no answer)."""
+        answer, or partial (no answer: ``reason`` says why)."""
         entry = self._held.pop(rid, None)
         if entry is None:
             return
         entry.timer.cancel()
-        completion = entry.output.outputs[0]
-        answer = None if flat is None else decode_answer(flat)
+        held_s = time.monotonic() - entry.since
         exact = None
         if answer is not None:
+            whole = answer.counts.to_vllm()
             exact = kept_counts(
-                answer.metrics,
-                tail=answer.tail,
-                after=entry.after,
-                ended=answer.ended,
-                final_accepted=answer.final_accepted,
+                whole, tail=answer.tail, after=entry.after, ended=answer.is_ended, final_accepted=answer.final_accepted
             )
+            reason = "answered" if exact is not None else "unmatched"
         if answer is not None and exact is not None:
-            completion.spec_decode_metrics = exact
-            self._count_taken_off(answer.metrics, exact, len(entry.after))
-            self.recent.append((time.monotonic() - entry.since, len(entry.after)))
+            self._num_unanswered = 0
+            release = Release("answered", held_s, len(entry.after), _taken_off(whole, exact))
         else:
-            completion.spec_decode_metrics = copy_metrics(completion.spec_decode_metrics, PartialSpecDecodeMetrics)
-            self.outcomes["partial"] += 1
-            self.recent.append((time.monotonic() - entry.since, -1))
-            why = "no answer from the engine core" if answer is None else "its last steps could not be matched"
-            log.info("request %s: exact spec-decode stats not available (%s); the last snapshot is reported", rid, why)
-        entry.collector.put(entry.output)
-
-    def _count_taken_off(self, whole: RequestSpecDecodeMetrics, kept: RequestSpecDecodeMetrics, outputs: int) -> None:
-        outcomes = self.outcomes
-        outcomes["exact"] += 1
-        outcomes["outputs taken off"] += outputs
-        if outputs:
-            outcomes["num_drafts"] += sum(whole.histogram) - sum(kept.histogram)
-            outcomes["num_draft_tokens"] += whole.num_draft_tokens - kept.num_draft_tokens
-            outcomes["num_accepted_tokens"] += sum(
-                j * (a - b) for j, (a, b) in enumerate(zip(whole.histogram, kept.histogram, strict=True))
+            release = Release(reason, held_s)
+            log.info(
+                "request %s: exact spec-decode stats not available (%s); the last snapshot is reported", rid, reason
             )
+        self._mark(entry.output, release, exact)
+        entry.collector.put(entry.output)
+        if reason == "no_answer":
+            self._num_unanswered += 1
+            if self._num_unanswered >= NO_ANSWER_LIMIT:
+                self.stop_holding(f"{NO_ANSWER_LIMIT} stop strings in a row got no answer from the engine core")
+
+    def _mark(self, output: RequestOutput, release: Release, exact: RequestSpecDecodeMetrics | None) -> None:
+        """Give the output's completion the counts it goes out with, and how it was released (with
+        no counts at all, zero counts: the stats still say they are partial)."""
+        completion = output.outputs[0]
+        counts = exact or completion.spec_decode_metrics or RequestSpecDecodeMetrics.new(self.num_spec_tokens)
+        marked = copy_metrics(counts, ReleasedSpecDecodeMetrics)
+        marked.release = release
+        completion.spec_decode_metrics = marked
+
+
+def _taken_off(whole: RequestSpecDecodeMetrics, kept: RequestSpecDecodeMetrics) -> tuple[int, int, int]:
+    """Of vLLM's engine-wide counters (verify steps, draft tokens, accepted tokens), what the steps
+    taken off had added: the per-request counts plus these add up to those counters."""
+    pairs = list(zip(whole.histogram, kept.histogram, strict=True))
+    return (
+        sum(a - b for a, b in pairs),
+        whole.num_draft_tokens - kept.num_draft_tokens,
+        sum(j * (a - b) for j, (a, b) in enumerate(pairs)),
+    )
 
 
 def kept_counts(
@@ -223,19 +282,20 @@ def kept_counts(
         return None
     steps = len(metrics.per_step_accepted) - verified
     return RequestSpecDecodeMetrics(
-        metrics.num_spec_tokens,
-        histogram,
-        drafted,
-        metrics.per_step_accepted[: max(steps, 0)],
-        metrics.per_step_drafted[: max(steps, 0)],
+        num_spec_tokens=metrics.num_spec_tokens,
+        histogram=histogram,
+        num_draft_tokens=drafted,
+        per_step_accepted=metrics.per_step_accepted[: max(steps, 0)],
+        per_step_drafted=metrics.per_step_drafted[: max(steps, 0)],
     )
 
 
-def install(llm: Any, *, wait_s: float = STATS_WAIT_S) -> ExactStopStats:
+def install(llm: AsyncLLM, *, num_spec_tokens: int, wait_s: float = STATS_WAIT_S) -> ExactStopStats:
     """Switch the engine's output processor to :class:`ExactStopStats` (vLLM builds its own inside
     ``AsyncLLM``; the subclass adds no state vLLM's methods see). Call it only where the engine
     core runs the worker's scheduler, which answers the aborts."""
     processor = llm.output_processor
     processor.__class__ = ExactStopStats
-    processor._init_exact_stop_stats(wait_s=wait_s)
-    return processor  # type: ignore[no-any-return]
+    assert isinstance(processor, ExactStopStats)
+    processor._init_exact_stop_stats(num_spec_tokens=num_spec_tokens, wait_s=wait_s)
+    return processor
