@@ -262,7 +262,7 @@ def test_smoke_run_of_the_server_parts(tmp_path: Path, subprocess_env: dict[str,
     # The worker's own stamps split the main process: vLLM's imports, then the engine config.
     assert phases["vllm_import"] < phases["vllm_config"] < phases["engine_config"]
     assert 0.0 <= cold["handler"]["weights_resident_at_start"] <= 1.0
-    assert 0 < cold["handler_import_s"] < 5
+    assert 0 < cold["handler_import_s"] < 60  # a generous bound: past it the import hung
     assert "python -m worker bench --smoke" in (out / "bench.md").read_text()
 
 

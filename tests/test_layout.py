@@ -38,5 +38,15 @@ def test_serving_modules_never_import_a_tool() -> None:
 
 
 def test_booting_and_exact_stats_are_packages() -> None:
-    assert {p.name for p in (WORKER / "boot").glob("*.py")} >= {"launch.py", "models.py", "prefetch.py"}
-    assert {p.name for p in (WORKER / "spec_stats").glob("*.py")} >= {"scheduler.py", "frontend.py", "tracking.py"}
+    assert {p.name for p in (WORKER / "boot").glob("*.py")} >= {"plan.py", "launch.py", "models.py", "prefetch.py"}
+    assert {p.name for p in (WORKER / "spec_stats").glob("*.py")} >= {
+        "scheduler.py",
+        "answers.py",
+        "frontend.py",
+        "tracking.py",
+    }
+
+
+def test_no_serving_module_over_300_lines() -> None:
+    sizes = {p.relative_to(WORKER).as_posix(): len(p.read_text().splitlines()) for p in _serving()}
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}

@@ -16,16 +16,8 @@ import dataclasses
 import random
 from typing import Any
 
-from worker.spec_stats.frontend import kept_counts
-from worker.spec_stats.scheduler import (
-    ANSWERS_ID,
-    ANSWERS_KEY,
-    NOT_VERIFIED,
-    TAIL_STEPS,
-    UNKNOWN,
-    Answer,
-    Counts,
-)
+from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts, kept_counts
+from worker.spec_stats.scheduler import TAIL_STEPS
 from worker.spec_stats.stand_in import HookedStandIn, make_request, step_outputs
 
 K = 3

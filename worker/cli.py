@@ -15,7 +15,7 @@ import argparse
 import logging
 import sys
 
-from worker.config import load_settings
+from worker.config import load_settings, num_api_servers
 from worker.errors import ConfigError
 
 __all__ = ["main"]
@@ -50,7 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("LISTENING ON %s WITHOUT AN API KEY: anyone who can reach this port can use the GPU", settings.host)
         log.warning("set API_KEY to require 'Authorization: Bearer <key>'")
         log.warning("=" * 72)
-    if settings.num_api_servers() > 1:
+    if num_api_servers(settings) > 1:
         from worker.api_servers import serve
 
         return serve(settings)

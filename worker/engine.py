@@ -15,7 +15,7 @@ reports.
 
 vLLM is imported here, in ``boot.py``, in ``spec_scheduler.py`` (the scheduler subclasses, imported
 by the engine-core process too), ``spec_frontend.py`` and ``openai.py`` (vLLM's OpenAI layer);
-where model references point is ``worker/boot/models.py``.
+what the boot decided (model paths, exact stats on or off) is its plan, ``worker/boot/plan.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm import SamplingParams, TokensPrompt
 from vllm.exceptions import VLLMClientError
@@ -35,17 +35,18 @@ from vllm.sampling_params import RequestOutputKind, SamplingType, StructuredOutp
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from worker.boot.models import resolver
-from worker.config import Settings
-from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError
+from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError, one_line
 from worker.schema import GenerateRequest, Served, StreamChunk, Usage
 from worker.spec_stats.frontend import ExactStopStats
 from worker.spec_stats.tracking import RequestEnd, RequestTracker
 
+if TYPE_CHECKING:
+    from worker.boot.plan import BootPlan
+
 # vLLM's typed client errors, and the ValueError its request validation still raises in places.
 _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
 
-__all__ = ["Engine", "RequestEnd", "one_line"]
+__all__ = ["Engine", "RequestEnd"]
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +54,19 @@ log = logging.getLogger(__name__)
 class Engine:
     """One booted vLLM engine shared by all requests (continuous batching)."""
 
-    def __init__(self, llm: AsyncLLM, *, settings: Settings, model_label: str) -> None:
+    def __init__(self, llm: AsyncLLM, *, plan: BootPlan) -> None:
         self._llm = llm
-        self._settings = settings
+        self._settings = plan.settings
         config = llm.vllm_config
         spec = config.speculative_config
         self.max_model_len: int = config.model_config.max_model_len
         self.max_num_seqs: int = config.scheduler_config.max_num_seqs
         self.served = Served(
-            model=model_label,
+            model=plan.target.label,
             quantization=config.model_config.quantization,
             speculative_method=getattr(spec, "method", None) if spec else None,
             num_speculative_tokens=getattr(spec, "num_speculative_tokens", None) if spec else None,
-            spec_decode_available=bool(spec) and settings.per_request_spec_decode_metrics != "none",
+            spec_decode_available=plan.is_exact_stats,
         )
         self._tokenizer = llm.get_tokenizer()
         # The frontend half of exact stats, where the boot installed it (worker.boot.launch).
@@ -76,10 +77,8 @@ class Engine:
         self.observers: list[Callable[[RequestEnd], None]] = []
         # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
         # same list, so that both entrypoints share one adapter slot per name.
-        resolve = resolver(settings)
         self.lora_requests: dict[str, LoRARequest] = {
-            module.name: LoRARequest(module.name, index, resolve(module.path))
-            for index, module in enumerate(settings.lora_modules, start=1)
+            name: LoRARequest(name, index, path) for index, (name, path) in enumerate(plan.lora_paths.items(), start=1)
         }
 
     # ----------------------------------------------------------------- state
@@ -296,10 +295,3 @@ class Engine:
                 s.num_accepted_draft_tokens,
                 s.draft_acceptance_rate,
             )
-
-
-def one_line(exc: BaseException) -> str:
-    """The exception's message on one line (pydantic's validation errors name the field on the
-    lines after the first), without pydantic's links."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if "errors.pydantic.dev" not in line]
-    return " ".join(line for line in lines if line)[:500] or type(exc).__name__

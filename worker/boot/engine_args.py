@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
 
@@ -126,7 +126,7 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str,
     }
 
 
-def start_method(settings: Settings, *, mode: DeploymentMode) -> str:
+def start_method(settings: Settings, *, mode: DeploymentMode) -> Literal["fork", "spawn"]:
     """How vLLM starts its engine core (and, on a CPU, its model worker): ``fork`` or ``spawn``.
 
     vLLM's own server starts its engine core with spawn (its CLI sets this); the library default

@@ -1,16 +1,10 @@
-"""The worker's configuration: ``Settings`` parsed once from the environment (``settings.py``)."""
+"""The worker's configuration, the only reader of the environment: the ``Settings`` schema
+(``settings.py``), speculation policy (``speculation.py``), and host and entry-point facts
+(``host.py``)."""
 
-from worker.config.settings import (
-    TINY_PREFIX,
-    DeploymentMode,
-    LoraModule,
-    Settings,
-    drafts_with_model,
-    is_on_runpod,
-    load_settings,
-    local_run_environment,
-    sdk_environment,
-)
+from worker.config.host import is_on_runpod, local_run_environment, num_api_servers, sdk_environment
+from worker.config.settings import DeploymentMode, LoraModule, Settings, load_settings
+from worker.config.speculation import TINY_PREFIX, drafts_with_model
 
 __all__ = [
     "TINY_PREFIX",
@@ -21,5 +15,6 @@ __all__ = [
     "is_on_runpod",
     "load_settings",
     "local_run_environment",
+    "num_api_servers",
     "sdk_environment",
 ]

@@ -1,18 +1,15 @@
 """Settings: the worker's whole configuration, parsed once from the environment.
 
 Variable names follow RunPod's official vLLM worker where the meaning is the same
-(``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...).
-Speculative decoding is configured either by ``SPECULATIVE_CONFIG`` (vLLM's JSON) or by
-the simple knobs ``SPECULATIVE_METHOD`` / ``SPECULATIVE_MODEL`` / ``NUM_SPECULATIVE_TOKENS``,
-never both. An unset ``MODEL_NAME`` selects the embedded tiny model (built offline on first
-use), which by default speculates with its noisy-copy draft.
+(``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...). An unset
+``MODEL_NAME`` selects the embedded tiny model (built offline on first use). The schema and its
+validators live here; speculation policy in ``speculation.py``, host facts in ``host.py``.
 
-This is the only module that reads the environment.
+``load_settings`` is where the environment is read (with ``host.py``'s entry-point facts).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,54 +18,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.errors import ConfigError
+from worker.config import parsing, speculation
+from worker.config.speculation import TINY_PREFIX
+from worker.errors import ConfigError, describe_validation_errors
 
-__all__ = [
-    "TINY_PREFIX",
-    "DeploymentMode",
-    "LoraModule",
-    "Settings",
-    "drafts_with_model",
-    "is_on_runpod",
-    "load_settings",
-    "sdk_environment",
-]
+__all__ = ["TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "load_settings"]
 
-TINY_PREFIX = "tiny:"
 # Serverless traffic is latency-bound (small batches); pods run large batches.
 DeploymentMode = Literal["serverless", "pod"]
-# API_SERVER_COUNT=auto: two API processes need cores beside the engine core's and the launcher's.
-AUTO_API_SERVERS_MIN_CPUS = 8
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
 # Where RunPod's cached-models feature puts models: <dir>/models--ORG--NAME/snapshots/<HASH>/
 RUNPOD_MODEL_CACHE_DIR = Path("/runpod-volume/huggingface-cache/hub")
-
-
-# Substrings of a draft's name from which vLLM 0.32 infers another method than a separate draft
-# model, even under method "draft_model" (``SpeculativeConfig.__post_init__``).
-_VLLM_NAME_INFERRED_METHODS = ("eagle-", "eagle3", "dflash", "dspark")
-
-
-def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
-    """Whether vLLM runs this speculative config as a separate draft model (its method
-    ``draft_model``): the one answer for the draft check, the model-runner choice and validation.
-
-    vLLM's own inference rule: no ``method`` and a ``model`` that is neither ``ngram`` nor a dotted
-    proposer class path means ``draft_model``; a draft whose name marks an EAGLE, DFlash or DSpark
-    head is run as that, whatever the method says. (vLLM also recognises MTP, Medusa and MLP
-    speculator heads by their config's ``model_type``, which the draft check reads.)
-    """
-    if not spec:
-        return False
-    model, method = spec.get("model"), spec.get("method")
-    if not isinstance(model, str) or not model:
-        return False
-    if method is None:
-        is_class_path = "." in model and "/" not in model and all(part.isidentifier() for part in model.split("."))
-        if model in ("ngram", "[ngram]") or is_class_path:
-            return False
-        method = "draft_model"
-    return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
 
 
 class LoraModule(BaseModel):
@@ -239,60 +199,20 @@ class Settings(BaseSettings):
         # load_settings() reads the environment it is given; nothing else is consulted.
         return (init_settings,)
 
-    def num_api_servers(self, *, num_cpus: int | None = None, has_gpu: bool | None = None) -> int:
-        """The pod's API server processes. ``auto``: 2 on a host with an NVIDIA GPU and at least
-        ``AUTO_API_SERVERS_MIN_CPUS`` CPUs, else 1. Measured on an H200 (8B, bf16): two processes
-        gave the pod 1.005x / 1.000x / 1.03x / 1.57x / 1.80x the throughput of one at 1 / 8 / 64 /
-        256 / 512 streams, four no more than two; on a CPU engine the engine itself needs the
-        cores. The machine's facts default to this host's (CPU count; ``/dev/nvidiactl``)."""
-        if self.api_server_count != "auto":
-            return self.api_server_count
-        num_cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
-        has_gpu = os.path.exists("/dev/nvidiactl") if has_gpu is None else has_gpu
-        return 2 if has_gpu and num_cpus >= AUTO_API_SERVERS_MIN_CPUS else 1
-
     @field_validator("speculative_config", "engine_args", mode="before")
     @classmethod
     def _parse_json_object(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            if not value.strip():
-                return None
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
-        if value is not None and not isinstance(value, dict):
-            raise ValueError("must be a JSON object")
-        return value
+        return parsing.json_object(value)
 
     @field_validator("allowed_media_domains", mode="before")
     @classmethod
     def _parse_domains(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [name.strip().lower() for name in value.split(",") if name.strip()] or None
-        return value
+        return parsing.domain_list(value)
 
     @field_validator("lora_modules", mode="before")
     @classmethod
     def _parse_lora_modules(cls, value: Any) -> Any:
-        """vLLM's JSON form (a list of {"name", "path"} objects), or ``name=path`` pairs separated by spaces."""
-        if not isinstance(value, str):
-            return value
-        text = value.strip()
-        if not text:
-            return []
-        if text.startswith("["):
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
-        modules = []
-        for pair in text.split():
-            name, sep, path = pair.partition("=")
-            if not sep or not name or not path:
-                raise ValueError(f'{pair!r} is not name=path (or give a JSON list of {{"name", "path"}})')
-            modules.append({"name": name, "path": path})
-        return modules
+        return parsing.lora_modules(value)
 
     @field_validator(
         "speculative_method", "speculative_model", "quantization", "model_name", "tool_call_parser", mode="before"
@@ -302,13 +222,7 @@ class Settings(BaseSettings):
         return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
-    def _check_speculation(self) -> Settings:
-        knobs = self.speculative_method or self.speculative_model or self.num_speculative_tokens
-        if self.speculative_config is not None and knobs:
-            raise ValueError(
-                "SPECULATIVE_CONFIG cannot be combined with SPECULATIVE_METHOD/SPECULATIVE_MODEL/"
-                "NUM_SPECULATIVE_TOKENS; use one or the other"
-            )
+    def _check_combinations(self) -> Settings:
         if self.structured_outputs_disable_any_whitespace and self.structured_outputs_backend not in (
             "xgrammar",
             "guidance",
@@ -323,12 +237,7 @@ class Settings(BaseSettings):
         names = [module.name for module in self.lora_modules]
         if len(set(names)) != len(names):
             raise ValueError("LORA_MODULES: adapter names must be unique")
-        if self.speculative_method == "none":
-            return self
-        if (self.speculative_method or self.speculative_model) and self.num_speculative_tokens is None:
-            raise ValueError("speculative decoding needs NUM_SPECULATIVE_TOKENS (e.g. 3)")
-        if self.speculative_method == "draft_model" and not self.speculative_model:
-            raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
+        speculation.check(self)
         return self
 
     @property
@@ -347,40 +256,17 @@ class Settings(BaseSettings):
 
     @property
     def draft_ref(self) -> str | None:
-        """The draft model as the user named it (``SPECULATIVE_MODEL`` or the config's ``model``),
-        when speculation drafts with a separate model (:func:`drafts_with_model`)."""
-        spec = self.resolved_speculative_config()
-        return spec["model"] if spec is not None and drafts_with_model(spec) else None
+        """The separate draft model as the user named it (:func:`worker.config.speculation.draft_ref`)."""
+        return speculation.draft_ref(self)
 
     @property
     def draft_revision(self) -> str | None:
-        """The draft's revision: ``SPECULATIVE_CONFIG``'s ``revision`` (the field vLLM reads)."""
-        spec = self.resolved_speculative_config()
-        revision = spec.get("revision") if spec else None
-        return revision if isinstance(revision, str) else None
+        """The draft's revision (:func:`worker.config.speculation.draft_revision`)."""
+        return speculation.draft_revision(self)
 
     def resolved_speculative_config(self) -> dict[str, Any] | None:
-        """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs.
-
-        Model references may use the ``tiny:<variant>`` form; the engine resolves them.
-        """
-        if self.speculative_method == "none":
-            return None
-        if self.speculative_config is not None:
-            return dict(self.speculative_config)
-        if self.speculative_method or self.speculative_model:
-            method = self.speculative_method or "draft_model"
-            spec: dict[str, Any] = {"method": method, "num_speculative_tokens": self.num_speculative_tokens}
-            if self.speculative_model:
-                spec["model"] = self.speculative_model
-            if method == "ngram":
-                spec.setdefault("prompt_lookup_max", 4)
-                spec.setdefault("prompt_lookup_min", 1)
-            return spec
-        if self.model_name is None:
-            # The embedded default shows speculation working: a noisy copy drafts for the target.
-            return {"method": "draft_model", "model": f"{TINY_PREFIX}noisy", "num_speculative_tokens": 3}
-        return None
+        """vLLM's speculative_config dict (:func:`worker.config.speculation.speculative_config`)."""
+        return speculation.speculative_config(self)
 
 
 def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -394,36 +280,8 @@ def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[st
     try:
         return Settings(**values)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False, include_input=False):
-            loc = ".".join(str(part) for part in error["loc"])
-            message = error["msg"].removeprefix("Value error, ")
-            # A rule across fields (an empty loc) names its variables in its own message.
-            problems.append(f"{loc.upper()}: {message}" if loc else message)
-        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
-
-
-def local_run_environment(env: Mapping[str, str] | None = None, *, is_verbose: bool) -> dict[str, str]:
-    """What the local test run (``python handler.py``) sets before vLLM is imported: vLLM's own
-    logging at WARNING (a few hundred INFO lines otherwise), unless ``--verbose`` was given or
-    ``VLLM_LOGGING_LEVEL`` is set."""
-    source = os.environ if env is None else env
-    if is_verbose or "VLLM_LOGGING_LEVEL" in source:
-        return {}
-    return {"VLLM_LOGGING_LEVEL": "WARNING"}
-
-
-def sdk_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What the handler sets before the RunPod SDK is imported: the SDK's log level at INFO unless
-    ``RUNPOD_LOG_LEVEL`` (or its older ``RUNPOD_DEBUG_LEVEL``) is set. The SDK defaults to DEBUG,
-    at which it prints every item a job yields: every user's generated text in the worker's
-    logs, one line per streamed item (12 MB in 28 minutes of the soak's light traffic)."""
-    source = os.environ if env is None else env
-    if "RUNPOD_LOG_LEVEL" in source or "RUNPOD_DEBUG_LEVEL" in source:
-        return {}
-    return {"RUNPOD_LOG_LEVEL": "INFO"}
-
-
-def is_on_runpod(env: Mapping[str, str] | None = None) -> bool:
-    """True on a RunPod serverless worker (which sets RUNPOD_WEBHOOK_GET_JOB): serve the queue."""
-    return bool((os.environ if env is None else env).get("RUNPOD_WEBHOOK_GET_JOB"))
+        # A rule across fields (an empty loc) names its variables in its own message.
+        problems = describe_validation_errors(
+            exc.errors(include_url=False, include_input=False), place=lambda loc: ".".join(map(str, loc)).upper()
+        )
+        raise ConfigError("invalid configuration: " + problems) from None

@@ -42,13 +42,14 @@ from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutput, RequestOutputCollector, RequestState
 from vllm.v1.metrics.stats import IterationStats, RequestSpecDecodeMetrics
 
-from worker.spec_stats.scheduler import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, copy_metrics
+from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY, Answer, kept_counts
+from worker.spec_stats.scheduler import copy_metrics
 from worker.spec_stats.tracking import Release, ReleaseReason
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-__all__ = ["ExactStopStats", "ReleasedSpecDecodeMetrics", "install", "kept_counts"]
+__all__ = ["ExactStopStats", "ReleasedSpecDecodeMetrics", "install"]
 
 log = logging.getLogger(__name__)
 
@@ -235,58 +236,6 @@ def _taken_off(whole: RequestSpecDecodeMetrics, kept: RequestSpecDecodeMetrics) 
         sum(a - b for a, b in pairs),
         whole.num_draft_tokens - kept.num_draft_tokens,
         sum(j * (a - b) for j, (a, b) in enumerate(pairs)),
-    )
-
-
-def kept_counts(
-    metrics: RequestSpecDecodeMetrics,
-    *,
-    tail: Sequence[int],
-    after: Sequence[int],
-    ended: bool = False,
-    final_accepted: int | None = None,
-) -> RequestSpecDecodeMetrics | None:
-    """The counts of the steps a request kept, or None where they cannot be told exactly.
-
-    ``metrics``: its counts when the engine core let go of it; ``tail``: what its last steps
-    verified, newest first (drafts verified, NOT_VERIFIED or UNKNOWN); ``after``: the token count
-    of each of its outputs after the one with the stop string, oldest first: the steps to take off.
-    A verified step yields its accepted drafts plus one token. ``ended``: the core finished the
-    request itself in its newest step, whose tokens vLLM trimmed at that stop; it accepted
-    ``final_accepted`` drafts.
-    """
-    if len(after) > len(tail):
-        return None
-    histogram = list(metrics.histogram)
-    drafted = metrics.num_draft_tokens
-    verified = 0
-    for i, num_tokens in enumerate(reversed(after)):
-        shape = tail[i]
-        if shape == UNKNOWN:
-            return None
-        if shape == NOT_VERIFIED:
-            if num_tokens != 1:
-                return None
-            continue
-        accepted = num_tokens - 1
-        if ended and i == 0:
-            if final_accepted is None:
-                return None
-            accepted = final_accepted
-        if not 0 <= accepted < len(histogram) or not histogram[accepted]:
-            return None
-        histogram[accepted] -= 1
-        drafted -= shape
-        verified += 1
-    if drafted < 0:
-        return None
-    steps = len(metrics.per_step_accepted) - verified
-    return RequestSpecDecodeMetrics(
-        num_spec_tokens=metrics.num_spec_tokens,
-        histogram=histogram,
-        num_draft_tokens=drafted,
-        per_step_accepted=metrics.per_step_accepted[: max(steps, 0)],
-        per_step_drafted=metrics.per_step_drafted[: max(steps, 0)],
     )
 
 

@@ -28,12 +28,13 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import msgspec
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import Request, RequestStatus
+
+from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -45,14 +46,8 @@ else:
     _SchedulerBase = object
 
 __all__ = [
-    "ANSWERS_ID",
-    "ANSWERS_KEY",
-    "NOT_VERIFIED",
     "SNAPSHOT_EVERY_STEPS",
     "TAIL_STEPS",
-    "UNKNOWN",
-    "Answer",
-    "Counts",
     "SpecMetricsAsyncScheduler",
     "SpecMetricsScheduler",
     "SpecMetricsSnapshots",
@@ -71,70 +66,6 @@ _RING = 2 * TAIL_STEPS
 # of it answered even when the ring no longer holds its tail (the frontend then reports the counts
 # partial at once, instead of waiting out its timeout for an answer that would never come).
 _ENDED_STEPS = 1024
-# In a tail: a step that verified no drafts (it yielded one token), and one whose shape the ring
-# cannot tell (a prefill chunk or a recomputation after a preemption): the frontend stops there.
-NOT_VERIFIED = -1
-UNKNOWN = -2
-# A step's answers travel to each client as one output of their own, under a request id vLLM never
-# makes (its ids end in random hex), in that output's ``kv_transfer_params`` (vLLM ignores outputs
-# of requests it does not track; only the worker's frontend reads this one): request id -> the
-# :class:`Answer`, as msgspec's builtins (vLLM's serialiser carries them; the frontend converts
-# them back, checked field by field). One output a step, not one per request: 20 answers as
-# outputs of their own cost 39 µs a step to build, encode and decode on the 2-core machine, in one
-# output nothing measurable.
-ANSWERS_ID = "\x00spec-decode-answers"
-ANSWERS_KEY = "spec_decode_answers"
-
-
-class Counts(msgspec.Struct, array_like=True, frozen=True):
-    """vLLM's ``RequestSpecDecodeMetrics``, field by field, for the answer's transport."""
-
-    num_spec_tokens: int
-    histogram: list[int]
-    num_draft_tokens: int
-    per_step_accepted: list[int]
-    per_step_drafted: list[int]
-
-    @classmethod
-    def of(cls, m: RequestSpecDecodeMetrics) -> Counts:
-        return cls(
-            num_spec_tokens=m.num_spec_tokens,
-            histogram=list(m.histogram),
-            num_draft_tokens=m.num_draft_tokens,
-            per_step_accepted=list(m.per_step_accepted),
-            per_step_drafted=list(m.per_step_drafted),
-        )
-
-    def to_vllm(self) -> RequestSpecDecodeMetrics:
-        return RequestSpecDecodeMetrics(
-            num_spec_tokens=self.num_spec_tokens,
-            histogram=list(self.histogram),
-            num_draft_tokens=self.num_draft_tokens,
-            per_step_accepted=list(self.per_step_accepted),
-            per_step_drafted=list(self.per_step_drafted),
-        )
-
-
-class Answer(msgspec.Struct, array_like=True, frozen=True):
-    """The core's answer to a stop string's abort: the request's counts when the core let go of it,
-    its ``tail`` (newest step first: drafts verified, NOT_VERIFIED or UNKNOWN), and whether the core
-    finished it itself in the tail's newest step (``is_ended``), which accepted ``final_accepted``
-    drafts (None: not known)."""
-
-    counts: Counts
-    tail: list[int]
-    is_ended: bool = False
-    final_accepted: int | None = None
-
-    def to_wire(self) -> Any:
-        return msgspec.to_builtins(self)
-
-    @classmethod
-    def from_wire(cls, raw: Any) -> Answer:
-        """Raises ``msgspec.ValidationError`` where ``raw`` is not an answer of this shape."""
-        return raw if isinstance(raw, cls) else msgspec.convert(raw, cls)
-
-
 _M = TypeVar("_M", bound=RequestSpecDecodeMetrics)
 
 

@@ -123,8 +123,8 @@ def _time_case(
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
+    from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY
     from worker.spec_stats.frontend import ExactStopStats
-    from worker.spec_stats.scheduler import ANSWERS_ID, ANSWERS_KEY
     from worker.spec_stats.stand_in import HookedStandIn, StandInScheduler, make_request, step_inputs
 
     serial = iter(range(10**9))

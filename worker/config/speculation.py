@@ -1,0 +1,101 @@
+"""Speculation policy: which speculative config the settings ask for, whether it drafts with a
+separate model, and the rules the speculation settings must satisfy (checked when Settings parse).
+
+Speculative decoding is configured either by ``SPECULATIVE_CONFIG`` (vLLM's JSON) or by the simple
+knobs ``SPECULATIVE_METHOD`` / ``SPECULATIVE_MODEL`` / ``NUM_SPECULATIVE_TOKENS``, never both. An
+unset ``MODEL_NAME`` selects the embedded tiny model, which by default speculates with its
+noisy-copy draft. Pure: reads only the settings it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.config.settings import Settings
+
+__all__ = ["TINY_PREFIX", "check", "draft_ref", "draft_revision", "drafts_with_model", "speculative_config"]
+
+TINY_PREFIX = "tiny:"
+
+
+# Substrings of a draft's name from which vLLM 0.32 infers another method than a separate draft
+# model, even under method "draft_model" (``SpeculativeConfig.__post_init__``).
+_VLLM_NAME_INFERRED_METHODS = ("eagle-", "eagle3", "dflash", "dspark")
+
+
+def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
+    """Whether vLLM runs this speculative config as a separate draft model (its method
+    ``draft_model``): the one answer for the draft check, the model-runner choice and validation.
+
+    vLLM's own inference rule: no ``method`` and a ``model`` that is neither ``ngram`` nor a dotted
+    proposer class path means ``draft_model``; a draft whose name marks an EAGLE, DFlash or DSpark
+    head is run as that, whatever the method says. (vLLM also recognises MTP, Medusa and MLP
+    speculator heads by their config's ``model_type``, which the draft check reads.)
+    """
+    if not spec:
+        return False
+    model, method = spec.get("model"), spec.get("method")
+    if not isinstance(model, str) or not model:
+        return False
+    if method is None:
+        is_class_path = "." in model and "/" not in model and all(part.isidentifier() for part in model.split("."))
+        if model in ("ngram", "[ngram]") or is_class_path:
+            return False
+        method = "draft_model"
+    return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
+
+
+def check(settings: Settings) -> None:
+    """The rules across the speculation settings (raises ValueError: Settings' validation)."""
+    knobs = settings.speculative_method or settings.speculative_model or settings.num_speculative_tokens
+    if settings.speculative_config is not None and knobs:
+        raise ValueError(
+            "SPECULATIVE_CONFIG cannot be combined with SPECULATIVE_METHOD/SPECULATIVE_MODEL/"
+            "NUM_SPECULATIVE_TOKENS; use one or the other"
+        )
+    if settings.speculative_method == "none":
+        return
+    if (settings.speculative_method or settings.speculative_model) and settings.num_speculative_tokens is None:
+        raise ValueError("speculative decoding needs NUM_SPECULATIVE_TOKENS (e.g. 3)")
+    if settings.speculative_method == "draft_model" and not settings.speculative_model:
+        raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
+
+
+def speculative_config(settings: Settings) -> dict[str, Any] | None:
+    """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs.
+
+    Model references may use the ``tiny:<variant>`` form; the boot plan resolves them.
+    """
+    if settings.speculative_method == "none":
+        return None
+    if settings.speculative_config is not None:
+        return dict(settings.speculative_config)
+    if settings.speculative_method or settings.speculative_model:
+        method = settings.speculative_method or "draft_model"
+        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": settings.num_speculative_tokens}
+        if settings.speculative_model:
+            spec["model"] = settings.speculative_model
+        if method == "ngram":
+            spec.setdefault("prompt_lookup_max", 4)
+            spec.setdefault("prompt_lookup_min", 1)
+        return spec
+    if settings.model_name is None:
+        # The embedded default shows speculation working: a noisy copy drafts for the target.
+        return {"method": "draft_model", "model": f"{TINY_PREFIX}noisy", "num_speculative_tokens": 3}
+    return None
+
+
+def draft_ref(settings: Settings) -> str | None:
+    """The draft model as the user named it (``SPECULATIVE_MODEL`` or the config's ``model``),
+    when speculation drafts with a separate model (:func:`drafts_with_model`)."""
+    spec = speculative_config(settings)
+    return spec["model"] if spec is not None and drafts_with_model(spec) else None
+
+
+def draft_revision(settings: Settings) -> str | None:
+    """The draft's revision: ``SPECULATIVE_CONFIG``'s ``revision`` (the field vLLM reads)."""
+    spec = speculative_config(settings)
+    revision = spec.get("revision") if spec else None
+    return revision if isinstance(revision, str) else None
