@@ -4,18 +4,9 @@
 usage, timings and exact per-request acceptance stats; ``Engine.observe`` passes vLLM's own
 outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is ``worker/boot/launch.py``.
 
-Exact stats on every ending: vLLM attaches a request's spec-decode metrics only to the engine
-core's final output, so a request finished by a stop string (detected in the frontend) or
-cancelled gets none. The worker's scheduler (``spec_scheduler.py``) answers a stop string's abort
-with the request's counts and the shape of its last steps, and its output processor
-(``spec_frontend.py``, installed by ``boot.py``) holds the final output until then and takes off
-the steps the core ran past the stop string: the final output carries the counts of the steps
-the request kept. Every request also gets a snapshot every few dozen steps: what a cancelled one
-reports.
-
-vLLM is imported here, in ``boot.py``, in ``spec_scheduler.py`` (the scheduler subclasses, imported
-by the engine-core process too), ``spec_frontend.py`` and ``openai.py`` (vLLM's OpenAI layer);
-what the boot decided (model paths, exact stats on or off) is its plan, ``worker/boot/plan.py``.
+Exact stats on every ending, stop strings and cancellations included: ``worker/spec_stats/`` (the
+scheduler and output processor the boot installs when its plan, ``worker/boot/plan.py``, says so).
+vLLM is imported here, in ``boot/launch.py``, ``spec_stats/`` and ``openai.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +15,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
 from vllm.exceptions import VLLMClientError
@@ -35,13 +26,11 @@ from vllm.sampling_params import RequestOutputKind, SamplingType, StructuredOutp
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from worker.config import Settings
 from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError, one_line
 from worker.schema import GenerateRequest, Served, StreamChunk, Usage
 from worker.spec_stats.frontend import ExactStopStats
 from worker.spec_stats.tracking import RequestEnd, RequestTracker
-
-if TYPE_CHECKING:
-    from worker.boot.plan import BootPlan
 
 # vLLM's typed client errors, and the ValueError its request validation still raises in places.
 _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
@@ -54,19 +43,29 @@ log = logging.getLogger(__name__)
 class Engine:
     """One booted vLLM engine shared by all requests (continuous batching)."""
 
-    def __init__(self, llm: AsyncLLM, *, plan: BootPlan) -> None:
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        *,
+        settings: Settings,
+        model_label: str,
+        lora_paths: Mapping[str, str],
+        is_exact_stats: bool,
+    ) -> None:
+        """``lora_paths``: adapter name -> what vLLM loads; ``is_exact_stats``: the worker's exact
+        stats path runs (both from the boot plan, ``worker.boot.plan``)."""
         self._llm = llm
-        self._settings = plan.settings
+        self._settings = settings
         config = llm.vllm_config
         spec = config.speculative_config
         self.max_model_len: int = config.model_config.max_model_len
         self.max_num_seqs: int = config.scheduler_config.max_num_seqs
         self.served = Served(
-            model=plan.target.label,
+            model=model_label,
             quantization=config.model_config.quantization,
             speculative_method=getattr(spec, "method", None) if spec else None,
             num_speculative_tokens=getattr(spec, "num_speculative_tokens", None) if spec else None,
-            spec_decode_available=plan.is_exact_stats,
+            spec_decode_available=is_exact_stats,
         )
         self._tokenizer = llm.get_tokenizer()
         # The frontend half of exact stats, where the boot installed it (worker.boot.launch).
@@ -78,7 +77,7 @@ class Engine:
         # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
         # same list, so that both entrypoints share one adapter slot per name.
         self.lora_requests: dict[str, LoRARequest] = {
-            name: LoRARequest(name, index, path) for index, (name, path) in enumerate(plan.lora_paths.items(), start=1)
+            name: LoRARequest(name, index, path) for index, (name, path) in enumerate(lora_paths.items(), start=1)
         }
 
     # ----------------------------------------------------------------- state

@@ -173,7 +173,13 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
     finally:
         if tail is not None:
             tail.restore()
-    return Engine(llm, plan=plan)
+    return Engine(
+        llm,
+        settings=plan.settings,
+        model_label=plan.target.label,
+        lora_paths=plan.lora_paths,
+        is_exact_stats=plan.is_exact_stats,
+    )
 
 
 async def boot(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engine:

@@ -10,10 +10,7 @@ import importlib.metadata
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from worker.config.settings import Settings
+from typing import Literal, Protocol
 
 __all__ = [
     "is_cpu_build",
@@ -24,11 +21,21 @@ __all__ = [
     "vllm_cache_root",
 ]
 
+
+class HostSettings(Protocol):
+    """The settings the host facts read (``Settings`` has them)."""
+
+    @property
+    def api_server_count(self) -> int | Literal["auto"]: ...
+    @property
+    def vllm_cache_root(self) -> str | None: ...
+
+
 # API_SERVER_COUNT=auto: two API processes need cores beside the engine core's and the launcher's.
 AUTO_API_SERVERS_MIN_CPUS = 8
 
 
-def num_api_servers(settings: Settings, *, num_cpus: int | None = None, has_gpu: bool | None = None) -> int:
+def num_api_servers(settings: HostSettings, *, num_cpus: int | None = None, has_gpu: bool | None = None) -> int:
     """The pod's API server processes. ``auto``: 2 on a host with an NVIDIA GPU and at least
     ``AUTO_API_SERVERS_MIN_CPUS`` CPUs, else 1. Measured on an H200 (8B, bf16): two processes
     gave the pod 1.005x / 1.000x / 1.03x / 1.57x / 1.80x the throughput of one at 1 / 8 / 64 /
@@ -41,7 +48,7 @@ def num_api_servers(settings: Settings, *, num_cpus: int | None = None, has_gpu:
     return 2 if has_gpu and num_cpus >= AUTO_API_SERVERS_MIN_CPUS else 1
 
 
-def vllm_cache_root(settings: Settings, env: Mapping[str, str] | None = None) -> Path:
+def vllm_cache_root(settings: HostSettings, env: Mapping[str, str] | None = None) -> Path:
     """vLLM's cache root as vLLM finds it: ``VLLM_CACHE_ROOT`` (a setting), else
     ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``."""
     if settings.vllm_cache_root:

@@ -10,14 +10,34 @@ noisy-copy draft. Pure: reads only the settings it is given.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from worker.config.settings import Settings
-
-__all__ = ["TINY_PREFIX", "check", "draft_ref", "draft_revision", "drafts_with_model", "speculative_config"]
+__all__ = [
+    "TINY_PREFIX",
+    "SpeculationSettings",
+    "check",
+    "draft_ref",
+    "draft_revision",
+    "drafts_with_model",
+    "speculative_config",
+]
 
 TINY_PREFIX = "tiny:"
+
+
+class SpeculationSettings(Protocol):
+    """The settings speculation policy reads (``Settings`` has them)."""
+
+    @property
+    def model_name(self) -> str | None: ...
+    @property
+    def speculative_config(self) -> dict[str, Any] | None: ...
+    @property
+    def speculative_method(self) -> str | None: ...
+    @property
+    def speculative_model(self) -> str | None: ...
+    @property
+    def num_speculative_tokens(self) -> int | None: ...
 
 
 # Substrings of a draft's name from which vLLM 0.32 infers another method than a separate draft
@@ -47,7 +67,7 @@ def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
     return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
 
 
-def check(settings: Settings) -> None:
+def check(settings: SpeculationSettings) -> None:
     """The rules across the speculation settings (raises ValueError: Settings' validation)."""
     knobs = settings.speculative_method or settings.speculative_model or settings.num_speculative_tokens
     if settings.speculative_config is not None and knobs:
@@ -63,7 +83,7 @@ def check(settings: Settings) -> None:
         raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
 
 
-def speculative_config(settings: Settings) -> dict[str, Any] | None:
+def speculative_config(settings: SpeculationSettings) -> dict[str, Any] | None:
     """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs.
 
     Model references may use the ``tiny:<variant>`` form; the boot plan resolves them.
@@ -87,14 +107,14 @@ def speculative_config(settings: Settings) -> dict[str, Any] | None:
     return None
 
 
-def draft_ref(settings: Settings) -> str | None:
+def draft_ref(settings: SpeculationSettings) -> str | None:
     """The draft model as the user named it (``SPECULATIVE_MODEL`` or the config's ``model``),
     when speculation drafts with a separate model (:func:`drafts_with_model`)."""
     spec = speculative_config(settings)
     return spec["model"] if spec is not None and drafts_with_model(spec) else None
 
 
-def draft_revision(settings: Settings) -> str | None:
+def draft_revision(settings: SpeculationSettings) -> str | None:
     """The draft's revision: ``SPECULATIVE_CONFIG``'s ``revision`` (the field vLLM reads)."""
     spec = speculative_config(settings)
     revision = spec.get("revision") if spec else None

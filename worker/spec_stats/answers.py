@@ -9,6 +9,7 @@ back field by field on arrival, so an answer of another shape is refused, never 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,21 +44,12 @@ class Counts(msgspec.Struct, array_like=True, frozen=True):
 
     @classmethod
     def of(cls, m: RequestSpecDecodeMetrics) -> Counts:
-        return cls(
-            num_spec_tokens=m.num_spec_tokens,
-            histogram=list(m.histogram),
-            num_draft_tokens=m.num_draft_tokens,
-            per_step_accepted=list(m.per_step_accepted),
-            per_step_drafted=list(m.per_step_drafted),
-        )
+        """A copy of vLLM's live counts, field by field by name (a field vLLM renames fails here)."""
+        return msgspec.convert(m, cls, from_attributes=True)
 
     def to_vllm(self) -> RequestSpecDecodeMetrics:
         return RequestSpecDecodeMetrics(
-            num_spec_tokens=self.num_spec_tokens,
-            histogram=list(self.histogram),
-            num_draft_tokens=self.num_draft_tokens,
-            per_step_accepted=list(self.per_step_accepted),
-            per_step_drafted=list(self.per_step_drafted),
+            **{name: copy.copy(value) for name, value in msgspec.structs.asdict(self).items()}
         )
 
 
