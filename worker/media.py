@@ -43,7 +43,7 @@ from vllm.connections import HTTPConnection
 from vllm.exceptions import VLLMValidationError
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 
-from worker.boot.engine_args import PUBLIC_MEDIA_CONNECTOR
+from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 
 __all__ = ["PUBLIC_MEDIA_CONNECTOR", "MediaURLRefused", "PublicMediaConnector", "address_refusal"]
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
+from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 
 __all__ = [
     "PUBLIC_MEDIA_CONNECTOR",
@@ -24,8 +25,6 @@ __all__ = [
 
 TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
-# The media connector that refuses URLs reaching inside the host (worker/media.py registers it).
-PUBLIC_MEDIA_CONNECTOR = "worker-public-only"
 
 
 def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str], is_cpu: bool = False) -> dict[str, Any]:

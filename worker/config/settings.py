@@ -22,8 +22,11 @@ from worker.config import parsing, speculation
 from worker.config.speculation import TINY_PREFIX
 from worker.errors import ConfigError, describe_validation_errors
 
-__all__ = ["TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "load_settings"]
+__all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "load_settings"]
 
+# The media connector that refuses URLs reaching inside the host: worker/media.py registers it under
+# this name, and unless ALLOW_PRIVATE_MEDIA_URLS the boot plan's environment selects it.
+PUBLIC_MEDIA_CONNECTOR = "worker-public-only"
 # Serverless traffic is latency-bound (small batches); pods run large batches.
 DeploymentMode = Literal["serverless", "pod"]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
