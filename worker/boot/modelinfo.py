@@ -96,8 +96,9 @@ def start(plan: BootPlan) -> subprocess.Popen[bytes] | None:
     if not names:
         return None
     log.info("inspecting %s for vLLM's model-class cache while vLLM loads", ", ".join(names))
-    # This package's own directory first on the path, wherever the process was started from.
-    package_root = str(Path(__file__).resolve().parent.parent)
+    # The directory holding the worker package first on the path, wherever the process was started
+    # from (not the package itself: its openai.py would shadow the openai library).
+    package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     _pending = subprocess.Popen(
         [sys.executable, "-m", "worker.boot.modelinfo", str(plan.model_info_dir), *names],

@@ -193,7 +193,7 @@ async def _spec_exactness(
     with _releases(engine) as releases:
         stopped, _ = await _summed_against_counters(engine, settings, jobs, label="stop", releases=releases)
     waits = sorted(r.held_s * 1000 for r in releases)
-    stopped["released"] = dict(collections.Counter(r.outcome for r in releases))
+    stopped["released"] = {outcome: sum(r.outcome == outcome for r in releases) for outcome in ("exact", "partial")}
     stopped["outputs_taken_off"] = dict(
         collections.Counter(str(r.num_outputs_taken_off if r.is_exact else -1) for r in releases)
     )
