@@ -9,6 +9,12 @@
 ARG VLLM_VERSION=0.32.0
 FROM vllm/vllm-openai:v${VLLM_VERSION}
 
+# The base image's Python: the one tests/test_image_deps.py resolves the image's dependency set for.
+# The build stops here if the base image has another.
+ARG PYTHON_VERSION=3.12
+RUN python3 -c "import sys; v = '%d.%d' % sys.version_info[:2]; \
+    sys.exit(None if v == '${PYTHON_VERSION}' else 'base image Python ' + v + ', not ${PYTHON_VERSION}')"
+
 # vLLM's compile cache on the network volume: only an endpoint's first worker compiles (the worker
 # keeps Triton's kernel cache beside it, TRITON_CACHE_DIR).
 ENV PYTHONUNBUFFERED=1 \

@@ -57,6 +57,10 @@
 #   coldstart-disk    real-size weights from a cold disk (scripts/page_cache.py evicts them, residency checked):
 #                     after a fill, rounds of PREFETCH_WEIGHTS=false / true evicted ($DISK_ROUNDS), then in the
 #                     page cache ($CACHE_ROUNDS); a later call on the same machine reuses the filled cache root
+#   coldstart-graphs  issue 50's serverless defaults (CUDAGRAPH_MODE=auto) and vLLM's own server beside them, real-size
+#                     weights, MAX_NUM_SEQS=128: the steps of $GRAPHS_PLAN (fill, page-cache and cold-disk boot pairs,
+#                     the handler alone, FULL_AND_PIECEWISE against the default, the multithreaded loader, decode
+#                     in both modes; the stage's comment lists them). BENCH_END (epoch seconds) bounds the call
 #   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
 #                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
 #   coldstart-disk-ab the last empty root, weights evicted before each boot, PREFETCH_WEIGHTS off / on ($DISK_AB_ROUNDS)
@@ -130,12 +134,20 @@ export MODEL_NAME=$M LOAD_FORMAT=dummy MAX_MODEL_LEN=4096 MAX_NUM_SEQS=256 SPECU
 B="python3 -m worker bench --gpu H200 --max-tokens 256 --num-requests 0"
 run() {  # label, then bench arguments
   local label=$1; shift
+  # BENCH_END (epoch seconds): the call's end. A run needing more than RUN_MIN_S (default 60) of what is
+  # left is skipped, and each run is cut 10 s before it, so that the archive is written within the call.
+  local limit=${STAGE_TIMEOUT:-0}
+  if [ -n "${BENCH_END:-}" ]; then
+    local left=$((BENCH_END - $(date +%s) - 10))
+    if [ $left -lt "${RUN_MIN_S:-60}" ]; then echo "=== $label: skipped, ${left}s left"; return; fi
+    if [ "$limit" = 0 ] || [ $left -lt "$limit" ]; then limit=$left; fi
+  fi
   echo "=== $label: $(date +%T)"
   # Every process of this stage (servers start their own sessions) inherits GPU_BENCH_STAGE: killing
   # by it afterwards leaves nothing of the stage holding the GPU and spares a stage running beside
   # it on another GPU.
   local tag="$label-$$-$RANDOM"
-  GPU_BENCH_STAGE=$tag timeout -k 30 "${STAGE_TIMEOUT:-0}" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
+  GPU_BENCH_STAGE=$tag timeout -k 5 "$limit" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
   echo "=== $label: exit $? at $(date +%T)"; tail -3 "$OUT/$label.log"
   local left; left=$(grep -lz "^GPU_BENCH_STAGE=$tag\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
   [ -n "$left" ] && kill -9 $left 2>/dev/null && sleep 5
@@ -286,6 +298,37 @@ for stage in "$@"; do
       for i in ${BESIDE_ROUNDS-1 2 3}; do
         COLDSTART_EVICT_WEIGHTS=1 run cold-beside-disk-$i --parts coldstart
         run cold-beside-cache-$i --parts coldstart
+      done ;;
+    coldstart-graphs)
+      # Issue 50's serverless defaults (CUDAGRAPH_MODE=auto: FULL_DECODE_ONLY) against vLLM's own server
+      # with the same engine arguments (vLLM's CUDA-graph defaults, its own cache root), real-size weights,
+      # MAX_NUM_SEQS=128 (the handler's own default, vLLM's library one). $GRAPHS_PLAN, in order (default
+      # "fill cache-1 fpfill fp-1 disk-1 fp-2"): fill (both roots empty), cache-N / disk-N (a handler boot
+      # and a server boot, the weights in the page cache / evicted before each), hcache-N / hdisk-N (the
+      # handler alone), fpfill then fp-N (the handler with CUDAGRAPH_MODE=FULL_AND_PIECEWISE, vLLM's default
+      # and the worker's before, compiled once on the same root), mt (the default with vLLM's multithreaded
+      # weight loader, 8 threads), decode (the handler and AsyncLLM at 1, 8, 64 streams, both modes).
+      real_weights
+      export VLLM_CACHE_ROOT=/tmp/vllm-cache-new COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-new-srv
+      export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
+      FP=FULL_AND_PIECEWISE
+      MT='{"model_loader_extra_config": {"enable_multithread_load": true, "num_threads": 8}}'
+      for step in ${GRAPHS_PLAN:-fill cache-1 fpfill fp-1 disk-1 fp-2}; do
+        case $step in
+          fill) RUN_MIN_S=240 run cold-new-fill --parts coldstart ;;
+          cache-*) RUN_MIN_S=85 run cold-new-$step --parts coldstart ;;
+          disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=105 run cold-new-$step --parts coldstart ;;
+          hcache-*) RUN_MIN_S=35 run cold-new-$step --parts coldstart_handler ;;
+          hdisk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=40 run cold-new-$step --parts coldstart_handler ;;
+          fpfill) CUDAGRAPH_MODE=$FP RUN_MIN_S=70 run cold-fp-fill --parts coldstart_handler ;;
+          fp-*) CUDAGRAPH_MODE=$FP RUN_MIN_S=35 run cold-$step --parts coldstart_handler ;;
+          mt) ENGINE_ARGS=$MT RUN_MIN_S=35 run cold-mt --parts coldstart_handler ;;
+          decode)
+            for m in auto $FP; do
+              CUDAGRAPH_MODE=$m RUN_MIN_S=60 run decode-graphs-$m --parts overhead --concurrency 1,8,64 --repeats 1
+            done ;;
+          *) echo "unknown step $step"; exit 2 ;;
+        esac
       done ;;
     coldstart-empty)
       # The endpoint's first worker: an empty cache root of its own for every boot, the weights evicted

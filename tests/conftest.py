@@ -37,6 +37,8 @@ _BOOTING_FIXTURES = {
     "pod",
     "pod_and_worker",
     "awq_model",
+    "vision",
+    "readme_servers",
 }
 
 
@@ -53,7 +55,12 @@ _SESSION_ENGINE_MODULES = {
     "tests/test_pod.py",
     "tests/test_serverless.py",
 }
-_MODULE_GROUPED = {"tests/test_quantize.py", "tests/test_api_servers.py"}
+_MODULE_GROUPED = {
+    "tests/test_quantize.py",
+    "tests/test_api_servers.py",
+    "tests/test_vision.py",
+    "tests/test_readme.py",
+}
 # The modules whose tests take longest (minutes each: servers booted in subprocesses, a soak), in
 # the order they are handed out, right after the session engines' group: longest first keeps the
 # last worker from starting a three-minute test when the others are done. AWQ leads: on a fresh
@@ -64,6 +71,7 @@ _LONGEST_FIRST = [
     "tests/test_bench.py",
     "tests/test_reliability.py",
     "tests/test_api_servers.py",
+    "tests/test_readme.py",
     "tests/test_lossless.py",
     "tests/test_entrypoints.py",
 ]

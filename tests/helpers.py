@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
+import io
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CACHE_DIR",
     "LORA_ENV",
+    "ImageServer",
     "Pod",
     "alive_after",
     "assert_engine_empties",
@@ -40,6 +44,7 @@ __all__ = [
     "free_port",
     "job_items",
     "kill_while_jobs_stream",
+    "png",
     "start_pod",
     "wait_until_ready",
     "worker_for",
@@ -151,6 +156,53 @@ def engine_core_of(pid: int, *, among: set[int] | None = None) -> int:
         if (among is None or child in among) and "EngineCore" in cmdline(child):
             return child
     raise AssertionError("no engine-core process found")
+
+
+def png(size: tuple[int, int], colour: tuple[int, int, int]) -> bytes:
+    """A PNG of one colour."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class ImageServer:
+    """A loopback HTTP server that counts the requests it gets (``hits``): ``/img.png`` answers
+    ``image``, ``/to?url`` redirects to ``url``. Stop it with :meth:`close`."""
+
+    def __init__(self, image: bytes) -> None:
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hits.append(self.path)
+                if self.path.startswith("/to?"):
+                    self.send_response(302)
+                    self.send_header("Location", self.path[4:])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(image)))
+                self.end_headers()
+                self.wfile.write(image)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def url(self, path: str = "/img.png", host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 class Pod:

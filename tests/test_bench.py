@@ -372,3 +372,15 @@ def test_a_partial_overhead_run_says_so() -> None:
     assert "Partial" not in render_markdown(
         {**{"command": "c", "machine": "m"}, "overhead": {**overhead, "partial": False}}
     )
+
+
+def test_vllms_server_beside_the_handler_keeps_its_own_cuda_graph_defaults() -> None:
+    from worker.config import load_settings
+    from worker.tools.bench.servers import vllm_server_args
+
+    def flags(**env: str) -> list[str]:
+        return vllm_server_args(load_settings({"MODEL_NAME": "org/m", **env}), model_path="/m", port=1)
+
+    assert "--compilation-config" not in flags(MAX_CONCURRENCY="8")  # the serverless defaults are the worker's
+    chosen = flags(CUDAGRAPH_MODE="FULL_AND_PIECEWISE")  # a mode set by hand: both get it
+    assert json.loads(chosen[chosen.index("--compilation-config") + 1]) == {"cudagraph_mode": "FULL_AND_PIECEWISE"}

@@ -1,8 +1,19 @@
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
 
-from worker.config import Settings, drafts_with_model, is_on_runpod, load_settings, num_api_servers, sdk_environment
+from worker.config import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    VLLM_SPECULATIVE_METHODS,
+    Settings,
+    drafts_with_model,
+    is_on_runpod,
+    load_settings,
+    local_run_environment,
+    num_api_servers,
+    sdk_environment,
+)
 from worker.errors import ConfigError
 
 
@@ -35,6 +46,31 @@ def test_simple_knobs_build_the_speculative_config() -> None:
     assert spec == {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
 
 
+def test_simple_knobs_default_to_three_speculative_tokens() -> None:
+    # The README's default k; vLLM itself has none for a method without a draft config.
+    spec = load_settings({"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram"}).resolved_speculative_config()
+    assert spec is not None and spec["num_speculative_tokens"] == DEFAULT_NUM_SPECULATIVE_TOKENS == 3
+    spec = load_settings({"NUM_SPECULATIVE_TOKENS": "5"}).resolved_speculative_config()
+    assert spec is not None and spec["num_speculative_tokens"] == 5  # the tiny default's draft, k as given
+
+
+def test_an_unknown_speculative_method_is_refused_naming_the_valid_ones() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"MODEL_NAME": "m", "SPECULATIVE_METHOD": "bogus"})
+    message = info.value.message
+    assert "SPECULATIVE_METHOD='bogus'" in message and "ngram" in message and "eagle3" in message
+    assert "\n" not in message and "NUM_SPECULATIVE_TOKENS" not in message
+
+
+def test_speculative_methods_are_vllms_own() -> None:
+    from vllm.config.speculative import SpeculativeMethod
+
+    def flatten(literal: Any) -> set[str]:
+        return {n for arg in get_args(literal) for n in (flatten(arg) if get_args(arg) else {arg})}
+
+    assert flatten(SpeculativeMethod) == VLLM_SPECULATIVE_METHODS
+
+
 def test_speculative_config_json_is_passed_through() -> None:
     settings = load_settings({"SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "x", "num_speculative_tokens": 3}'})
     assert settings.resolved_speculative_config() == {"method": "eagle3", "model": "x", "num_speculative_tokens": 3}
@@ -47,7 +83,6 @@ def test_speculative_config_json_is_passed_through() -> None:
         ({"GPU_MEMORY_UTILIZATION": "1.5"}, "GPU_MEMORY_UTILIZATION"),
         ({"SPECULATIVE_CONFIG": "{not json"}, "SPECULATIVE_CONFIG"),
         ({"SPECULATIVE_CONFIG": "[1, 2]"}, "SPECULATIVE_CONFIG"),
-        ({"SPECULATIVE_MODEL": "d"}, "NUM_SPECULATIVE_TOKENS"),
         ({"SPECULATIVE_METHOD": "draft_model", "NUM_SPECULATIVE_TOKENS": "3"}, "SPECULATIVE_MODEL"),
         ({"SPECULATIVE_CONFIG": "{}", "SPECULATIVE_MODEL": "d"}, "SPECULATIVE_CONFIG"),
         ({"NUM_SPECULATIVE_TOKENS": "0"}, "NUM_SPECULATIVE_TOKENS"),
@@ -165,3 +200,13 @@ def test_every_setting_is_in_the_readmes_configuration_table() -> None:
     table = readme[start : readme.index("\n## ", start)]
     missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in table]
     assert not missing, f"not in the README's configuration table: {missing}"
+
+
+def test_the_local_run_sends_vllms_logs_to_stderr_at_warning() -> None:
+    # stdout carries the job's items; vLLM logs to stdout by default.
+    assert local_run_environment({}, is_verbose=False) == {
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+    }
+    assert local_run_environment({}, is_verbose=True) == {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
+    assert local_run_environment({"VLLM_LOGGING_STREAM": "ext://sys.stdout"}, is_verbose=True) == {}

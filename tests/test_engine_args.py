@@ -14,6 +14,7 @@ from worker.boot.engine_args import (
 from worker.boot.models import cached_snapshot, resolver
 from worker.boot.plan import build_plan
 from worker.config import DeploymentMode, load_settings
+from worker.errors import ConfigError
 from worker.tiny_models import TinyModels
 
 
@@ -29,6 +30,22 @@ def test_tiny_default() -> None:
     assert kwargs["enforce_eager"] is True
     assert kwargs["speculative_config"]["model"] == "/models/tiny-noisy"
     assert kwargs["per_request_spec_decode_metrics"] == "summary"
+
+
+def test_vllms_metrics_are_labelled_with_the_served_model_name() -> None:
+    assert build_engine_kwargs(load_settings({}), resolve=resolve)["served_model_name"] == "tiny:target"
+    settings = load_settings({"MODEL_NAME": "/models/m", "OPENAI_SERVED_MODEL_NAME_OVERRIDE": "my-model"})
+    assert build_engine_kwargs(settings, resolve=resolve)["served_model_name"] == "my-model"
+
+
+def test_tiny_vision_serves_without_speculation_on_the_tiny_budget() -> None:
+    """The embedded drafts are text-only Llamas: tiny:vision has none, unless one is configured."""
+    settings = load_settings({"MODEL_NAME": "tiny:vision"})
+    assert settings.resolved_speculative_config() is None and settings.served_model_name == "tiny:vision"
+    kwargs = build_engine_kwargs(settings, resolve=resolve)
+    assert kwargs["model"] == "/models/tiny-vision"
+    assert "speculative_config" not in kwargs and "per_request_spec_decode_metrics" not in kwargs
+    assert kwargs["enforce_eager"] is True and kwargs["max_model_len"] == TINY_MAX_MODEL_LEN
 
 
 def test_real_model_keeps_vllm_defaults_and_checkpoint_quantization() -> None:
@@ -236,3 +253,48 @@ def test_lora_slots_keep_the_last_one_empty_on_cpu_only() -> None:
     assert lora_slots(one, is_cpu=True) == 2 and lora_slots(three, is_cpu=True) == 4
     assert lora_slots(load_settings({}), is_cpu=True) is None
     assert build_engine_kwargs(one, resolve=str, is_cpu=True)["max_loras"] == 2
+
+
+def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
+    def graphs(mode: DeploymentMode, **env: str) -> dict[str, object] | None:
+        settings = load_settings({"MODEL_NAME": "org/m", **env})
+        return build_engine_kwargs(settings, resolve=resolve, mode=mode).get("compilation_config")
+
+    assert graphs("serverless") == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert graphs("pod") is None  # vLLM's own (FULL_AND_PIECEWISE, sizes from max_num_seqs)
+    # MAX_CONCURRENCY bounds the decode batch; with speculation a step is 1 + k tokens a sequence.
+    capped = {"cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 8}
+    assert graphs("serverless", MAX_CONCURRENCY="8") == capped
+    assert graphs("serverless", MAX_CONCURRENCY="8", SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") == {
+        "cudagraph_mode": "FULL_DECODE_ONLY"
+    }
+    assert graphs("pod", MAX_CONCURRENCY="8") is None
+    explicit = {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 32}
+    for mode in ("serverless", "pod"):
+        assert graphs(mode, CUDAGRAPH_MODE="FULL_AND_PIECEWISE", MAX_CUDAGRAPH_CAPTURE_SIZE="32") == explicit
+    # Eager engines capture nothing; ENGINE_ARGS has the last word.
+    assert graphs("serverless", ENFORCE_EAGER="true") is None
+    assert build_engine_kwargs(load_settings({}), resolve=resolve).get("compilation_config") is None
+    assert (
+        build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}), resolve=str, is_cpu=True).get("compilation_config")
+        is None
+    )
+    escape = '{"compilation_config": {"cudagraph_mode": "NONE"}}'
+    assert graphs("serverless", ENGINE_ARGS=escape) == {"cudagraph_mode": "NONE"}
+    with pytest.raises(ConfigError, match=r"^invalid configuration: CUDAGRAPH_MODE: Input should be 'auto'"):
+        load_settings({"CUDAGRAPH_MODE": "FULL_DECODE"})
+
+
+def test_the_cuda_graph_settings_reach_vllms_compilation_config() -> None:
+    # GPU-only settings (the CPU build runs eager): vLLM's own engine arguments take what the
+    # worker builds for a GPU and turn it into its CompilationConfig.
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    settings = load_settings({"MODEL_NAME": "org/m", "MAX_CONCURRENCY": "16"})
+    kwargs = build_engine_kwargs(settings, resolve=resolve, mode="serverless")
+    config = AsyncEngineArgs(**kwargs).compilation_config
+    config = config if isinstance(config, CompilationConfig) else CompilationConfig(**config)
+    assert config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert config.max_cudagraph_capture_size == 16

@@ -75,6 +75,8 @@ def test_local_test_input_run_streams_and_ends_with_the_blocks(subprocess_env: d
     before_first_chunk = len(out.stderr.splitlines()) + lines.index(chunks[0])
     assert before_first_chunk <= 60, out.stderr[-3000:]
     assert "Attempted to load weight" not in out.stderr
+    # stdout is the job's items only: vLLM's own log lines go to stderr.
+    assert not [line for line in lines if re.match(r"(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) \d", line)]
 
 
 def _run_test_input(job: dict[str, Any], *, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -156,3 +158,14 @@ def test_a_hub_id_in_runpods_model_cache_is_served_from_it_offline(
     final_text = out.stdout[out.stdout.index("] final ") :]
     final, _ = json.JSONDecoder().raw_decode(final_text[final_text.index("{") :])  # log lines may follow
     assert final["usage"]["completion_tokens"] == 4 and final["served"]["model"] == "org/tiny-target"
+
+
+def test_version_is_answered_by_both_entrypoints(capsys: pytest.CaptureFixture[str]) -> None:
+    from worker.cli import main as cli_main
+    from worker.serverless import local_arg_parser
+
+    for parse in (lambda: cli_main(["--version"]), lambda: local_arg_parser().parse_args(["--version"])):
+        with pytest.raises(SystemExit) as exit_info:
+            parse()
+        assert exit_info.value.code == 0
+        assert re.fullmatch(r"runpod-vllm-worker \d+\.\d+\.\d+ \(vLLM \d+\.\d+\.\d+\)\n", capsys.readouterr().out)

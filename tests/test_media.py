@@ -6,70 +6,26 @@ from __future__ import annotations
 
 import asyncio.base_events
 import base64
-import http.server
-import io
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from PIL import Image
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
 
 import worker.media as media
+from tests.helpers import ImageServer, png
 from worker.boot.engine_args import PUBLIC_MEDIA_CONNECTOR, build_engine_kwargs, engine_environment
 from worker.config import load_settings
 from worker.media import MediaURLRefused, address_refusal
 
-
-def _png() -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", (4, 4), (200, 30, 30)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-PNG = _png()
-
-
-class _Server:
-    """A loopback HTTP server: ``/img.png`` answers the image, ``/to?url`` redirects there."""
-
-    def __init__(self) -> None:
-        self.hits: list[str] = []
-        hits = self.hits
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                hits.append(self.path)
-                if self.path.startswith("/to?"):
-                    self.send_response(302)
-                    self.send_header("Location", self.path[4:])
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "image/png")
-                self.send_header("Content-Length", str(len(PNG)))
-                self.end_headers()
-                self.wfile.write(PNG)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def url(self, path: str = "/img.png", host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
+PNG = png((4, 4), (200, 30, 30))
 
 
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    s = _Server()
+def server() -> Iterator[ImageServer]:
+    s = ImageServer(PNG)
     yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
+    s.close()
 
 
 def _connector(name: str = PUBLIC_MEDIA_CONNECTOR, **kwargs: Any) -> Any:
@@ -99,7 +55,7 @@ def test_address_refusal(address: str, why: str | None) -> None:
     assert address_refusal(address) == why
 
 
-async def test_inside_addresses_are_refused_before_any_connection(server: _Server) -> None:
+async def test_inside_addresses_are_refused_before_any_connection(server: ImageServer) -> None:
     connector = _connector()
     for url in (
         server.url(),
@@ -151,7 +107,7 @@ async def test_data_urls_still_load() -> None:
     assert (await _connector().fetch_image_async(url)).size == (4, 4)
 
 
-async def test_redirects_are_not_followed(server: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_redirects_are_not_followed(server: ImageServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """With loopback counted as public for this test only (so the first request goes out), a
     redirect is refused and its target never fetched, on both paths."""
     monkeypatch.setattr(media, "address_refusal", lambda address: None)
@@ -166,7 +122,7 @@ async def test_redirects_are_not_followed(server: _Server, monkeypatch: pytest.M
 
 
 async def test_a_name_that_resolves_elsewhere_at_fetch_time_is_refused(
-    server: _Server, monkeypatch: pytest.MonkeyPatch
+    server: ImageServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DNS rebinding: the check's lookup says public (patched here), the fetch's lookup says
     loopback; the fetch's resolver refuses it before connecting."""

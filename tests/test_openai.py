@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -310,10 +311,10 @@ async def test_route_stream_items_hold_whole_events_on_the_readme_schedule(both:
 
 async def test_sampling_with_speculation_on_cpu_is_a_400_naming_the_cause_on_pod_and_route(both: Both) -> None:
     """The CPU build's lossy sampler (engine.unsupported_sampling), refused through vLLM's layer too:
-    the pod answers 400 (OpenAI's error object), the route an error item; the default temperature
-    of the OpenAI API is 1, so leaving it out is refused as well."""
+    the pod answers 400 (OpenAI's error object), the route an error item. (Leaving the temperature
+    out is served: the tiny model's generation config makes it 0.)"""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-    response = await both.http.post("/v1/chat/completions", json=body)
+    response = await both.http.post("/v1/chat/completions", json={**body, "temperature": 1})
     assert response.status_code == 400, response.text
     assert "SPECULATIVE_METHOD=none" in response.json()["error"]["message"]
     (item,) = await both.route("/v1/chat/completions", {**body, "temperature": 0.9})
@@ -341,3 +342,25 @@ async def test_media_urls_reach_the_workers_guarded_connector_on_pod_and_route(b
     assert response.status_code == 400, response.text
     (item,) = await both.route("/v1/chat/completions", body)
     assert item["status"] == 400 and isinstance(item["error"], str), item
+
+
+@pytest.mark.parametrize("entry", ENTRYPOINTS)
+async def test_unstreamed_requests_report_the_engines_time_to_first_token(both: Both, entry: str) -> None:
+    """A request vLLM's layer does not stream gets one engine output, at its end: its time to first
+    token (worker_time_to_first_token_seconds) is vLLM's measure, not the time of that output."""
+    engine = both.worker.holder.engine
+    assert engine is not None
+    ended: list[RequestEnd] = []
+    engine.observers.append(ended.append)
+    body = {"model": MODEL, "prompt": "The", "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+    try:
+        started = time.perf_counter()
+        response = await both.ask(entry, "/v1/completions", body)
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.observers.remove(ended.append)
+    assert response["usage"]["completion_tokens"] == 300
+    (end,) = ended
+    assert end.outcome == "finished" and end.time_to_first_token_s is not None
+    # The prompt's one step among the ~100 steps of 300 tokens at k=3 (old: the whole request).
+    assert 0 < end.time_to_first_token_s < elapsed / 4, (end.time_to_first_token_s, elapsed)

@@ -140,3 +140,38 @@ def test_plan_refuses_a_day_that_is_not_24_hours_and_counts_cold_starts(capsys: 
     assert "24 hourly counts" in capsys.readouterr().err
     assert main_plan(["--requests-per-hour", "20", "--tokens-per-s", "1000", "--tokens-per-request", "500"]) == 0
     assert "~352 cold starts/day (60 s each, idle timeout 5 s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: must be in (0, 1], got 1.5"),
+        (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+        (["--max-model-len", "200000", "--concurrency", "1"], "exceeds the model's context of 8192 tokens"),
+        (["--num-gpus", "3"], "3 GPUs cannot split the model's 32 attention heads"),
+        (["--num-gpus", "0"], "--num-gpus: must be a positive integer"),
+    ],
+)
+def test_fit_refuses_settings_vllm_would_refuse(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main_fit(["--model", "llama-3-8b", *argv])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert named in captured.err and "FITS" not in captured.out
+    assert captured.err.strip().splitlines()[-1].startswith("python -m worker fit: error: ")
+
+
+def test_fit_assumes_no_context_beyond_the_models(capsys: pytest.CaptureFixture[str]) -> None:
+    main_fit(["--model", "llama-2-7b", "--gpu", "H200", "--concurrency", "1"])
+    out = capsys.readouterr().out
+    assert "--max-model-len 4096" in out and "largest context at 1 sequences: 4096" in out
+
+
+def test_plan_refuses_a_day_without_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main_plan(["--requests-per-hour", "0", "--tokens-per-s", "1000"])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "no requests in the day" in captured.err and "nan" not in captured.out

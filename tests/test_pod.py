@@ -204,6 +204,9 @@ def test_metrics_histograms_move_with_speculated_requests(pod: PodServer) -> Non
         after["worker_request_acceptance_rate_count{}"] == before.get("worker_request_acceptance_rate_count{}", 0) + 3
     )
     assert any(name.startswith("vllm:spec_decode_num_draft_tokens") for name in after)
+    # vLLM's metrics name the served model, as vLLM's server labels them, not the resolved path.
+    labels = [json.loads(name[name.index("{") :]) for name in after if name.startswith("vllm:")]
+    assert {label["model_name"] for label in labels if "model_name" in label} == {MODEL}
     assert any(name.startswith("vllm:kv_cache_usage_perc") for name in after)
     assert after['worker_requests_total{"outcome": "finished"}'] >= 3
 

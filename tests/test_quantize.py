@@ -42,6 +42,7 @@ def awq_model(tiny_models: Any, tmp_path_factory: pytest.TempPathFactory, subpro
         timeout=1200,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not out.with_name(out.name + ".calibration.json").exists()  # the job's own input, not left behind
     report = json.loads(result.stdout[result.stdout.rindex("{\n") :])
     print("QUANTIZE " + json.dumps(report))
     return out

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -182,10 +183,29 @@ def test_pod_engine_death_fails_in_flight_and_exits_nonzero(subprocess_env: dict
             "stream": True,
             "temperature": 0,
         }
+        # A request vLLM's layer does not stream, in flight beside the stream when the core dies.
+        unstreamed = ThreadPoolExecutor(1).submit(
+            httpx.post,
+            pod.base + "/v1/completions",
+            json={**body, "stream": False},
+            headers=pod.headers,
+            timeout=60,
+        )
+
+        def kill_with_both_in_flight() -> None:
+            deadline = time.time() + 30
+            while pod.in_engine() < 2 and time.time() < deadline:
+                time.sleep(0.05)
+            os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL)
+
         started = time.perf_counter()
-        rest = pod.stream_through(body, lambda: os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL), timeout_s=60)
+        rest = pod.stream_through(body, kill_with_both_in_flight, timeout_s=60)
         ended_after = time.perf_counter() - started
         assert any('"error"' in line for line in rest) or rest == ["(connection closed)"], rest[-3:]
+        answer = unstreamed.result(timeout=60)
+        # The typed engine-dead error serverless jobs get, not vLLM's handler failing on its server.
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["type"] == "engine_dead", answer.text
         statuses = []
         deadline = time.time() + 30
         while pod.proc.poll() is None and time.time() < deadline:

@@ -273,13 +273,13 @@ async def test_warm_up_runs_the_samplers_optional_kernels_once(
         assert len(featured) == 1 and featured[0]["tokens"] == 8, sent
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 20}, {}])
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 20}])
 async def test_sampling_with_speculation_on_cpu_is_refused_and_the_engine_keeps_serving(
     worker: ServerlessWorker, default_engine: Any, sampling: dict[str, Any]
 ) -> None:
     """vLLM's CPU build samples wrongly with speculation (engine.unsupported_sampling says how):
-    every entrypoint refuses temperature > 0 (the default, 1, included) with an error naming the
-    cause and the fix, and the engine serves the next, greedy job."""
+    every entrypoint refuses a request that sets temperature > 0 with an error naming the cause and
+    the fix, and the engine serves the next, greedy job."""
     params = {**sampling, "max_tokens": 4, "ignore_eos": True}
     (native,) = await run_job(worker, {"prompt": "The sun", "sampling_params": params})
     assert native["error_type"] == "invalid_request_error" and native["param"] == "sampling_params.temperature"
@@ -290,3 +290,23 @@ async def test_sampling_with_speculation_on_cpu_is_refused_and_the_engine_keeps_
     assert not default_engine.is_dead
     ok = await run_job(worker, {"prompt": "The sun", "sampling_params": {**params, "temperature": 0, "top_k": 0}})
     assert ok[-1]["usage"]["completion_tokens"] == 4
+
+
+async def test_a_job_that_sets_no_temperature_takes_the_models_greedy_default(
+    worker: ServerlessWorker, default_engine: Any
+) -> None:
+    """The tiny models' generation config sets temperature 0 (tiny_models.GENERATION_DEFAULTS); the
+    native path applies the model's defaults to what a job leaves unset, as vLLM's OpenAI layer
+    does: on the speculating CPU engine a job without a temperature is served greedily (vLLM's own
+    default, 1, would be refused), on both paths, and equals the job that asks for temperature 0."""
+    assert default_engine.default_sampling == {"temperature": 0.0}
+    params = {"max_tokens": 12, "ignore_eos": True}
+    unset = await run_job(worker, {"prompt": "The sun", "stream": False, "sampling_params": params})
+    greedy = await run_job(
+        worker, {"prompt": "The sun", "stream": False, "sampling_params": {**params, "temperature": 0}}
+    )
+    assert "error" not in unset[0], unset
+    assert unset[0]["text"] == greedy[0]["text"] and unset[0]["usage"]["completion_tokens"] == 12
+    body = {"model": "tiny:target", "prompt": "The sun", **params}
+    (routed,) = await run_job(worker, {"openai_route": "/v1/completions", "openai_input": body})
+    assert routed["choices"][0]["text"] == greedy[0]["text"], routed

@@ -9,9 +9,9 @@ over ZeroMQ, each as its own client. This module runs that machinery of vLLM's, 
 ``launch_core_engines``, ``APIServerProcessManager`` and ``wait_for_completion_or_failure``, with
 the worker's own app in every API process instead of vLLM's:
 
-- this process reads the settings, starts the weight prefetch, sets the engine's environment,
-  opens the listening socket, starts the engine core (with the worker's stats scheduler) and the N
-  API processes, then watches them;
+- this process is handed the listening socket (bound before anything boots, ``worker/cli.py``),
+  starts the weight prefetch, sets the engine's environment, starts the engine core (with the
+  worker's stats scheduler) and the N API processes, then watches them;
 - each API process connects vLLM's ``AsyncLLM`` to the engine core as client i of N and serves
   the pod app (``worker/pod.py``: the API key, body limit, back-pressure, ``/health``, ``/metrics``,
   vLLM's OpenAI layer) with vLLM's uvicorn server class, which accepts each new connection in the
@@ -82,14 +82,14 @@ class _ReadySlots:
         return sum(self.slots)
 
 
-def serve(settings: Settings) -> int:
-    """Run the pod with ``num_api_servers(settings)`` API processes; the exit status."""
+def serve(settings: Settings, *, sock: socket.socket) -> int:
+    """Run the pod with ``num_api_servers(settings)`` API processes on ``sock`` (bound before
+    anything boots: ``worker.pod.listen_socket``); the exit status."""
     from worker.boot.plan import build_plan
     from worker.runtime import prepare_boot
 
     plan = build_plan(settings, mode="pod")
     prepare_boot(plan)  # before vLLM is imported
-    from vllm.entrypoints.launchers.launcher import create_server_socket
     from vllm.utils.system_utils import set_ulimit
     from vllm.v1.engine.admission_control import SharedAdmissionStats
     from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
@@ -124,7 +124,6 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
-    sock = create_server_socket((settings.host, settings.port), reuse_port=True)
     set_ulimit()  # as vLLM's server does: many connections per process
     context = multiprocessing.get_context("spawn")
     shared = _Shared(

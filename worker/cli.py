@@ -6,7 +6,7 @@
     python -m worker plan --requests-per-hour 120 --tokens-per-s 2000 ...   # serverless vs pod cost
     python -m worker soak --minutes 60 --out DIR   # mixed traffic, watching for growth (worker/tools/soak.py)
 
-Configuration is the same environment as the serverless handler's (``worker/config.py``).
+Configuration is the same environment as the serverless handler's (``worker/config/``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import logging
 import sys
 
+from worker import version_line
 from worker.config import load_settings, num_api_servers
 from worker.errors import ConfigError
 
@@ -50,21 +51,28 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("LISTENING ON %s WITHOUT AN API KEY: anyone who can reach this port can use the GPU", settings.host)
         log.warning("set API_KEY to require 'Authorization: Bearer <key>'")
         log.warning("=" * 72)
+    from worker.pod import listen_socket
+
+    try:
+        sock = listen_socket(settings.host, settings.port)  # before anything boots
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
     if num_api_servers(settings) > 1:
         from worker.api_servers import serve
 
-        return serve(settings)
+        return serve(settings, sock=sock)
     holder = EngineHolder(settings_loader=lambda: settings, mode="pod")
     app = create_app(holder)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         log_level=settings.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
-    return 0
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0 if server.started else 3  # uvicorn.run's status for a server that never started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return main_plan(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     # The tools parse their own arguments (dispatched above); listed here so that --help shows them.
     for name, summary in _TOOLS.items():
@@ -103,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run the OpenAI-compatible pod server",
         description="Run the OpenAI-compatible pod server. Configured by the environment like the "
         "handler (README); API_KEY requires 'Authorization: Bearer <key>' on the OpenAI routes (/health, "
-        "/ping and /metrics stay open; unset: no key, with a warning at start).",
+        "/ping and /metrics stay open; unset: no key, and a warning at start if --host is not a loopback address).",
     )
     serve.add_argument("--host", help="bind address (env HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (env PORT, default 8000)")

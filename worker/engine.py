@@ -4,9 +4,8 @@
 usage, timings and exact per-request acceptance stats; ``Engine.observe`` passes vLLM's own
 outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is ``worker/boot/launch.py``.
 
-Exact stats on every ending, stop strings and cancellations included: ``worker/spec_stats/`` (the
-scheduler and output processor the boot installs when its plan, ``worker/boot/plan.py``, says so).
-vLLM is imported here, in ``boot/launch.py``, ``spec_stats/`` and ``openai.py``.
+Exact stats on every ending (stop strings, cancellations): ``worker/spec_stats/``, installed when
+the boot plan says so. vLLM is imported here, in ``boot/launch.py``, ``spec_stats/`` and ``openai.py``.
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ class Engine:
         lora_paths: Mapping[str, str],
         is_exact_stats: bool,
     ) -> None:
-        """``lora_paths``: adapter name -> what vLLM loads; ``is_exact_stats``: the worker's exact
-        stats path runs (both from the boot plan, ``worker.boot.plan``)."""
+        """The boot plan's answers (``worker.boot.plan``): adapter paths, exact stats on or off."""
         self._llm = llm
         self._settings = settings
         config = llm.vllm_config
@@ -71,6 +69,9 @@ class Engine:
         # The frontend half of exact stats, where the boot installed it (worker.boot.launch).
         processor = llm.output_processor
         self.exact_stop_stats = processor if isinstance(processor, ExactStopStats) else None
+        # The model's default sampling parameters (its generation_config.json), applied to what a
+        # request leaves unset, as vLLM's OpenAI layer applies them.
+        self.default_sampling: dict[str, Any] = config.model_config.get_diff_sampling_param()
         # vLLM's CPU build cannot sample faithfully with speculation (unsupported_sampling).
         self.is_greedy_only = bool(spec) and current_platform.is_cpu()
         self.observers: list[Callable[[RequestEnd], None]] = []
@@ -138,8 +139,11 @@ class Engine:
                 f"({options.max_tokens}) exceeds the model's context of {self.max_model_len} tokens",
                 param="sampling_params.max_tokens",
             )
-        max_tokens = options.max_tokens or min(self._settings.default_max_tokens, room)
+        defaults = self.default_sampling
+        default_max_tokens = min(self._settings.default_max_tokens, room, defaults.get("max_tokens", room))
+        max_tokens = options.max_tokens or default_max_tokens
         values = options.model_dump(exclude={"structured_outputs", "n", "max_tokens"})
+        values.update({k: v for k, v in defaults.items() if k in values and k not in options.model_fields_set})
         structured = None
         if options.structured_outputs is not None:
             so = options.structured_outputs
@@ -262,7 +266,7 @@ class Engine:
             async for output in outputs:
                 track.add(sum(len(c.token_ids) for c in output.outputs))
                 if output.finished:
-                    track.finish(output.outputs[0] if len(output.outputs) == 1 else None)
+                    track.finish(output.outputs[0] if len(output.outputs) == 1 else None, stats=output.metrics)
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
             track.cancel()

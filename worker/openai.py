@@ -24,21 +24,24 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pydantic
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
 from vllm.exceptions import VLLMValidationError
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.utils.gc_utils import freeze_gc_heap
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from worker.config import Settings
 from worker.engine import Engine
-from worker.errors import describe_validation_errors
+from worker.errors import EngineDead, describe_validation_errors, to_openai_error
 
 __all__ = ["OpenAIResponse", "OpenAIServer", "describe_request_errors", "server_args", "server_flags"]
 
@@ -93,6 +96,27 @@ class _ObservedClient:
             name, message = problem
             raise VLLMValidationError(message, parameter=name)  # vLLM's layer answers 400
         return self._engine.observe(self._llm.generate(prompt, sampling_params, request_id, **kwargs), request_id)
+
+
+def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
+    """The engine's own errors answered as the worker's: vLLM's handler for them stops vLLM's
+    uvicorn server through ``app.state.server``, which only vLLM's launcher sets, so here it
+    raised, and a request in flight when the engine died got ``500 "'State' object has no
+    attribute 'server'"``. A dead engine is the typed engine-dead error (503) that serverless jobs
+    get; the pod exits by its own watch (``worker/pod.py``)."""
+
+    async def answer(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, EngineDeadError) or engine.is_dead:
+            error = EngineDead("the inference engine died while serving this request")
+            return JSONResponse(to_openai_error(error), status_code=error.status)
+        response = create_error_response(exc)  # a request-specific failure: vLLM's own answer
+        return JSONResponse(response.model_dump(), status_code=response.error.code)
+
+    app.add_exception_handler(EngineDeadError, answer)
+    app.add_exception_handler(EngineGenerateError, answer)
+    # Starlette reads its handlers when it builds the middleware stack, which vLLM's set-up has
+    # already built: build it again with these.
+    app.middleware_stack = app.build_middleware_stack()
 
 
 def describe_request_errors(errors: Any, *, prefix: str = "") -> str:
@@ -153,6 +177,7 @@ class OpenAIServer:
         tasks = await llm.get_supported_tasks()
         app = build_app(args, tasks, llm.model_config)
         await init_app_state(cast(EngineClient, _ObservedClient(engine)), app.state, args, tasks)
+        _answer_engine_errors(app, engine)
         # What vLLM's server does in its app's lifespan, which does not run here (the app is
         # mounted, or called in-process): move the serving layer just built (templates, parsers,
         # tokenizer caches) out of the garbage collector's sight, as the engine's boot did for the

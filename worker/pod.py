@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
@@ -34,11 +36,19 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from worker.errors import AuthError, EngineBusy, InvalidRequest, RequestTooLarge, WorkerError, to_openai_error
+from worker.errors import (
+    AuthError,
+    ConfigError,
+    EngineBusy,
+    InvalidRequest,
+    RequestTooLarge,
+    WorkerError,
+    to_openai_error,
+)
 from worker.metrics import is_multiprocess, render_metrics
 from worker.runtime import EngineHolder
 
-__all__ = ["FATAL_EXIT_DELAY_S", "InFlight", "ReadyPeers", "create_app"]
+__all__ = ["FATAL_EXIT_DELAY_S", "InFlight", "ReadyPeers", "create_app", "listen_socket"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +59,28 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The pod's listening socket, bound before anything boots: uvicorn binds only after the app's
+    startup, and a pod whose port was taken booted its engine for 25 s before it said so. Raises
+    :class:`ConfigError` naming the address."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (HOST)") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart over TIME_WAIT
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError as exc:
+        sock.close()
+        hint = "another server holds it; set PORT or --port" if exc.errno == errno.EADDRINUSE else "HOST, PORT"
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} ({hint})") from None
+    return sock
 
 
 def _error_response(error: WorkerError) -> JSONResponse:

@@ -20,7 +20,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, TypeAlias
 
-from worker.errors import ConfigError, InvalidRequest, WorkerError, to_error_payload
+from worker import version_line
+from worker.errors import ConfigError, EngineDead, InvalidRequest, WorkerError, to_error_payload
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
 from worker.streaming import ChunkBatcher, coalesce_events, collect_final
@@ -199,6 +200,8 @@ def openai_error_item(
     else:
         message = f"the OpenAI route answered HTTP {status}"
     error_type = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    if isinstance(detail, dict) and detail.get("type") == EngineDead.error_type:  # the worker's own (worker/openai.py)
+        error_type = EngineDead.error_type
     item: dict[str, Any] = {"error": message, "error_type": error_type, "status": status}
     if isinstance(detail, dict):
         item["openai_error"] = detail
@@ -215,6 +218,7 @@ def local_arg_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--test_input", metavar="JSON", help='the job to run: {"input": {...}} or the input itself')
     parser.add_argument("--verbose", action="store_true", help="vLLM's own INFO logging (WARNING otherwise)")
+    parser.add_argument("--version", action="version", version=version_line())
     sdk = parser.add_argument_group("RunPod SDK (its local API server)")
     sdk.add_argument("--rp_serve_api", action="store_true", help="serve RunPod's local API (POST /run, /runsync)")
     sdk.add_argument("--rp_api_port", type=int, metavar="PORT")

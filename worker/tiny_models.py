@@ -12,9 +12,16 @@ CPU cores), then writes the draft variants beside it:
 - ``mismatch``   a model with a *different* tokenizer (a draft the worker must refuse)
 - ``lora``       a LoRA adapter for the target (rank 8 on the attention projections, random
                  weights large enough to change its greedy output): what vLLM loads as an adapter
+- ``vision``     an Idefics3 (SmolVLM-architecture) model: a randomly initialised two-layer vision
+                 tower and connector over the trained target, with the processor and chat template
+                 vLLM needs to serve images on a CPU without torchvision; built from the target
+                 on first use (seconds) and versioned by :data:`VISION_BUILD_VERSION`, so that
+                 adding it left the text models' cache valid
 
 Everything is seeded, cached under ``cache_dir`` keyed by :data:`BUILD_VERSION`, and
-built once per machine (a file lock keeps concurrent builders from racing).
+built once per machine (a file lock keeps concurrent builders from racing). The models decode
+greedily unless a request says otherwise: their ``generation_config.json`` sets temperature 0
+(:data:`GENERATION_DEFAULTS`), which vLLM applies as the model's default sampling parameters.
 This module imports torch and transformers lazily: it only runs when no model is given.
 """
 
@@ -22,16 +29,34 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILD_VERSION", "TinyModels", "calibration_texts", "ensure_tiny_models"]
+log = logging.getLogger(__name__)
 
-BUILD_VERSION = "v8"
+__all__ = [
+    "BUILD_VERSION",
+    "GENERATION_DEFAULTS",
+    "TinyModels",
+    "calibration_texts",
+    "ensure_tiny_model",
+    "ensure_tiny_models",
+]
+
+# v9: GENERATION_DEFAULTS in each model's generation config (a new key, so that a cache built
+# before has them, and a branch without them keeps its own build).
+BUILD_VERSION = "v9"
+VISION_BUILD_VERSION = "v1"
 NOISE_SCALE = 0.8
-VARIANTS = ("target", "noisy", "unrelated", "mismatch", "lora")
+VARIANTS = ("target", "noisy", "unrelated", "mismatch", "lora", "vision")
+# The models' default sampling parameters, in their generation config (what vLLM reads with its
+# default generation_config="auto"): greedy, because the default set-up, a CPU engine speculating
+# with the noisy draft, serves greedy requests only (engine.unsupported_sampling), so a request
+# that sets no temperature works there. do_sample false is how Hugging Face spells greedy.
+GENERATION_DEFAULTS: dict[str, Any] = {"do_sample": False, "temperature": 0.0}
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 CHAT_TEMPLATE = (
@@ -204,6 +229,8 @@ def _save_served_dtype(model: Any, directory: Path) -> None:
     import torch
 
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(directory, safe_serialization=True)
+    path = directory / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **GENERATION_DEFAULTS}, indent=2) + "\n")
 
 
 def _build(root: Path, *, num_steps: int) -> None:
@@ -298,6 +325,127 @@ def _save_lora(directory: Path, config: Any, *, base: str, seed: int) -> None:
     (directory / "adapter_config.json").write_text(json.dumps(adapter_config, indent=1))
 
 
+def _vision_chat_template() -> str:
+    """The text models' chat format, with content given as a string or as OpenAI-style parts (an
+    image part becomes ``<image>``, which the processor expands into the image's tokens). Iterating
+    over the parts is what makes vLLM pass them in OpenAI's form ("openai" content format)."""
+    parts = (
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' %}<image>{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}"
+    )
+    return CHAT_TEMPLATE.replace("{{ message['content'] }}", parts)
+
+
+# Idefics3's image-splitting markers: a tile's row and column, and the downscaled whole image.
+_IMAGE_GRID_TOKENS = ["<global-img>", *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))]
+# The vision tower's tile and patch sides in pixels, and the connector's pixel-shuffle factor.
+_VISION_TILE, _VISION_PATCH, _VISION_SCALE = 32, 8, 2
+
+
+def _build_vision(target: Path, directory: Path) -> None:
+    """The Idefics3 model over the trained target: its text weights copied, a vision tower and
+    connector randomly initialised (they are not trained: vLLM serves the architecture, and the
+    tests check what reaches the model, not what it says about the picture).
+
+    Sizes: 32-pixel tiles of 8-pixel patches (16 patches), which the connector's pixel shuffle
+    (scale factor 2) turns into 4 image tokens per tile; an image is resized to at most 64 pixels
+    on its longest edge and split into at most 2 x 2 tiles plus the whole image downscaled to one
+    tile, so one image costs at most 5 x 4 image tokens (plus its markers) of the tiny context.
+    """
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+        LlamaForCausalLM,
+    )
+    from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    chat_tokens = list(tokenizer.extra_special_tokens)
+    text = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
+    num_text_tokens = text.config.vocab_size
+    # Idefics3Processor's own special tokens first (the processor adds them too, in this order).
+    tokenizer.add_tokens(["<fake_token_around_image>", "<image>", "<end_of_utterance>"], special_tokens=True)
+    tokenizer.add_tokens(_IMAGE_GRID_TOKENS)
+    torch.manual_seed(5)
+    text.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    with torch.no_grad():
+        text.lm_head.weight[num_text_tokens:] = 0  # never predicted over the trained tokens
+
+    vision = Idefics3VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=_VISION_TILE,
+        patch_size=_VISION_PATCH,
+    )
+    config = Idefics3Config(
+        text_config=text.config.to_dict(),
+        vision_config=vision.to_dict(),
+        scale_factor=_VISION_SCALE,
+        image_token_id=tokenizer.get_vocab()["<image>"],
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = Idefics3ForConditionalGeneration(config)  # type: ignore[no-untyped-call]
+    model.model.text_model.load_state_dict(text.model.state_dict())
+    model.lm_head.load_state_dict(text.lm_head.state_dict())
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    _save_served_dtype(model, directory)
+
+    # The PIL image processor: transformers' default Idefics3 processor needs torchvision, which
+    # vLLM's CPU build goes without (transformers falls back to this one, with a warning).
+    image_processor = Idefics3ImageProcessorPil(
+        size={"longest_edge": 2 * _VISION_TILE}, max_image_size={"longest_edge": _VISION_TILE}
+    )
+    template = _vision_chat_template()
+    tokenizer.chat_template = template
+    image_seq_len = (_VISION_TILE // _VISION_PATCH) ** 2 // _VISION_SCALE**2
+    processor = Idefics3Processor(image_processor, tokenizer, image_seq_len=image_seq_len, chat_template=template)
+    # The processor replaced the tokenizer's list of special tokens with its own three: the chat
+    # tokens back in, so that vLLM's detokenizer still skips them.
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [*chat_tokens, *tokenizer.extra_special_tokens]},
+        replace_extra_special_tokens=True,
+    )
+    processor.save_pretrained(directory)
+    (directory / "BUILD.json").write_text(json.dumps({"version": VISION_BUILD_VERSION, "from": str(target)}))
+
+
+def _ensure_vision(models: TinyModels) -> Path:
+    directory = models.path("vision")
+    if _is_built(directory, VISION_BUILD_VERSION):
+        return directory
+    with open(models.root.parent / f".tiny-vision-{VISION_BUILD_VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _is_built(directory, VISION_BUILD_VERSION):
+            tmp = directory.with_name(directory.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            _build_vision(models.target, tmp)
+            shutil.rmtree(directory, ignore_errors=True)
+            tmp.rename(directory)
+    return directory
+
+
+def _is_built(directory: Path, version: str) -> bool:
+    try:
+        return bool(json.loads((directory / "BUILD.json").read_text()).get("version") == version)
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_tiny_model(cache_dir: Path, variant: str) -> Path:
+    """The directory of one tiny model (``tiny:<variant>``), built first if it is not there yet."""
+    models = ensure_tiny_models(cache_dir)
+    return _ensure_vision(models) if variant == "vision" else models.path(variant)
+
+
 def ensure_tiny_models(cache_dir: Path, *, num_steps: int = 400) -> TinyModels:
     """Build the tiny models under ``cache_dir`` unless a complete build is already there."""
     root = Path(cache_dir) / f"tiny-llama-{BUILD_VERSION}"
@@ -308,5 +456,7 @@ def ensure_tiny_models(cache_dir: Path, *, num_steps: int = 400) -> TinyModels:
     with open(root.parent / f".tiny-llama-{BUILD_VERSION}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (root / "BUILD.json").exists():
+            # A first run is otherwise silent for half a minute (2 cores; faster with more).
+            log.info("building the embedded tiny model (about 35 s, once) in %s", root)
             _build(root, num_steps=num_steps)
     return models

@@ -18,6 +18,7 @@ __all__ = [
     "TINY_KV_CACHE_BYTES",
     "TINY_MAX_MODEL_LEN",
     "build_engine_kwargs",
+    "compilation_config",
     "engine_environment",
     "lora_slots",
     "start_method",
@@ -27,12 +28,17 @@ TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
 
 
-def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str], is_cpu: bool = False) -> dict[str, Any]:
+def build_engine_kwargs(
+    settings: Settings, *, resolve: Callable[[str], str], is_cpu: bool = False, mode: DeploymentMode = "serverless"
+) -> dict[str, Any]:
     """vLLM ``AsyncEngineArgs`` keyword arguments. Unset settings keep vLLM's defaults.
-    ``is_cpu``: the engine runs on vLLM's CPU build (``lora_slots``)."""
+    ``is_cpu``: the engine runs on vLLM's CPU build (``lora_slots``, ``compilation_config``)."""
     is_tiny = settings.is_tiny_default
     kwargs: dict[str, Any] = {
         "model": resolve(settings.target_ref),
+        # The name the OpenAI routes answer to, as vLLM's server passes it: the model_name label of
+        # vLLM's own metrics (vllm:*), which otherwise shows the resolved path.
+        "served_model_name": settings.served_model_name,
         "revision": settings.model_revision,
         "tokenizer": resolve(settings.tokenizer_name) if settings.tokenizer_name else None,
         "tokenizer_revision": settings.tokenizer_revision,
@@ -62,6 +68,10 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str], is
         "max_loras": lora_slots(settings, is_cpu=is_cpu),
         "max_lora_rank": settings.max_lora_rank,
         "allowed_media_domains": settings.allowed_media_domains,
+        # Eager engines (the CPU build, the tiny models) capture no CUDA graphs.
+        "compilation_config": None
+        if is_cpu or is_tiny or settings.enforce_eager
+        else compilation_config(settings, mode=mode),
     }
     spec = settings.resolved_speculative_config()
     if spec is not None:
@@ -72,6 +82,29 @@ def build_engine_kwargs(settings: Settings, *, resolve: Callable[[str], str], is
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot).
     return {**kwargs, **(settings.engine_args or {})}
+
+
+def compilation_config(settings: Settings, *, mode: DeploymentMode) -> dict[str, Any] | None:
+    """vLLM's CUDA-graph choices (``CUDAGRAPH_MODE``, ``MAX_CUDAGRAPH_CAPTURE_SIZE``); None: vLLM's own.
+
+    Serverless captures only what its traffic runs. vLLM's default, FULL_AND_PIECEWISE, captures
+    full graphs for decode batches up to ``max_num_seqs`` and piecewise graphs for mixed
+    prefill-decode batches up to twice that; FULL_DECODE_ONLY keeps the former and drops the
+    latter (steps that carry a prompt run compiled, without a graph), and decode steps replay
+    the same full graphs in both modes. ``MAX_CONCURRENCY``, the jobs a worker takes at once,
+    bounds the decode batch, so no graph past it is ever replayed; with speculation a decode step
+    is ``1 + k`` tokens a sequence and vLLM sizes its graphs for that itself, so no cap there.
+    On an H200 (8B, 128 sequences, vLLM 0.32) the capture took 1.0-1.6 s for FULL_DECODE_ONLY's
+    19 graphs against 3.6-3.8 s for FULL_AND_PIECEWISE's 54 (docs/benchmarks.md, "Cold start").
+    """
+    cudagraph_mode: str | None = settings.cudagraph_mode
+    if cudagraph_mode == "auto":
+        cudagraph_mode = "FULL_DECODE_ONLY" if mode == "serverless" else None
+    capture = settings.max_cudagraph_capture_size
+    if capture is None and mode == "serverless" and settings.resolved_speculative_config() is None:
+        capture = settings.max_concurrency
+    config = {"cudagraph_mode": cudagraph_mode, "max_cudagraph_capture_size": capture}
+    return {key: value for key, value in config.items() if value is not None} or None
 
 
 def lora_slots(settings: Settings, *, is_cpu: bool) -> int | None:
@@ -134,7 +167,8 @@ def start_method(settings: Settings, *, mode: DeploymentMode) -> Literal["fork",
     both ways, median +0.3 ms over 14 (docs/benchmarks.md): pods spawn. Serverless forks: no
     re-import, a shorter boot. vLLM still spawns where fork is unsafe (CUDA already initialised in
     the process). vLLM's CPU platform sets spawn whatever was asked while it builds its config;
-    ``worker.boot.build_config`` puts this back: a spawned process imports vLLM again, twice per
+    the boot plan's environment is applied again after it (``worker.boot.launch.build_config``):
+    a spawned process imports vLLM again, twice per
     engine on a CPU (engine core, model worker), and the tiny model's boot took 30 s spawned
     against 9 s forked on 2 cores.
     """

@@ -45,9 +45,9 @@ def resolver(settings: Settings) -> Callable[[str], str]:
 
     def resolve(ref: str) -> str:
         if ref.startswith(TINY_PREFIX):
-            from worker.tiny_models import ensure_tiny_models
+            from worker.tiny_models import ensure_tiny_model
 
-            return str(ensure_tiny_models(settings.worker_cache_dir).path(ref.removeprefix(TINY_PREFIX)))
+            return str(ensure_tiny_model(settings.worker_cache_dir, ref.removeprefix(TINY_PREFIX)))
         if ref == settings.model_name:
             revision = settings.model_revision
         else:

@@ -71,7 +71,8 @@ def build_plan(settings: Settings, *, mode: DeploymentMode, is_cpu: bool | None 
     """The plan for ``settings`` in ``mode``. ``is_cpu``: the engine runs on vLLM's CPU build
     (default: the installed build's); ``lora_slots`` depends on it."""
     resolve = _once(resolver(settings))
-    kwargs = build_engine_kwargs(settings, resolve=resolve, is_cpu=is_cpu_build() if is_cpu is None else is_cpu)
+    is_cpu = is_cpu_build() if is_cpu is None else is_cpu
+    kwargs = build_engine_kwargs(settings, resolve=resolve, is_cpu=is_cpu, mode=mode)
     draft = None
     if settings.draft_ref is not None:
         draft = ModelRef(settings.draft_ref, resolve(settings.draft_ref), settings.draft_revision)

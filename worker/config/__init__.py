@@ -4,10 +4,17 @@
 
 from worker.config.host import is_on_runpod, local_run_environment, num_api_servers, sdk_environment
 from worker.config.settings import DeploymentMode, LoraModule, Settings, load_settings
-from worker.config.speculation import TINY_PREFIX, drafts_with_model
+from worker.config.speculation import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    TINY_PREFIX,
+    VLLM_SPECULATIVE_METHODS,
+    drafts_with_model,
+)
 
 __all__ = [
+    "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "TINY_PREFIX",
+    "VLLM_SPECULATIVE_METHODS",
     "DeploymentMode",
     "LoraModule",
     "Settings",

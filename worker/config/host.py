@@ -70,11 +70,15 @@ def is_cpu_build() -> bool:
 def local_run_environment(env: Mapping[str, str] | None = None, *, is_verbose: bool) -> dict[str, str]:
     """What the local test run (``python handler.py``) sets before vLLM is imported: vLLM's own
     logging at WARNING (a few hundred INFO lines otherwise), unless ``--verbose`` was given or
-    ``VLLM_LOGGING_LEVEL`` is set."""
+    ``VLLM_LOGGING_LEVEL`` is set; and on stderr (vLLM's default is stdout, where its warnings
+    came between the job's streamed items), unless ``VLLM_LOGGING_STREAM`` is set."""
     source = os.environ if env is None else env
-    if is_verbose or "VLLM_LOGGING_LEVEL" in source:
-        return {}
-    return {"VLLM_LOGGING_LEVEL": "WARNING"}
+    values = {}
+    if not is_verbose and "VLLM_LOGGING_LEVEL" not in source:
+        values["VLLM_LOGGING_LEVEL"] = "WARNING"
+    if "VLLM_LOGGING_STREAM" not in source:
+        values["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    return values
 
 
 def sdk_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:

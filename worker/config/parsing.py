@@ -1,13 +1,24 @@
 """How the environment's strings become the values of Settings' fields (what pydantic does not do
-itself): JSON objects, comma-separated host names, LoRA modules. Pure; a ValueError names what is
-wrong, and Settings' error names the variable."""
+itself): JSON objects, comma-separated host names, LoRA modules (:class:`LoraModule`). Pure; a
+ValueError names what is wrong, and Settings' error names the variable."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-__all__ = ["domain_list", "json_object", "lora_modules"]
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["LoraModule", "domain_list", "json_object", "lora_modules"]
+
+
+class LoraModule(BaseModel):
+    """One LoRA adapter: the name requests use, and a local path or hub id (``tiny:`` names too)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
 
 
 def json_object(value: Any) -> Any:

@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import parsing, speculation
-from worker.config.speculation import TINY_PREFIX
+from worker.config.parsing import LoraModule
+from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 from worker.errors import ConfigError, describe_validation_errors
 
 __all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "load_settings"]
@@ -32,15 +33,6 @@ DeploymentMode = Literal["serverless", "pod"]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
 # Where RunPod's cached-models feature puts models: <dir>/models--ORG--NAME/snapshots/<HASH>/
 RUNPOD_MODEL_CACHE_DIR = Path("/runpod-volume/huggingface-cache/hub")
-
-
-class LoraModule(BaseModel):
-    """One LoRA adapter: the name requests use, and a local path or hub id (``tiny:`` names too)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1)
-    path: str = Field(min_length=1)
 
 
 class Settings(BaseSettings):
@@ -80,6 +72,17 @@ class Settings(BaseSettings):
     model_runner: Literal["auto", "v1", "v2"] = Field(
         "auto",
         description="vLLM's GPU model runner; auto: v1 for serverless and draft models, else vLLM's (v2)",
+    )
+    cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
+        "auto",
+        description="vLLM's cudagraph_mode; auto: FULL_DECODE_ONLY for serverless (no piecewise graphs: a shorter "
+        "capture), vLLM's default (FULL_AND_PIECEWISE) for pods",
+    )
+    max_cudagraph_capture_size: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM's largest CUDA-graph batch; unset: serverless MAX_CONCURRENCY when set (no step runs more "
+        "sequences; not with speculation), else vLLM's",
     )
     vllm_use_v2_model_runner: str | None = Field(
         None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"
@@ -153,7 +156,9 @@ class Settings(BaseSettings):
     speculative_config: dict[str, Any] | None = None
     speculative_method: str | None = None
     speculative_model: str | None = None
-    num_speculative_tokens: int | None = Field(None, ge=1, le=32)
+    num_speculative_tokens: int | None = Field(
+        None, ge=1, le=32, description=f"tokens drafted per step; unset: {DEFAULT_NUM_SPECULATIVE_TOKENS}"
+    )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "summary"

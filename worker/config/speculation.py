@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 __all__ = [
+    "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "TINY_PREFIX",
+    "VLLM_SPECULATIVE_METHODS",
     "SpeculationSettings",
     "check",
     "draft_ref",
@@ -23,6 +25,18 @@ __all__ = [
 ]
 
 TINY_PREFIX = "tiny:"
+# SPECULATIVE_METHOD's values: vLLM 0.32's ``SpeculativeMethod`` (vllm/config/speculative.py), written
+# out because this module imports without vLLM (tests/test_config.py checks it against vLLM's own
+# type), and "none". A typo fails at once here rather than after vLLM's import, 10 s into the boot.
+VLLM_SPECULATIVE_METHODS = frozenset(
+    """ngram medusa mlp_speculator draft_model suffix custom_class eagle eagle3 extract_hidden_states
+    deepseek_mtp dots3_note_mtp mimo_mtp mimo_v2_mtp glm4_moe_mtp glm4_moe_lite_mtp glm_ocr_mtp ernie_mtp
+    nemotron_h_mtp exaone_moe_mtp exaone4_5_mtp qwen3_next_mtp qwen4_exp_mtp qwen3_5_mtp longcat_flash_mtp
+    bailing_hybrid_v3_mtp minimax_m3_mtp bailing_hybrid_mtp mtp kimi_k3_mtp pangu_ultra_moe_mtp step3p5_mtp
+    hy_v3_mtp hy_v4_mtp gemma4_mtp inkling_mtp glm5_next_mtp dflash ngram_gpu dspark""".split()
+)
+# NUM_SPECULATIVE_TOKENS when the simple knobs turn speculation on without it (the tiny default's k).
+DEFAULT_NUM_SPECULATIVE_TOKENS = 3
 
 
 class SpeculationSettings(Protocol):
@@ -77,8 +91,11 @@ def check(settings: SpeculationSettings) -> None:
         )
     if settings.speculative_method == "none":
         return
-    if (settings.speculative_method or settings.speculative_model) and settings.num_speculative_tokens is None:
-        raise ValueError("speculative decoding needs NUM_SPECULATIVE_TOKENS (e.g. 3)")
+    if settings.speculative_method is not None and settings.speculative_method not in VLLM_SPECULATIVE_METHODS:
+        raise ValueError(
+            f"SPECULATIVE_METHOD={settings.speculative_method!r} is not one of vLLM's methods: none, "
+            + ", ".join(sorted(VLLM_SPECULATIVE_METHODS))
+        )
     if settings.speculative_method == "draft_model" and not settings.speculative_model:
         raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
 
@@ -94,7 +111,8 @@ def speculative_config(settings: SpeculationSettings) -> dict[str, Any] | None:
         return dict(settings.speculative_config)
     if settings.speculative_method or settings.speculative_model:
         method = settings.speculative_method or "draft_model"
-        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": settings.num_speculative_tokens}
+        num_tokens = settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
+        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": num_tokens}
         if settings.speculative_model:
             spec["model"] = settings.speculative_model
         if method == "ngram":
@@ -103,7 +121,13 @@ def speculative_config(settings: SpeculationSettings) -> dict[str, Any] | None:
         return spec
     if settings.model_name is None:
         # The embedded default shows speculation working: a noisy copy drafts for the target.
-        return {"method": "draft_model", "model": f"{TINY_PREFIX}noisy", "num_speculative_tokens": 3}
+        # A named model, tiny:vision included (the embedded drafts are text-only), speculates
+        # only when configured.
+        return {
+            "method": "draft_model",
+            "model": f"{TINY_PREFIX}noisy",
+            "num_speculative_tokens": settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS,
+        }
     return None
 
 

@@ -199,6 +199,8 @@ def main_plan(argv: list[str]) -> int:
         parser.error(f"argument --requests-per-hour: {args.requests_per_hour!r} is not numbers separated by commas")
     if len(hours) != 24 or min(hours) < 0:
         parser.error("argument --requests-per-hour: give one number (a flat day) or 24 hourly counts, none negative")
+    if not sum(hours):
+        parser.error("argument --requests-per-hour: no requests in the day: nothing to cost per token")
     for name in ("tokens_per_request", "tokens_per_s", "serverless_price_per_s", "pod_price_per_hour"):
         if getattr(args, name) <= 0:
             parser.error(f"argument --{name.replace('_', '-')}: must be positive")

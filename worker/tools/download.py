@@ -8,6 +8,7 @@ Hugging Face token comes from ``HF_TOKEN`` (a build secret there) and is never w
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["main"]
@@ -23,13 +24,18 @@ def fetch(repo_id: str, *, target: Path, revision: str | None) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker download")
+    parser = argparse.ArgumentParser(prog="python -m worker download", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="hub id of the target model")
     parser.add_argument("--revision")
     parser.add_argument("--draft", help="hub id of a draft model to bake beside the target")
     parser.add_argument("--dest", type=Path, default=Path("/models"))
     args = parser.parse_args(argv)
-    print(fetch(args.model, target=args.dest / "target", revision=args.revision))
-    if args.draft:
-        print(fetch(args.draft, target=args.dest / "draft", revision=None))
+    wanted = [(args.model, "target", args.revision)] + ([(args.draft, "draft", None)] if args.draft else [])
+    for repo_id, folder, revision in wanted:
+        try:
+            print(fetch(repo_id, target=args.dest / folder, revision=revision))
+        except (OSError, ValueError) as exc:  # the hub's errors: no network, no such repo, a gated one, a bad id
+            reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+            print(f"error: cannot download {repo_id}: {type(exc).__name__}: {reason}", file=sys.stderr)
+            return 1
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "vocab_size": 128256,
+        "max_position_embeddings": 8192,
     },
     "llama-3.2-1b": {  # same vocabulary as the Llama-3 targets: a draft model for them
         "hidden_size": 2048,
@@ -38,6 +40,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "vocab_size": 128256,
+        "max_position_embeddings": 131072,
         "tie_word_embeddings": True,  # as the released model: no separate lm_head
     },
     "llama-3-70b": {
@@ -47,6 +50,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 64,
         "num_key_value_heads": 8,
         "vocab_size": 128256,
+        "max_position_embeddings": 8192,
     },
     "llama-2-7b": {
         "hidden_size": 4096,
@@ -55,6 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 32,
         "vocab_size": 32000,
+        "max_position_embeddings": 4096,
     },
     "mistral-7b": {
         "hidden_size": 4096,
@@ -63,6 +68,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "vocab_size": 32768,
+        "max_position_embeddings": 32768,
     },
     "qwen2.5-7b": {
         "hidden_size": 3584,
@@ -71,6 +77,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 28,
         "num_key_value_heads": 4,
         "vocab_size": 152064,
+        "max_position_embeddings": 32768,
     },
     "qwen2.5-32b": {
         "hidden_size": 5120,
@@ -79,6 +86,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 40,
         "num_key_value_heads": 8,
         "vocab_size": 152064,
+        "max_position_embeddings": 32768,
     },
 }
 
@@ -162,7 +170,9 @@ def fit(
         overhead_gib=overhead / GIB,
         fits=free_for_kv >= kv_seq * concurrency,
         max_concurrency_at_context=max(0, int(free_for_kv // kv_seq)),
-        max_context_at_concurrency=max(0, int(free_for_kv // (kv_token * concurrency))),
+        max_context_at_concurrency=max(
+            0, min(int(free_for_kv // (kv_token * concurrency)), shape.max_position_embeddings or sys.maxsize)
+        ),
         decode_bound_tok_s_single=decode_roofline_tokens_per_s(
             shape,
             bandwidth_gbs=bandwidth,
@@ -242,16 +252,25 @@ def main_fit(argv: list[str]) -> int:
         parser.error(
             f"argument --model: {args.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model directory"
         )
+    shape = load_shape(args.model)
+    problem = impossible_setting(
+        shape,
+        max_model_len=args.max_model_len,
+        num_gpus=args.num_gpus,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    if problem is not None:
+        parser.error(problem)
     assumed = []
     if args.concurrency is None:
         args.concurrency = DEFAULT_CONCURRENCY
         assumed.append(f"--concurrency {DEFAULT_CONCURRENCY}")
     if args.max_model_len is None:
-        args.max_model_len = DEFAULT_CONTEXT
-        assumed.append(f"--max-model-len {DEFAULT_CONTEXT}")
+        args.max_model_len = min(DEFAULT_CONTEXT, shape.max_position_embeddings or DEFAULT_CONTEXT)
+        assumed.append(f"--max-model-len {args.max_model_len}")
     quantization = None if args.quantization == "none" else args.quantization
     report = fit(
-        load_shape(args.model),
+        shape,
         gpu=args.gpu,
         quantization=quantization,
         kv_cache_dtype=args.kv_cache_dtype,
@@ -274,6 +293,30 @@ def main_fit(argv: list[str]) -> int:
             )
         )
     return 0 if report.fits else 1
+
+
+def impossible_setting(
+    shape: ModelShape, *, max_model_len: int | None, num_gpus: int, gpu_memory_utilization: float
+) -> str | None:
+    """Why vLLM would refuse these settings before any memory arithmetic, as its own checks do:
+    a utilization outside (0, 1] (``CacheConfig``), a context beyond the model's
+    (``max_position_embeddings``, without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``), attention heads that
+    the tensor-parallel size does not divide (``ModelConfig.verify_with_parallel_config``)."""
+    if not 0 < gpu_memory_utilization <= 1:
+        return f"argument --gpu-memory-utilization: must be in (0, 1], got {gpu_memory_utilization:g}"
+    if max_model_len is not None and shape.max_position_embeddings and max_model_len > shape.max_position_embeddings:
+        return (
+            f"argument --max-model-len: {max_model_len} exceeds the model's context of "
+            f"{shape.max_position_embeddings} tokens (max_position_embeddings)"
+        )
+    if num_gpus < 1:
+        return f"argument --num-gpus: must be a positive integer, got {num_gpus}"
+    if shape.num_heads % num_gpus:
+        return (
+            f"argument --num-gpus: {num_gpus} GPUs cannot split the model's {shape.num_heads} attention heads "
+            f"(tensor parallelism needs a divisor of {shape.num_heads})"
+        )
+    return None
 
 
 def _positive(text: str) -> int:

@@ -16,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from worker.config import TINY_PREFIX, load_settings
@@ -69,11 +70,20 @@ def ensure_env(python: str = sys.executable) -> Path:
 
 
 def _resolve(model: str) -> Path:
+    """The checkpoint directory ``model`` names; :class:`ValueError` saying why there is none."""
     if model.startswith(TINY_PREFIX):
-        from worker.tiny_models import ensure_tiny_models
+        from worker.tiny_models import VARIANTS, ensure_tiny_model
 
-        return ensure_tiny_models(load_settings().worker_cache_dir).path(model.removeprefix(TINY_PREFIX))
-    return Path(model)
+        variant = model.removeprefix(TINY_PREFIX)
+        if variant not in VARIANTS:  # checked before the tiny models are built (35 s on a first run)
+            raise ValueError(f"no embedded tiny model {model!r}; known: {', '.join(TINY_PREFIX + v for v in VARIANTS)}")
+        return ensure_tiny_model(load_settings().worker_cache_dir, variant)
+    path = Path(model)
+    if not path.is_dir():
+        raise ValueError(f"no such directory: {model} (give a local checkpoint directory, or tiny:target)")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{model} has no config.json: not a Hugging Face checkpoint directory")
+    return path
 
 
 def main(argv: list[str]) -> int:
@@ -82,28 +92,42 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--calibration", type=Path, help="JSON list of calibration texts (default: the tiny corpus)")
     args = parser.parse_args(argv)
-    source = _resolve(args.model)
-    calibration = args.calibration
-    if calibration is None:
-        from worker.tiny_models import calibration_texts
+    if args.calibration is not None and not args.calibration.is_file():
+        parser.error(f"argument --calibration: no such file: {args.calibration}")
+    try:
+        source = _resolve(args.model)
+    except ValueError as exc:
+        parser.error(f"argument --model: {exc}")
+    try:
+        quant_python = ensure_env()
+    except subprocess.CalledProcessError as exc:  # pip's own message is above, on stderr
+        print(
+            f"error: could not build {QUANT_ENV.name} from requirements-quant.txt ({exc.returncode})", file=sys.stderr
+        )
+        return 1
+    with tempfile.TemporaryDirectory(prefix="quantize-") as scratch:
+        calibration = args.calibration
+        if calibration is None:  # the tiny corpus, written for the job and gone with it
+            from worker.tiny_models import calibration_texts
 
-        calibration = args.out.with_name(args.out.name + ".calibration.json")
-        calibration.parent.mkdir(parents=True, exist_ok=True)
-        calibration.write_text(json.dumps(calibration_texts()))
-    quant_python = ensure_env()
-    subprocess.run(
-        [
-            str(quant_python),
-            str(ROOT / "worker" / "tools" / "quantize_job.py"),
-            "--model",
-            str(source),
-            "--out",
-            str(args.out),
-            "--calibration",
-            str(calibration),
-        ],
-        check=True,
-    )
+            calibration = Path(scratch) / "calibration.json"
+            calibration.write_text(json.dumps(calibration_texts()))
+        job = subprocess.run(
+            [
+                str(quant_python),
+                str(ROOT / "worker" / "tools" / "quantize_job.py"),
+                "--model",
+                str(source),
+                "--out",
+                str(args.out),
+                "--calibration",
+                str(calibration),
+            ],
+            check=False,
+        )
+    if job.returncode != 0:  # its own traceback is above, on stderr
+        print(f"error: the quantization job failed (exit status {job.returncode})", file=sys.stderr)
+        return 1
     config = json.loads((source / "config.json").read_text())
     dtype = config.get("torch_dtype") or config.get("dtype")
     linear_before = linear_bytes(source, as_bf16=dtype in ("float32", "fp32"))

@@ -59,6 +59,7 @@ class ModelShape:
     vocab_size: int
     head_dim: int
     tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None  # the model's context (None: its config does not say)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
@@ -73,6 +74,9 @@ class ModelShape:
             vocab_size=int(config["vocab_size"]),
             head_dim=int(config.get("head_dim") or hidden // heads),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(config["max_position_embeddings"])
+            if config.get("max_position_embeddings")
+            else None,
         )
 
     @classmethod

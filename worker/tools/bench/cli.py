@@ -116,6 +116,17 @@ ALL_PARTS = [
 ]
 
 
+def _positive_ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers (argparse names the flag in its error)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not positive integers separated by commas") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not positive integers separated by commas")
+    return values
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -126,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--parts", default=",".join(ALL_PARTS), help=f"comma-separated subset of {ALL_PARTS}")
-    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    parser.add_argument(
+        "--concurrency", type=_positive_ints, default="1,4,16", help="comma-separated concurrency levels"
+    )
     parser.add_argument("--num-requests", type=int, default=32, help="per concurrency level; 0: two waves (auto)")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument(
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--drafts", default="tiny:target,tiny:noisy,tiny:unrelated,ngram")
-    parser.add_argument("--ks", default="2,4,8")
+    parser.add_argument("--ks", type=_positive_ints, default="2,4,8", help="comma-separated speculative tokens")
     parser.add_argument("--spec-requests", type=int, default=4)
     parser.add_argument(
         "--spec-rounds",
@@ -200,7 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.render:
-        print(render_saved(args.render, pool=args.pool))
+        missing = [str(path) for path in args.render if not path.is_file()]
+        if missing:
+            parser.error(f"argument --render: no such file: {', '.join(missing)}")
+        try:
+            print(render_saved(args.render, pool=args.pool))
+        except (ValueError, KeyError, TypeError) as exc:  # not a file the benchmark wrote
+            parser.error(f"argument --render: cannot read the results ({type(exc).__name__}: {exc})")
         return 0
     if args.make_llama8b:
         make_shape_model(args.make_llama8b, awq=args.awq, shape=args.shape)
@@ -211,12 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     plan = Plan(
         parts=[p for p in args.parts.split(",") if p],
-        concurrencies=[int(c) for c in args.concurrency.split(",")],
+        concurrencies=args.concurrency,
         num_requests=args.num_requests,
         max_tokens=args.max_tokens,
         repeats=args.repeats,
         drafts=args.drafts.split(","),
-        ks=[int(k) for k in args.ks.split(",")],
+        ks=args.ks,
         spec_requests=args.spec_requests,
         spec_rounds=args.spec_rounds,
         label=args.label,
