@@ -316,7 +316,7 @@ def _run_python(code: str, servers: Servers, where: str, namespace: dict[str, An
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(_local(servers, code), where, "exec"), namespace)
-    return printed.getvalue()
+    return printed.getvalue().rstrip("\n")
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ and llm-compressor only: this file must not import the worker package.
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 
@@ -30,7 +31,7 @@ def main() -> None:
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.awq import AWQModifier
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     texts = json.loads(Path(args.calibration).read_text())
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -47,8 +48,15 @@ def main() -> None:
         max_seq_length=args.max_seq_length,
         num_calibration_samples=len(texts),
     )
+    # The source's generation config is copied as it is, after the save: transformers refuses to
+    # save one that sets a temperature with do_sample false (how a greedy default is written, and
+    # what vLLM reads as the model's default sampling parameters), so the save gets the model's plain one.
+    model.generation_config = GenerationConfig.from_model_config(model.config)
     model.save_pretrained(args.out, save_compressed=True)
     tokenizer.save_pretrained(args.out)
+    source_generation_config = Path(args.model) / "generation_config.json"
+    if source_generation_config.is_file():
+        shutil.copyfile(source_generation_config, Path(args.out) / "generation_config.json")
     print(json.dumps({"out": args.out}))
 
 
