@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from worker import prefetch
+from worker.boot import prefetch
 
 
 def main(argv: list[str]) -> int:

@@ -161,14 +161,12 @@ def test_sigterm_drains_every_process_and_leaves_none(pod: Pod) -> None:
 def test_engine_core_death_ends_the_whole_pod_with_status_1(subprocess_env: dict[str, str], tmp_path: Path) -> None:
     # The API process serving the stream is told of the death by the pod's first process (its own
     # client watches no engine process): the stream ends with an error at once, not when a SIGTERM's
-    # grace (30 s by default) has run out.
-    env = {"API_SERVER_COUNT": "2", "MODEL_NAME": MODEL, "SPECULATIVE_METHOD": "none"}
+    # grace has run out (an hour here: a stream that waited for it fails the test on its timeout).
+    env = {"API_SERVER_COUNT": "2", "MODEL_NAME": MODEL, "SPECULATIVE_METHOD": "none", "SHUTDOWN_GRACE_S": "3600"}
     with start_pod(subprocess_env, tmp_path, **env) as pod:
         processes = descendants(pod.proc.pid)
         body = _completion(max_tokens=900, ignore_eos=True, stream=True)
-        started = time.monotonic()
-        rest = pod.stream_through(body, lambda: os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL), timeout_s=60)
+        rest = pod.stream_through(body, lambda: os.kill(engine_core_of(pod.proc.pid), signal.SIGKILL), timeout_s=300)
         assert any('"error"' in line for line in rest), rest[-3:]
-        assert time.monotonic() - started < 20, "the stream waited for a shutdown grace"
         assert pod.proc.wait(timeout=60) == 1
         assert not alive_after(processes, 30), "processes left after the engine core died"

@@ -50,7 +50,7 @@ def test_parse_boot_log() -> None:
 COMPILED_BOOT = """\
 [   0.700] INFO worker.runtime: booting engine for model /tmp/llama8b-real
 [  20.500] INFO worker.runtime: vLLM imported in 19.80 s
-[  27.900] INFO worker.boot: engine config built in 7.40 s; starting the engine core
+[  27.900] INFO worker.boot.launch: engine config built in 7.40 s; starting the engine core
 [  28.784] (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...
 [  39.258] (EngineCore pid=1) INFO [model_runner.py:424] Model loading took 14.96 GiB memory and 6.69 seconds
 [  46.343] (EngineCore pid=1) INFO [monitor.py:62] [backbone] torch.compile took 6.51 s in total
@@ -262,7 +262,7 @@ def test_smoke_run_of_the_server_parts(tmp_path: Path, subprocess_env: dict[str,
     # The worker's own stamps split the main process: vLLM's imports, then the engine config.
     assert phases["vllm_import"] < phases["vllm_config"] < phases["engine_config"]
     assert 0.0 <= cold["handler"]["weights_resident_at_start"] <= 1.0
-    assert 0 < cold["handler_import_s"] < 5
+    assert 0 < cold["handler_import_s"] < 60  # a generous bound: past it the import hung
     assert "python -m worker bench --smoke" in (out / "bench.md").read_text()
 
 

@@ -11,6 +11,7 @@ from worker.config import (
     is_on_runpod,
     load_settings,
     local_run_environment,
+    num_api_servers,
     sdk_environment,
 )
 from worker.errors import ConfigError
@@ -183,10 +184,10 @@ def test_the_sdk_logs_at_info_unless_told_otherwise() -> None:
 def test_api_server_count_is_a_number_or_auto_from_the_host() -> None:
     auto = load_settings({})
     assert auto.api_server_count == "auto"
-    assert auto.num_api_servers(num_cpus=16, has_gpu=True) == 2  # an H200 host: 16 cores
-    assert auto.num_api_servers(num_cpus=4, has_gpu=True) == 1  # no cores to spare
-    assert auto.num_api_servers(num_cpus=64, has_gpu=False) == 1  # a CPU engine needs the cores itself
-    assert load_settings({"API_SERVER_COUNT": "4"}).num_api_servers(num_cpus=2, has_gpu=False) == 4
+    assert num_api_servers(auto, num_cpus=16, has_gpu=True) == 2  # an H200 host: 16 cores
+    assert num_api_servers(auto, num_cpus=4, has_gpu=True) == 1  # no cores to spare
+    assert num_api_servers(auto, num_cpus=64, has_gpu=False) == 1  # a CPU engine needs the cores itself
+    assert num_api_servers(load_settings({"API_SERVER_COUNT": "4"}), num_cpus=2, has_gpu=False) == 4
     for bad in ("0", "many", "65"):
         with pytest.raises(ConfigError) as info:
             load_settings({"API_SERVER_COUNT": bad})

@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 
 from tests.helpers import engine_settings, job_items
+from worker.boot.draft_check import check_draft_compatible
 from worker.config import Settings
-from worker.draft_check import check_draft_compatible
 from worker.errors import IncompatibleDraft
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker

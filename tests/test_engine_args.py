@@ -5,16 +5,17 @@ from typing import Any
 import pytest
 
 from tests.helpers import CACHE_DIR
-from worker.config import DeploymentMode, load_settings
-from worker.engine_args import (
+from worker.boot.engine_args import (
     TINY_KV_CACHE_BYTES,
     TINY_MAX_MODEL_LEN,
     build_engine_kwargs,
     engine_environment,
     lora_slots,
 )
+from worker.boot.models import cached_snapshot, resolver
+from worker.boot.plan import build_plan
+from worker.config import DeploymentMode, load_settings
 from worker.errors import ConfigError
-from worker.models import cached_snapshot, resolver
 from worker.tiny_models import TinyModels
 
 
@@ -122,16 +123,16 @@ def test_runpod_model_cache_lookup(tmp_path: Path) -> None:
 
 
 def test_engine_args_escape_hatch_is_applied_last_and_checked_against_vllm(tiny_models: TinyModels) -> None:
-    from worker import boot
+    from worker.boot import launch as boot
     from worker.errors import EngineBootError
 
     escape = '{"max_num_seqs": 3, "scheduling_policy": "priority"}'
     settings = load_settings({"MAX_NUM_SEQS": "8", "ENGINE_ARGS": escape})
     kwargs = build_engine_kwargs(settings, resolve=resolve)
     assert kwargs["max_num_seqs"] == 3 and kwargs["scheduling_policy"] == "priority"
-    assert boot.build_args(settings).max_num_seqs == 3
+    assert boot.build_args(build_plan(settings, mode="serverless")).max_num_seqs == 3
     with pytest.raises(EngineBootError, match="max_num_seqz: not a vLLM engine argument"):
-        boot.build_args(load_settings({"ENGINE_ARGS": '{"max_num_seqz": 3}'}))
+        boot.build_args(build_plan(load_settings({"ENGINE_ARGS": '{"max_num_seqz": 3}'}), mode="serverless"))
 
 
 def test_engine_environment_picks_the_awq_kernel_per_mode_and_keeps_the_users_list() -> None:
@@ -210,7 +211,7 @@ def test_a_pod_takes_vllms_server_defaults_and_serverless_the_librarys(
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    from worker import boot
+    from worker.boot import launch as boot
 
     h200 = (
         {UsageContext.LLM_CLASS: 16384, UsageContext.OPENAI_API_SERVER: 8192},
@@ -220,12 +221,12 @@ def test_a_pod_takes_vllms_server_defaults_and_serverless_the_librarys(
 
     def scheduler(mode: DeploymentMode, **env: str) -> tuple[int, int]:
         settings = load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR), **env})
-        config = boot.build_config(settings, mode=mode).scheduler_config
+        config = boot.build_config(build_plan(settings, mode=mode)).scheduler_config
         return config.max_num_batched_tokens, config.max_num_seqs
 
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "unset by the test")
     assert scheduler("pod") == (8192, 1024)  # what `vllm serve` would run
-    # vLLM's CPU platform sets spawn while it builds the config; the boot's own choice is put back.
+    # vLLM's CPU platform sets spawn while it builds the config; the plan's own choice is put back.
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert scheduler("serverless") == (2048, 128)  # MAX_CONCURRENCY follows max_num_seqs
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
@@ -235,12 +236,12 @@ def test_a_pod_takes_vllms_server_defaults_and_serverless_the_librarys(
 
 
 def test_a_value_vllms_config_refuses_names_the_variable_that_set_it() -> None:
-    from worker import boot
+    from worker.boot import launch as boot
     from worker.errors import EngineBootError
 
     settings = load_settings({"DTYPE": "float64x", "WORKER_CACHE_DIR": str(CACHE_DIR)})
     with pytest.raises(EngineBootError) as error:
-        boot.create_engine(settings)
+        boot.create_engine(build_plan(settings, mode="serverless"))
     assert error.value.message.startswith("invalid engine configuration: DTYPE: Input should be 'auto'")
     assert "validation error" not in error.value.message and "\n" not in error.value.message
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from tests.helpers import assert_engine_empties, boot_engine
 from worker.schema import SpecDecodeStats, StreamChunk, parse_request
+from worker.spec_stats.tracking import Release, RequestEnd
 
 PROMPTS = [
     "Once upon a time",
@@ -126,21 +128,37 @@ async def _ended_by_stop_as_by_length(engine: Any, cases: list[tuple[str, int]])
     return checked
 
 
-def _aborts(engine: Any, monkeypatch: pytest.MonkeyPatch, *, after_outputs: int | None) -> None:
+# How long a held-back abort may wait for the core's outputs: past it the engine has hung.
+ABORT_DEADLINE_S = 60.0
+
+
+def _aborts(engine: Any, monkeypatch: pytest.MonkeyPatch, *, after_outputs: int | None) -> list[list[str]]:
     """Hold back the frontend's aborts of requests it ended on a stop string until the engine core
-    has sent ``after_outputs`` more outputs of each (it runs on past the stop string meanwhile, or
-    ends the request itself: max_tokens, EOS), or 2 s passed; None: never send them. The abort is
-    sent from a task of its own: vLLM's output handler awaits the call, and must go on reading."""
+    has sent ``after_outputs`` more outputs of each (it runs on past the stop string meanwhile) or
+    ended it itself (max_tokens, EOS); None: never send them. The abort is sent from a task of its
+    own: vLLM's output handler awaits the call, and must go on reading. Returns the aborts that
+    waited ``ABORT_DEADLINE_S`` for that (the test fails on any)."""
     core = engine.llm.engine_core
-    processor = engine.llm.output_processor
+    processor = engine.exact_stop_stats
     send = core.abort_requests_async
+    scan = processor._scan_held
+    ended: set[str] = set()
+    stuck: list[list[str]] = []
+
+    def scan_and_note_ends(outputs: Any) -> None:
+        scan(outputs)
+        ended.update(o.request_id for o in outputs if o.finish_reason is not None)
 
     def caught_up(request_ids: list[str], count: int) -> bool:
-        return all(rid not in processor._held or len(processor._held[rid].after) >= count for rid in request_ids)
+        held = processor._held
+        return all(rid not in held or rid in ended or len(held[rid].after) >= count for rid in request_ids)
 
     async def later(request_ids: list[str], count: int) -> None:
-        deadline = time.monotonic() + 2.0
-        while not caught_up(request_ids, count) and time.monotonic() < deadline:
+        deadline = time.monotonic() + ABORT_DEADLINE_S
+        while not caught_up(request_ids, count):
+            if time.monotonic() > deadline:
+                stuck.append(request_ids)
+                break
             await asyncio.sleep(0.002)
         await send(request_ids)
 
@@ -151,6 +169,24 @@ def _aborts(engine: Any, monkeypatch: pytest.MonkeyPatch, *, after_outputs: int 
 
     tasks: set[asyncio.Task[None]] = set()
     monkeypatch.setattr(core, "abort_requests_async", held_back)
+    monkeypatch.setattr(processor, "_scan_held", scan_and_note_ends)
+    # This engine is shared: what a test switches off or counts here goes back to what it was.
+    for name in ("is_holding", "holding_off_reason", "_num_unanswered", "wait_s"):
+        monkeypatch.setattr(processor, name, getattr(processor, name))
+    return stuck
+
+
+def _releases(engine: Any, monkeypatch: pytest.MonkeyPatch) -> list[Release]:
+    """How the frontend releases each stop string's final output from now on (the records its
+    requests' ends carry to the engine's observers)."""
+    found: list[Release] = []
+
+    def observe(end: RequestEnd) -> None:
+        if end.release is not None:
+            found.append(end.release)
+
+    monkeypatch.setattr(engine, "observers", [*engine.observers, observe])
+    return found
 
 
 @pytest.mark.slow
@@ -161,15 +197,14 @@ async def test_steps_the_core_ran_past_a_stop_string_are_taken_off(
     # steps past the stop string, or ended the request on max_tokens: the last two lengths), and
     # its answer must lead to the same counts.
     _, engine = spec_engine
-    processor = engine.llm.output_processor
-    before = processor.outcomes.copy()
-    _aborts(engine, monkeypatch, after_outputs=2)
+    releases = _releases(engine, monkeypatch)
+    stuck = _aborts(engine, monkeypatch, after_outputs=2)
     cases = [("seven", 200), (",", 200), (" five", 200), ("ix", 24), ("t", 20)]
     assert await _ended_by_stop_as_by_length(engine, cases) >= 3
-    outcomes = processor.outcomes - before
+    assert not stuck
     # A stop string found in the core's own final output needs no abort: not held.
-    assert outcomes["exact"] >= 3 and not outcomes["partial"]
-    assert outcomes["outputs taken off"] >= outcomes["exact"], outcomes
+    assert sum(r.is_exact for r in releases) >= 3 and all(r.is_exact for r in releases), releases
+    assert sum(r.num_outputs_taken_off for r in releases) >= len(releases), releases
 
 
 @pytest.mark.slow
@@ -178,16 +213,52 @@ async def test_without_the_core_s_answer_a_stop_string_ends_with_partial_counts(
 ) -> None:
     # The abort never reaches the core, so no answer comes: the final output is released after
     # the wait with the last periodic snapshot (if any), marked partial, and the request ends.
-    processor = default_engine.llm.output_processor
-    before = processor.outcomes.copy()
-    monkeypatch.setattr(processor, "wait_s", 0.3)
+    processor = default_engine.exact_stop_stats
+    releases = _releases(default_engine, monkeypatch)
     _aborts(default_engine, monkeypatch, after_outputs=None)
+    processor.wait_s = 0.3
     params = {"temperature": 0, "max_tokens": 40, "stop": ["seven"]}
     final = (await run(default_engine, {"prompt": PROMPTS[-1], "sampling_params": params}))[-1]
     assert final.finish_reason == "stop" and final.stop_reason == "seven"
-    assert final.spec_decode is None or final.spec_decode.partial
-    assert (processor.outcomes - before)["partial"] == 1 and not processor._held
+    assert final.spec_decode is not None and final.spec_decode.partial
+    assert [(r.outcome, r.reason) for r in releases] == [("partial", "no_answer")] and not processor._held
+    assert processor.is_holding  # one unanswered stop string does not switch holding off
     await assert_engine_empties(default_engine)  # the core ends the request itself (max_tokens)
+
+
+@pytest.mark.slow
+async def test_a_core_that_never_answers_switches_holding_off(
+    default_engine: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The boot's check passed on this engine; made again on a core whose answers never come (the
+    # aborts are swallowed: what a vLLM upgrade that broke the answer looks like from the
+    # frontend), it switches holding off for the engine's life, loudly. From then on no stop
+    # string waits: its final output goes out at once, its counts marked partial, and Prometheus
+    # counts each release by outcome and reason.
+    from worker.boot.launch import check_exact_stop_stats
+    from worker.metrics import WorkerMetrics
+
+    processor = default_engine.exact_stop_stats
+    assert processor is not None and processor.is_holding
+    _aborts(default_engine, monkeypatch, after_outputs=None)
+    with caplog.at_level(logging.ERROR, logger="worker.spec_stats.frontend"):
+        assert not await check_exact_stop_stats(default_engine, wait_s=0.3)
+    assert not processor.is_holding
+    assert "exact spec-decode stats for stop strings are off" in caplog.text and "no_answer" in caplog.text
+    metrics = WorkerMetrics(num_spec_tokens=3, threshold=1.5, window=50)
+    releases = _releases(default_engine, monkeypatch)
+    default_engine.observers.append(metrics.observe)
+    processor.wait_s = 3600.0  # a stop string that waited would hang the test (and fail it on its timeout)
+    params = {"temperature": 0, "max_tokens": 40, "stop": ["seven"]}
+    jobs = [run(default_engine, {"prompt": PROMPTS[-1], "sampling_params": params}) for _ in range(3)]
+    finals = [chunks[-1] for chunks in await asyncio.gather(*jobs)]
+    assert all(f.finish_reason == "stop" and f.spec_decode is not None and f.spec_decode.partial for f in finals)
+    assert [(r.reason, r.held_s) for r in releases] == [("holding_off", 0.0)] * 3 and not processor._held
+    counted = metrics.registry.get_sample_value(
+        "worker_spec_decode_releases_total", {"outcome": "partial", "reason": "holding_off"}
+    )
+    assert counted == 3
+    await assert_engine_empties(default_engine)
 
 
 @pytest.mark.slow
@@ -199,21 +270,21 @@ async def test_a_held_final_output_is_released_when_the_engine_fails(
     # releases it at once: its text is complete, its counts partial.
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    processor = default_engine.llm.output_processor
-    monkeypatch.setattr(processor, "wait_s", 60.0)
+    processor = default_engine.exact_stop_stats
+    releases = _releases(default_engine, monkeypatch)
     _aborts(default_engine, monkeypatch, after_outputs=None)
+    processor.wait_s = 3600.0
     params = {"temperature": 0, "max_tokens": 40, "stop": ["seven"]}
     task = asyncio.create_task(run(default_engine, {"prompt": PROMPTS[-1], "sampling_params": params}))
-    for _ in range(500):
-        if processor._held or task.done():
-            break
-        await asyncio.sleep(0.01)
+    deadline = time.monotonic() + ABORT_DEADLINE_S
+    while not processor._held and not task.done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)  # polled: vLLM's output handler holds it on its own turn
     assert processor._held and not task.done()
     processor.propagate_error(EngineDeadError())
-    final = (await asyncio.wait_for(task, 5))[-1]
+    final = (await asyncio.wait_for(task, ABORT_DEADLINE_S))[-1]
     assert final.finish_reason == "stop" and final.stop_reason == "seven"
-    assert final.spec_decode is None or final.spec_decode.partial
-    assert not processor._held
+    assert final.spec_decode is not None and final.spec_decode.partial
+    assert [r.reason for r in releases] == ["engine_error"] and not processor._held
     await assert_engine_empties(default_engine)
 
 

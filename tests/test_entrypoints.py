@@ -8,13 +8,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from worker import prefetch
+from worker.boot import prefetch
 from worker.tiny_models import TinyModels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,16 +43,15 @@ def test_import_boots_nothing_and_is_fast(subprocess_env: dict[str, str]) -> Non
 def test_help_and_unknown_flags_answer_with_the_usage_before_anything_boots(
     subprocess_env: dict[str, str], argv: list[str], returncode: int
 ) -> None:
-    started = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "handler.py", *argv], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=60
+        [sys.executable, "handler.py", *argv], cwd=ROOT, env=subprocess_env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == returncode, out.stderr[-2000:]
     assert "usage: python handler.py" in out.stdout + out.stderr
     if returncode:
         assert f"unrecognized arguments: {argv[0]}" in out.stderr
-    assert "booting engine" not in out.stderr and "chunk" not in out.stdout
-    assert time.perf_counter() - started < 20  # an engine boot takes longer than that
+    # Nothing of a boot began: no engine, no vLLM import (its stamp), no output.
+    assert "booting engine" not in out.stderr and "vLLM imported" not in out.stderr and "chunk" not in out.stdout
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """vLLM's model-class inspection run beside the main process's imports on an empty cache root
-(worker/modelinfo.py): which architectures it looks for, when it starts, and that vLLM reads
+(worker/boot/modelinfo.py): which architectures it looks for, when it starts, and that vLLM reads
 what it writes."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from worker import modelinfo
+from worker.boot import modelinfo
+from worker.boot.plan import BootPlan, build_plan
 from worker.config import load_settings
 from worker.tiny_models import TinyModels
 
@@ -20,17 +21,19 @@ def _model(directory: Path, config: object) -> Path:
     return directory
 
 
+def _plan(env: dict[str, str]) -> BootPlan:
+    return build_plan(load_settings(env), mode="serverless")
+
+
 def test_architectures_come_from_the_local_configs_of_target_and_draft(tmp_path: Path) -> None:
     target = _model(tmp_path / "t", {"architectures": ["LlamaForCausalLM"]})
     draft = _model(tmp_path / "d", {"architectures": ["LlamaForCausalLM", "EagleLlamaForCausalLM"]})
-    settings = load_settings(
-        {"MODEL_NAME": str(target), "SPECULATIVE_MODEL": str(draft), "NUM_SPECULATIVE_TOKENS": "3"}
-    )
-    assert modelinfo.architectures(settings) == ["LlamaForCausalLM", "EagleLlamaForCausalLM"]
+    plan = _plan({"MODEL_NAME": str(target), "SPECULATIVE_MODEL": str(draft), "NUM_SPECULATIVE_TOKENS": "3"})
+    assert modelinfo.architectures(plan.local_paths) == ["LlamaForCausalLM", "EagleLlamaForCausalLM"]
     # A hub id (vLLM downloads it later) or a config without architectures: nothing to inspect.
-    assert modelinfo.architectures(load_settings({"MODEL_NAME": "org/not-here"})) == []
+    assert modelinfo.architectures(_plan({"MODEL_NAME": "org/not-here"}).local_paths) == []
     odd = _model(tmp_path / "odd", {"architectures": "LlamaForCausalLM"})
-    assert modelinfo.architectures(load_settings({"MODEL_NAME": str(odd)})) == []
+    assert modelinfo.architectures(_plan({"MODEL_NAME": str(odd)}).local_paths) == []
 
 
 def test_only_architectures_without_an_answer_are_inspected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,8 +49,10 @@ def test_only_architectures_without_an_answer_are_inspected(tmp_path: Path, monk
     assert modelinfo.missing([alias], tmp_path) == []
     (tmp_path / "worker-architectures.json").write_text("[not json")
     assert modelinfo.missing([alias], tmp_path) == [alias]
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))
-    assert modelinfo.cache_dir() == tmp_path / "root" / "modelinfos"
+    # vLLM's cache root, as vLLM finds it: VLLM_CACHE_ROOT, else XDG_CACHE_HOME/vllm.
+    assert _plan({"VLLM_CACHE_ROOT": str(tmp_path / "root")}).model_info_dir == tmp_path / "root" / "modelinfos"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert _plan({}).model_info_dir == tmp_path / "x" / "vllm" / "modelinfos"
     modelinfo.wait()  # nothing started: returns at once
 
 
@@ -57,14 +62,14 @@ def test_an_empty_cache_root_gets_the_answer_vllm_reads(
 ) -> None:
     """The subprocess writes vLLM's own answer for the tiny model's class, checked by vLLM's own
     cache reader (its module hash); a second start finds it and starts nothing."""
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))
-    settings = load_settings({"MODEL_NAME": "tiny:target"})
-    assert modelinfo.architectures(settings) == ["LlamaForCausalLM"]
-    process = modelinfo.start(settings)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))  # what the subprocess's vLLM reads
+    plan = _plan({"MODEL_NAME": "tiny:target", "VLLM_CACHE_ROOT": str(tmp_path / "root")})
+    assert modelinfo.architectures(plan.local_paths) == ["LlamaForCausalLM"]
+    process = modelinfo.start(plan)
     assert process is not None
     modelinfo.wait()
     assert process.returncode == 0
-    assert modelinfo.missing(["LlamaForCausalLM"], modelinfo.cache_dir()) == []
+    assert modelinfo.missing(["LlamaForCausalLM"], plan.model_info_dir) == []
     from vllm.model_executor.models.registry import ModelRegistry, _LazyRegisteredModel, _ModelInfo
 
     # What vLLM's reader checks (``_load_modelinfo_from_cache``), read here from this root: vLLM may
@@ -73,9 +78,9 @@ def test_an_empty_cache_root_gets_the_answer_vllm_reads(
     assert isinstance(model, _LazyRegisteredModel)
     module_file = __import__(model.module_name, fromlist=["_"]).__file__
     assert module_file is not None
-    saved = json.loads((modelinfo.cache_dir() / model._get_cache_filename()).read_text())
+    saved = json.loads((plan.model_info_dir / model._get_cache_filename()).read_text())
     assert saved["hash"] == model._get_modelinfo_module_hash(Path(module_file))
     assert _ModelInfo(**saved["modelinfo"]).architecture == "LlamaForCausalLM"
-    recorded = json.loads((modelinfo.cache_dir() / "worker-architectures.json").read_text())
+    recorded = json.loads((plan.model_info_dir / "worker-architectures.json").read_text())
     assert recorded == {"LlamaForCausalLM": model._get_cache_filename()}
-    assert modelinfo.start(settings) is None
+    assert modelinfo.start(plan) is None

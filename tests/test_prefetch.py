@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from worker import prefetch
+from worker.boot import prefetch
+from worker.boot.plan import BootPlan, build_plan
 from worker.config import load_settings
 
 
@@ -19,6 +20,10 @@ def _model(directory: Path, *, num_files: int = 3, size: int = 4 * 2**20) -> Pat
         (directory / f"model-{i:05d}-of-{num_files:05d}.safetensors").write_bytes(os.urandom(size))
     (directory / "tokenizer.json").write_text("{}")  # not a weight file: not read
     return directory
+
+
+def _plan(env: dict[str, str]) -> BootPlan:
+    return build_plan(load_settings(env), mode="serverless")
 
 
 def test_weight_files_are_the_safetensors_else_the_pytorch_files(tmp_path: Path) -> None:
@@ -42,7 +47,7 @@ def test_evicted_weights_are_read_back_into_the_page_cache(tmp_path: Path) -> No
         prefetch.evict(path)
     if max(prefetch.resident_share(p) for p in files) > 0.5:
         pytest.skip("this filesystem keeps the files in memory whatever the advice (e.g. tmpfs)")
-    job = prefetch.start(load_settings({"MODEL_NAME": str(model), "PREFETCH_WEIGHTS": "true"}))
+    job = prefetch.start(_plan({"MODEL_NAME": str(model), "PREFETCH_WEIGHTS": "true"}))
     assert job is not None and job.wait(30)
     assert job.num_read == job.num_bytes == 3 * 4 * 2**20
     # Resident now (evicted: under half). Not exactly all: a kernel with proactive reclaim (DAMON)
@@ -52,12 +57,12 @@ def test_evicted_weights_are_read_back_into_the_page_cache(tmp_path: Path) -> No
 
 def test_nothing_is_read_when_off_absent_or_too_large(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model(tmp_path / "m", num_files=1, size=1024)
-    assert prefetch.start(load_settings({"MODEL_NAME": str(model), "PREFETCH_WEIGHTS": "false"})) is None
-    assert prefetch.start(load_settings({"MODEL_NAME": str(tmp_path / "nowhere")})) is None
-    assert prefetch.start(load_settings({"MODEL_NAME": "org/not-downloaded"})) is None
+    assert prefetch.start(_plan({"MODEL_NAME": str(model), "PREFETCH_WEIGHTS": "false"})) is None
+    assert prefetch.start(_plan({"MODEL_NAME": str(tmp_path / "nowhere")})) is None
+    assert prefetch.start(_plan({"MODEL_NAME": "org/not-downloaded"})) is None
     monkeypatch.setattr(prefetch, "available_memory_bytes", lambda: 1000)  # less than the 1 KiB file / 0.8
-    assert prefetch.start(load_settings({"MODEL_NAME": str(model)})) is None  # unset: only what fits
-    forced = prefetch.start(load_settings({"MODEL_NAME": str(model), "PREFETCH_WEIGHTS": "true"}))
+    assert prefetch.start(_plan({"MODEL_NAME": str(model)})) is None  # unset: only what fits
+    forced = prefetch.start(_plan({"MODEL_NAME": str(model), "PREFETCH_WEIGHTS": "true"}))
     assert forced is not None and forced.wait(10)
 
 

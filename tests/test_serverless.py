@@ -16,11 +16,11 @@ from tests.helpers import (
     wait_for_spec_snapshot,
     worker_for,
 )
-from worker.boot import WARMUP_SAMPLING_FEATURES, warm_up
+from worker.boot.launch import WARMUP_SAMPLING_FEATURES, warm_up
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
 from worker.serverless import ServerlessWorker
-from worker.tracking import RequestEnd
+from worker.spec_stats.tracking import RequestEnd
 
 pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from tests.fakes import FakeEngine
 from tests.helpers import engine_settings, job_items, worker_for
 from worker.errors import EngineBootError
@@ -18,31 +20,50 @@ async def collect(worker: ServerlessWorker, job_input: Any = JOB, job_id: str = 
     return await job_items(worker, {"id": job_id, "input": job_input})
 
 
-async def test_concurrent_first_jobs_boot_the_engine_once() -> None:
+def _all_ask_first(holder: EngineHolder, monkeypatch: pytest.MonkeyPatch, num_jobs: int) -> asyncio.Event:
+    """An event set once ``num_jobs`` jobs have asked the holder for the engine: a boot that waits
+    for it overlaps every one of them."""
+    get, asked, everyone = holder.get, [0], asyncio.Event()
+
+    async def counted() -> Any:
+        asked[0] += 1
+        if asked[0] == num_jobs:
+            everyone.set()
+        return await get()
+
+    monkeypatch.setattr(holder, "get", counted)
+    return everyone
+
+
+async def test_concurrent_first_jobs_boot_the_engine_once(monkeypatch: pytest.MonkeyPatch) -> None:
     boots = 0
 
     async def factory(settings: Any) -> FakeEngine:
         nonlocal boots
         boots += 1
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(everyone.wait(), 60)
         return FakeEngine()
 
-    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    holder = EngineHolder(settings_loader=engine_settings, engine_factory=factory)
+    everyone = _all_ask_first(holder, monkeypatch, 10)
+    worker = ServerlessWorker(holder)
     results = await asyncio.gather(*(collect(worker, job_id=f"j{i}") for i in range(10)))
     assert boots == 1
     assert all(items[-1]["finish_reason"] == "length" for items in results)
 
 
-async def test_failed_boot_fails_every_job_clearly_and_asks_for_replacement() -> None:
+async def test_failed_boot_fails_every_job_clearly_and_asks_for_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
     boots = 0
 
     async def factory(settings: Any) -> FakeEngine:
         nonlocal boots
         boots += 1
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(everyone.wait(), 60)
         raise EngineBootError("engine failed to start for model 'x': out of memory")
 
-    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    holder = EngineHolder(settings_loader=engine_settings, engine_factory=factory)
+    everyone = _all_ask_first(holder, monkeypatch, 5)
+    worker = ServerlessWorker(holder)
     results = await asyncio.gather(*(collect(worker, job_id=f"j{i}") for i in range(5)))
     later = await collect(worker)
     assert boots == 1  # a boot that failed is not retried by every later job

@@ -14,20 +14,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
-from types import SimpleNamespace
 from typing import Any
 
-from worker.spec_frontend import kept_counts
-from worker.spec_scheduler import (
-    ANSWERS_ID,
-    ANSWERS_KEY,
-    NOT_VERIFIED,
-    TAIL_STEPS,
-    UNKNOWN,
-    Answer,
-    decode_answer,
-    encode_answer,
-)
+from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts, kept_counts
+from worker.spec_stats.scheduler import TAIL_STEPS
+from worker.spec_stats.stand_in import HookedStandIn, make_request, step_outputs
 
 K = 3
 
@@ -45,93 +36,21 @@ class _Plan:
     ended: int | None = None
 
 
-def _scheduler() -> Any:
-    """The worker's mixin over a stand-in for vLLM's scheduler with vLLM's own ``Request`` objects."""
-    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-    from vllm.v1.request import RequestStatus
-
-    from worker.spec_scheduler import SpecMetricsSnapshots
-
-    class StandIn:
-        def __init__(self) -> None:
-            self.requests: dict[str, Any] = {}
-            self.finished_req_ids: set[str] = set()
-
-        def add_request(self, request: Any) -> None:
-            request.status = RequestStatus.RUNNING
-            self.requests[request.request_id] = request
-
-        def update_from_output(self, scheduled: Any, model_output: Any) -> Any:
-            self.finished_req_ids.clear()  # vLLM's schedule() hands them on
-            outputs: dict[int, Any] = {}
-            for rid in scheduled.num_scheduled_tokens:
-                request = self.requests.get(rid)
-                if request is None or request.is_finished():
-                    continue
-                tokens = model_output.sampled_token_ids[model_output.req_id_to_index[rid]]
-                drafts = scheduled.scheduled_spec_decode_tokens.get(rid)
-                if drafts:
-                    invalid = (scheduled.num_invalid_spec_tokens or {}).get(rid, 0)
-                    request.spec_decode_metrics.observe(len(drafts) - invalid, len(tokens) - 1)
-                finish = None
-                room = request.max_tokens - request.num_output_tokens
-                if len(tokens) >= room:  # vLLM trims the step's tokens at the stop, in place
-                    del tokens[room:]
-                    request.status, finish = RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH
-                request.append_output_token_ids(list(tokens))
-                output = EngineCoreOutput(rid, list(tokens), finish_reason=finish)
-                if finish is not None:
-                    output.spec_decode_metrics = request.spec_decode_metrics
-                    self._free_request(request)
-                outputs.setdefault(request.client_index, EngineCoreOutputs(outputs=[])).outputs.append(output)
-            return outputs
-
-        def finish_requests(self, request_ids: Any, status: Any) -> list[Any]:
-            aborted = []
-            for rid in request_ids:
-                request = self.requests.get(rid)
-                if request is not None and not request.is_finished():
-                    request.status = status
-                    self._free_request(request)
-                    aborted.append(request)
-            return aborted
-
-        def _free_request(self, request: Any, delay_free_blocks: bool = False) -> None:
-            self.finished_req_ids.add(request.request_id)
-            del self.requests[request.request_id]
-
-        def has_requests(self) -> bool:
-            return bool(self.requests or self.finished_req_ids)
-
-    class Hooked(SpecMetricsSnapshots, StandIn):
-        pass
-
-    return Hooked()
-
-
 def _request(rid: str, *, stop: list[str] | None, max_tokens: int = 10_000, client: int = 0) -> Any:
-    from vllm import SamplingParams
-    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
-    from vllm.v1.request import Request
-
-    request = Request(rid, [1, 2, 3], SamplingParams(stop=stop, max_tokens=max_tokens), None, client_index=client)
-    request.spec_decode_metrics = RequestSpecDecodeMetrics.new(K)
-    return request
+    return make_request(rid, num_spec_tokens=K, stop=stop, max_tokens=max_tokens, client=client)
 
 
-def _step(scheduler: Any, shapes: dict[str, tuple[int, int, int]], *, prefill: frozenset[str] = frozenset()) -> Any:
+def _step(
+    scheduler: HookedStandIn, shapes: dict[str, tuple[int, int, int]], *, prefill: frozenset[str] = frozenset()
+) -> Any:
     """One step: per request (drafts scheduled, drafts a grammar invalidated, accepted)."""
-    scheduled = SimpleNamespace(num_scheduled_tokens={}, scheduled_spec_decode_tokens={}, num_invalid_spec_tokens={})
-    model_output = SimpleNamespace(req_id_to_index={}, sampled_token_ids=[])
-    for index, (rid, (drafts, invalid, accepted)) in enumerate(shapes.items()):
-        scheduled.num_scheduled_tokens[rid] = 1 + drafts + (40 if rid in prefill else 0)
-        if drafts:
-            scheduled.scheduled_spec_decode_tokens[rid] = [7] * drafts
-        if invalid:
-            scheduled.num_invalid_spec_tokens[rid] = invalid
-        model_output.req_id_to_index[rid] = index
-        model_output.sampled_token_ids.append([5] * (accepted + 1))
-    return scheduler.update_from_output(scheduled, model_output)
+    return step_outputs(
+        scheduler,
+        num_scheduled_tokens={rid: 1 + d + (40 if rid in prefill else 0) for rid, (d, _, _) in shapes.items()},
+        drafts={rid: [7] * d for rid, (d, _, _) in shapes.items() if d},
+        invalid_drafts={rid: i for rid, (_, i, _) in shapes.items() if i},
+        sampled={rid: [5] * (accepted + 1) for rid, (_, _, accepted) in shapes.items()},
+    )
 
 
 def _answers(outputs: dict[int, Any]) -> dict[str, tuple[int, Answer]]:
@@ -142,8 +61,8 @@ def _answers(outputs: dict[int, Any]) -> dict[str, tuple[int, Answer]]:
         assert all(o.request_id != ANSWERS_ID for o in eco.outputs[:-1])
         last = eco.outputs[-1] if eco.outputs else None
         if last is not None and last.request_id == ANSWERS_ID:
-            for rid, flat in last.kv_transfer_params[ANSWERS_KEY].items():
-                found[rid] = (client, decode_answer(flat))
+            for rid, raw in last.kv_transfer_params[ANSWERS_KEY].items():
+                found[rid] = (client, Answer.from_wire(raw))
     return found
 
 
@@ -168,10 +87,10 @@ def test_the_counts_kept_equal_the_counts_at_the_stop_string() -> None:
 def _trial(seed: int) -> collections.Counter[str]:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import _ENDED_STEPS
+    from worker.spec_stats.scheduler import _ENDED_STEPS
 
     rng = random.Random(seed)
-    scheduler = _scheduler()
+    scheduler = HookedStandIn()
     plans = {}
     for i in range(6):
         stop_step = rng.randint(1, 30)
@@ -197,6 +116,7 @@ def _trial(seed: int) -> collections.Counter[str]:
                 if step <= plan.stop:
                     request = scheduler.requests.get(output.request_id)
                     metrics = output.spec_decode_metrics if request is None else request.spec_decode_metrics
+                    assert metrics is not None
                     plan.kept = (list(metrics.histogram), metrics.num_draft_tokens)
                 else:
                     plan.seen.append(len(output.new_token_ids))  # dropped by the frontend, counted
@@ -210,7 +130,11 @@ def _trial(seed: int) -> collections.Counter[str]:
             assert plan.ended is not None and plan.abort - plan.ended >= _ENDED_STEPS
             continue
         counts = kept_counts(
-            answer.metrics, tail=answer.tail, after=plan.seen, ended=answer.ended, final_accepted=answer.final_accepted
+            answer.counts.to_vllm(),
+            tail=answer.tail,
+            after=plan.seen,
+            ended=answer.is_ended,
+            final_accepted=answer.final_accepted,
         )
         if counts is None:  # the tail was too short: the frontend reports the snapshot as partial
             assert len(plan.seen) > len(answer.tail)
@@ -220,14 +144,14 @@ def _trial(seed: int) -> collections.Counter[str]:
         taken_off = answer.tail[: len(plan.seen)]
         outcomes["taken off"] += bool(taken_off)
         outcomes["taken off, one without drafts"] += NOT_VERIFIED in taken_off
-        outcomes["ended in the core"] += answer.ended and bool(taken_off)
+        outcomes["ended in the core"] += answer.is_ended and bool(taken_off)
     return outcomes
 
 
 def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_client() -> None:
     from vllm.v1.request import RequestStatus
 
-    scheduler = _scheduler()
+    scheduler = HookedStandIn()
     for rid, client in (("a", 0), ("b", 1), ("c", 0)):
         scheduler.add_request(_request(rid, stop=["x"], client=client))
     _step(scheduler, {"a": (0, 0, 0), "b": (0, 0, 0), "c": (0, 0, 0)}, prefill=frozenset("abc"))
@@ -238,7 +162,7 @@ def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_c
     scheduler.finish_requests(["a", "b", "c", "gone"], RequestStatus.FINISHED_ABORTED)
     assert scheduler.has_requests()
     outputs = _step(scheduler, {})
-    tails = {rid: (client, answer.tail, answer.ended) for rid, (client, answer) in _answers(outputs).items()}
+    tails = {rid: (client, answer.tail, answer.is_ended) for rid, (client, answer) in _answers(outputs).items()}
     assert tails == {
         "a": (0, [NOT_VERIFIED, 2, UNKNOWN], False),
         "b": (1, [3, 2, UNKNOWN], False),
@@ -250,9 +174,9 @@ def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_c
 def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
+    from worker.spec_stats.scheduler import SNAPSHOT_EVERY_STEPS
 
-    scheduler = _scheduler()
+    scheduler = HookedStandIn()
     scheduler.add_request(_request("plain", stop=None))
     scheduler.add_request(_request("stop", stop=["x"]))
     snapshots = []
@@ -273,9 +197,9 @@ def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() ->
 def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_scheduler import _ENDED_STEPS, _RING
+    from worker.spec_stats.scheduler import _ENDED_STEPS, _RING
 
-    scheduler = _scheduler()
+    scheduler = HookedStandIn()
     scheduler.add_request(_request("early", stop=["x"], max_tokens=4))
     scheduler.add_request(_request("late", stop=["x"], max_tokens=4))
     scheduler.add_request(_request("latest", stop=["x"], max_tokens=4))
@@ -285,16 +209,16 @@ def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None
     assert {o.request_id for o in outputs[0].outputs if o.finish_reason is not None} == {"early", "late", "latest"}
     scheduler.finish_requests(["early"], RequestStatus.FINISHED_ABORTED)
     _, answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["early"]
-    assert (answer.tail, answer.ended, answer.final_accepted) == ([3], True, 3)
-    counts = kept_counts(answer.metrics, tail=[3], after=[4], ended=True, final_accepted=3)
+    assert (answer.tail, answer.is_ended, answer.final_accepted) == ([3], True, 3)
+    counts = kept_counts(answer.counts.to_vllm(), tail=[3], after=[4], ended=True, final_accepted=3)
     assert counts is not None and counts.histogram == [0, 0, 0, 0] and counts.num_draft_tokens == 0
     for _ in range(_RING):
         _step(scheduler, {"other": (3, 0, 0)})
     # Past the ring: answered, with no tail left to read (the frontend reports it partial at once).
     scheduler.finish_requests(["late"], RequestStatus.FINISHED_ABORTED)
     _, answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["late"]
-    assert (answer.tail, answer.ended) == ([], True)
-    assert kept_counts(answer.metrics, tail=answer.tail, after=[4], ended=True, final_accepted=3) is None
+    assert (answer.tail, answer.is_ended) == ([], True)
+    assert kept_counts(answer.counts.to_vllm(), tail=answer.tail, after=[4], ended=True, final_accepted=3) is None
     for _ in range(_ENDED_STEPS):
         _step(scheduler, {"other": (3, 0, 0)})
     scheduler.finish_requests(["latest"], RequestStatus.FINISHED_ABORTED)  # past the window: no answer
@@ -324,15 +248,34 @@ def test_kept_counts_arithmetic() -> None:
 
 
 def test_answers_round_trip() -> None:
+    import msgspec
+    import pytest
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    summary = RequestSpecDecodeMetrics(3, [1, 0, 2, 5], 24)
-    detailed = RequestSpecDecodeMetrics(2, [1, 1, 1], 6, [0, 1, 2], [2, 2, 2])
+    summary = RequestSpecDecodeMetrics(num_spec_tokens=3, histogram=[1, 0, 2, 5], num_draft_tokens=24)
+    detailed = RequestSpecDecodeMetrics(
+        num_spec_tokens=2,
+        histogram=[1, 1, 1],
+        num_draft_tokens=6,
+        per_step_accepted=[0, 1, 2],
+        per_step_drafted=[2] * 3,
+    )
+    encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
     for metrics, tail, ended, final in [
         (summary, [3, NOT_VERIFIED, 2], False, None),
         (summary, [], True, None),
         (detailed, [2, UNKNOWN], True, 0),
         (detailed, [2], True, 2),
     ]:
-        answer = decode_answer(encode_answer(metrics, tail, ended=ended, final_accepted=final))
-        assert answer == Answer(metrics, tail, ended, final)
+        answer = Answer(counts=Counts.of(metrics), tail=tail, is_ended=ended, final_accepted=final)
+        # Through vLLM's own serialiser, as the engine core sends a step's outputs to the frontend.
+        carried = EngineCoreOutput(ANSWERS_ID, [], kv_transfer_params={ANSWERS_KEY: {"r": answer.to_wire()}})
+        (received,) = decoder.decode(encoder.encode(EngineCoreOutputs(outputs=[carried]))).outputs
+        assert received.kv_transfer_params is not None
+        back = Answer.from_wire(received.kv_transfer_params[ANSWERS_KEY]["r"])
+        assert back == answer and back.counts.to_vllm() == metrics
+    # An answer of another shape (a field renamed or inserted by an upgrade) is refused, not misread.
+    with pytest.raises(msgspec.ValidationError):
+        Answer.from_wire([[3, [1, 0], "24", [], []], [], False, None])

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from tests.helpers import ImageServer, boot_engine, job_items, png, worker_for
+from worker.boot.engine_args import engine_environment
 from worker.config import load_settings
-from worker.engine_args import engine_environment
 from worker.pod import create_app
 from worker.serverless import ServerlessWorker
 from worker.tiny_models import TinyModels, ensure_tiny_model

@@ -41,11 +41,14 @@ import socket
 import time
 from collections.abc import MutableSequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from worker.config import Settings
+from worker.config import Settings, num_api_servers
 from worker.errors import WorkerError
 from worker.metrics import WatchdogWindow
+
+if TYPE_CHECKING:
+    from worker.boot.plan import BootPlan
 
 __all__ = ["run_api_process", "serve"]
 
@@ -80,11 +83,13 @@ class _ReadySlots:
 
 
 def serve(settings: Settings, *, sock: socket.socket) -> int:
-    """Run the pod with ``settings.num_api_servers()`` API processes on ``sock`` (bound before
+    """Run the pod with ``num_api_servers(settings)`` API processes on ``sock`` (bound before
     anything boots: ``worker.pod.listen_socket``); the exit status."""
+    from worker.boot.plan import build_plan
     from worker.runtime import prepare_boot
 
-    prepare_boot(settings, mode="pod")  # before vLLM is imported
+    plan = build_plan(settings, mode="pod")
+    prepare_boot(plan)  # before vLLM is imported
     from vllm.utils.system_utils import set_ulimit
     from vllm.v1.engine.admission_control import SharedAdmissionStats
     from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
@@ -92,15 +97,15 @@ def serve(settings: Settings, *, sock: socket.socket) -> int:
     from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
     from vllm.v1.utils import APIServerProcessManager, wait_for_completion_or_failure
 
-    from worker.boot import build_config
-    from worker.engine import one_line
+    from worker.boot.launch import build_config
+    from worker.errors import one_line
     from worker.pod import FATAL_EXIT_DELAY_S
 
-    count = settings.num_api_servers()
+    count = num_api_servers(settings)
     # Before any API process starts: they inherit the directory and keep their metrics in it.
     setup_multiprocess_prometheus()  # type: ignore[no-untyped-call]
     try:
-        vllm_config = build_config(settings, mode="pod", api_process_count=count, api_process_rank=-1)
+        vllm_config = build_config(plan, api_process_count=count, api_process_rank=-1)
     except WorkerError as exc:
         log.error("engine boot failed: %s", exc.message)
         return 1
@@ -138,7 +143,7 @@ def serve(settings: Settings, *, sock: socket.socket) -> int:
                 target_server_fn=run_api_process,
                 listen_address=f"http://{settings.host}:{settings.port}",
                 sock=sock,
-                args=argparse.Namespace(settings=settings, shared=shared),
+                args=argparse.Namespace(plan=plan, shared=shared),
                 num_servers=count,
                 input_listeners=listeners.inputs,
                 output_listeners=listeners.outputs,
@@ -179,29 +184,31 @@ def run_api_process(listen_address: str, sock: socket.socket, args: argparse.Nam
     import uvloop
     from vllm.utils.system_utils import decorate_logs, set_process_title
 
-    settings: Settings = args.settings
+    plan: BootPlan = args.plan
+    settings = plan.settings
     set_process_title("APIServer", str(client["client_index"]))
     decorate_logs()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvloop.run(_serve_api_process(sock, settings, args.shared, dict(client)))
+    uvloop.run(_serve_api_process(sock, plan, args.shared, dict(client)))
 
 
-async def _serve_api_process(sock: socket.socket, settings: Settings, shared: _Shared, client: dict[str, Any]) -> None:
+async def _serve_api_process(sock: socket.socket, plan: BootPlan, shared: _Shared, client: dict[str, Any]) -> None:
     import uvicorn
     from vllm.entrypoints.launchers.launcher import NoSignalServer
     from vllm.v1.engine.admission_control import SharedAdmissionStats
 
-    from worker.boot import ApiProcess, boot
+    from worker.boot.launch import ApiProcess, boot
     from worker.pod import create_app
     from worker.runtime import EngineHolder
 
     loads = client.pop("api_server_loads", None)
     count, index = client.pop("client_count"), client.pop("client_index")
     api_process = ApiProcess(addresses=client, count=count, index=index)
+    settings = plan.settings
     holder = EngineHolder(
         settings_loader=lambda: settings,
         mode="pod",
-        engine_factory=lambda s: boot(s, mode="pod", api_process=api_process),
+        engine_factory=lambda _: boot(plan, api_process=api_process),
         shared_window=shared.window,
     )
     peers = SharedAdmissionStats({"mp_admission_counters": shared.in_flight}, count, index)

@@ -6,7 +6,7 @@
     python -m worker plan --requests-per-hour 120 --tokens-per-s 2000 ...   # serverless vs pod cost
     python -m worker soak --minutes 60 --out DIR   # mixed traffic, watching for growth (worker/tools/soak.py)
 
-Configuration is the same environment as the serverless handler's (``worker/config.py``).
+Configuration is the same environment as the serverless handler's (``worker/config/``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import sys
 
 from worker import version_line
-from worker.config import load_settings
+from worker.config import load_settings, num_api_servers
 from worker.errors import ConfigError
 
 __all__ = ["main"]
@@ -58,7 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
-    if settings.num_api_servers() > 1:
+    if num_api_servers(settings) > 1:
         from worker.api_servers import serve
 
         return serve(settings, sock=sock)

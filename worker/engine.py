@@ -2,20 +2,10 @@
 
 ``Engine.generate(request)`` yields one :class:`StreamChunk` per engine step and a final one with
 usage, timings and exact per-request acceptance stats; ``Engine.observe`` passes vLLM's own
-outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is ``worker/boot.py``.
+outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is ``worker/boot/launch.py``.
 
-Exact stats on every ending: vLLM attaches a request's spec-decode metrics only to the engine
-core's final output, so a request finished by a stop string (detected in the frontend) or
-cancelled gets none. The worker's scheduler (``spec_scheduler.py``) answers a stop string's abort
-with the request's counts and the shape of its last steps, and its output processor
-(``spec_frontend.py``, installed by ``boot.py``) holds the final output until then and takes off
-the steps the core ran past the stop string: the final output carries the counts of the steps
-the request kept. Every request also gets a snapshot every few dozen steps: what a cancelled one
-reports.
-
-vLLM is imported here, in ``boot.py``, in ``spec_scheduler.py`` (the scheduler subclasses, imported
-by the engine-core process too), ``spec_frontend.py`` and ``openai.py`` (vLLM's OpenAI layer);
-where model references point is ``worker/models.py``.
+Exact stats on every ending (stop strings, cancellations): ``worker/spec_stats/``, installed when
+the boot plan says so. vLLM is imported here, in ``boot/launch.py``, ``spec_stats/`` and ``openai.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
@@ -36,15 +26,15 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from worker.config import Settings
-from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError
-from worker.models import resolver
+from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError, one_line
 from worker.schema import GenerateRequest, Served, StreamChunk, Usage
-from worker.tracking import RequestEnd, RequestTracker
+from worker.spec_stats.frontend import ExactStopStats
+from worker.spec_stats.tracking import RequestEnd, RequestTracker
 
 # vLLM's typed client errors, and the ValueError its request validation still raises in places.
 _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
 
-__all__ = ["Engine", "RequestEnd", "one_line"]
+__all__ = ["Engine", "RequestEnd"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +42,16 @@ log = logging.getLogger(__name__)
 class Engine:
     """One booted vLLM engine shared by all requests (continuous batching)."""
 
-    def __init__(self, llm: AsyncLLM, *, settings: Settings, model_label: str) -> None:
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        *,
+        settings: Settings,
+        model_label: str,
+        lora_paths: Mapping[str, str],
+        is_exact_stats: bool,
+    ) -> None:
+        """The boot plan's answers (``worker.boot.plan``): adapter paths, exact stats on or off."""
         self._llm = llm
         self._settings = settings
         config = llm.vllm_config
@@ -64,9 +63,12 @@ class Engine:
             quantization=config.model_config.quantization,
             speculative_method=getattr(spec, "method", None) if spec else None,
             num_speculative_tokens=getattr(spec, "num_speculative_tokens", None) if spec else None,
-            spec_decode_available=bool(spec) and settings.per_request_spec_decode_metrics != "none",
+            spec_decode_available=is_exact_stats,
         )
         self._tokenizer = llm.get_tokenizer()
+        # The frontend half of exact stats, where the boot installed it (worker.boot.launch).
+        processor = llm.output_processor
+        self.exact_stop_stats = processor if isinstance(processor, ExactStopStats) else None
         # The model's default sampling parameters (its generation_config.json), applied to what a
         # request leaves unset, as vLLM's OpenAI layer applies them.
         self.default_sampling: dict[str, Any] = config.model_config.get_diff_sampling_param()
@@ -75,10 +77,8 @@ class Engine:
         self.observers: list[Callable[[RequestEnd], None]] = []
         # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
         # same list, so that both entrypoints share one adapter slot per name.
-        resolve = resolver(settings)
         self.lora_requests: dict[str, LoRARequest] = {
-            module.name: LoRARequest(module.name, index, resolve(module.path))
-            for index, module in enumerate(settings.lora_modules, start=1)
+            name: LoRARequest(name, index, path) for index, (name, path) in enumerate(lora_paths.items(), start=1)
         }
 
     # ----------------------------------------------------------------- state
@@ -259,7 +259,7 @@ class Engine:
         """Pass vLLM's outputs of one request through unchanged, telling the observers how it ended.
 
         For callers that use vLLM directly (its OpenAI layer); :meth:`generate` keeps the same
-        books (:class:`~worker.tracking.RequestTracker`) inline, on the native hot path.
+        books (:class:`~worker.spec_stats.tracking.RequestTracker`) inline, on the native hot path.
         """
         track = RequestTracker(self, request_id)
         try:
@@ -298,10 +298,3 @@ class Engine:
                 s.num_accepted_draft_tokens,
                 s.draft_acceptance_rate,
             )
-
-
-def one_line(exc: BaseException) -> str:
-    """The exception's message on one line (pydantic's validation errors name the field on the
-    lines after the first), without pydantic's links."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if "errors.pydantic.dev" not in line]
-    return " ".join(line for line in lines if line)[:500] or type(exc).__name__

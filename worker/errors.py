@@ -15,6 +15,7 @@ WorkerError                  base: a message safe to show a client
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "InvalidRequest",
     "RequestTooLarge",
     "WorkerError",
+    "describe_validation_errors",
+    "one_line",
     "to_error_payload",
     "to_openai_error",
 ]
@@ -116,3 +119,41 @@ def to_openai_error(error: BaseException) -> dict[str, Any]:
     """OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, for any exception."""
     safe = _safe(error)
     return {"error": {"message": safe.message, "type": safe.error_type, "param": safe.param, "code": safe.status}}
+
+
+def describe_validation_errors(
+    errors: Iterable[Mapping[str, Any]],
+    *,
+    place: Callable[[Sequence[Any]], str] | None = None,
+    limit: int | None = None,
+    one_per_place: bool = False,
+) -> str:
+    """pydantic's validation errors (``exc.errors()``) as one line, ``place: message`` each, never
+    echoing the input: the settings' (places as variables), a request's (as fields), vLLM's config's
+    (as the variable that set the value). ``place``: a location's name ("" for a rule across
+    fields, which names its fields itself; default: the parts joined by dots); ``limit``: how many
+    problems are named before "and N more"; ``one_per_place``: the first complaint per place only
+    (a union's other branches add only noise)."""
+    problems: dict[str, None] = {}
+    seen: set[str] = set()
+    for error in errors:
+        loc = tuple(error.get("loc", ()))
+        where = place(loc) if place is not None else ".".join(str(part) for part in loc)
+        if one_per_place and where in seen:
+            continue
+        seen.add(where)
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        if error.get("type") == "extra_forbidden":
+            message = "unknown field"
+        problems[f"{where}: {message}" if where else message] = None
+    named = list(problems)
+    if limit is not None and len(named) > limit:
+        named = [*named[:limit], f"and {len(named) - limit} more"]
+    return "; ".join(named)
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line (pydantic's validation errors name the field on the
+    lines after the first), without pydantic's links."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if "errors.pydantic.dev" not in line]
+    return " ".join(line for line in lines if line)[:500] or type(exc).__name__

@@ -7,7 +7,7 @@ own services on loopback, or private addresses, and read timing or errors back. 
 hooks, not the policy: a registry of media connectors chosen by ``VLLM_MEDIA_CONNECTOR``, and
 ``allowed_media_domains`` (an allow-list of host names; the worker's ``ALLOWED_MEDIA_DOMAINS``).
 This module registers :class:`PublicMediaConnector`, which the worker selects by default
-(``worker.engine_args.engine_environment``) for every path that reaches vLLM's layer (the pod
+(``worker.boot.engine_args.engine_environment``) for every path that reaches vLLM's layer (the pod
 and ``openai_route``; the native input takes no media):
 
 - before any connection, a URL is refused unless its scheme is ``http``, ``https`` or ``data``
@@ -43,7 +43,7 @@ from vllm.connections import HTTPConnection
 from vllm.exceptions import VLLMValidationError
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 
-from worker.engine_args import PUBLIC_MEDIA_CONNECTOR
+from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 
 __all__ = ["PUBLIC_MEDIA_CONNECTOR", "MediaURLRefused", "PublicMediaConnector", "address_refusal"]
 

@@ -7,6 +7,8 @@ default registry), the worker exports per-request distributions that vLLM aggreg
     worker_request_acceptance_rate        histogram of per-request draft acceptance rate
     worker_time_to_first_token_seconds    histogram
     worker_requests_total{outcome}        finished / cancelled / error
+    worker_spec_decode_releases_total{outcome,reason}   stop strings' final outputs: exact (answered),
+                                          partial (no_answer, unmatched, engine_error, holding_off)
     worker_spec_decode_rolling_mean_acceptance_length   gauge over the watchdog window
     worker_spec_decode_low_acceptance     gauge: 1 while the window is below the threshold
     worker_requests_in_engine             gauge, read at scrape time: requests the engine holds
@@ -45,10 +47,10 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
-from worker.stats import mean_acceptance_length
+from worker.spec_stats.acceptance import mean_acceptance_length
 
 if TYPE_CHECKING:
-    from worker.tracking import RequestEnd
+    from worker.spec_stats.tracking import RequestEnd
 
 __all__ = [
     "AcceptanceWatchdog",
@@ -170,6 +172,12 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.requests = Counter("worker_requests", "Requests by outcome", ["outcome"], registry=self.registry)
+        self.releases = Counter(
+            "worker_spec_decode_releases",
+            "Final outputs of requests ended by a stop string, by how their spec-decode counts went out",
+            ["outcome", "reason"],
+            registry=self.registry,
+        )
         self.rolling_length = Gauge(
             "worker_spec_decode_rolling_mean_acceptance_length",
             "Mean acceptance length over the watchdog window",
@@ -227,6 +235,8 @@ class WorkerMetrics:
     def observe(self, end: RequestEnd) -> None:
         """An engine request observer."""
         self.requests.labels(outcome=end.outcome).inc()
+        if end.release is not None:
+            self.releases.labels(outcome=end.release.outcome, reason=end.release.reason).inc()
         if end.time_to_first_token_s is not None:
             self.ttft.observe(end.time_to_first_token_s)
         stats = end.spec_decode

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 from argparse import Namespace
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -41,9 +41,9 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from worker.config import Settings
 from worker.engine import Engine
-from worker.errors import EngineDead, to_openai_error
+from worker.errors import EngineDead, describe_validation_errors, to_openai_error
 
-__all__ = ["OpenAIResponse", "OpenAIServer", "describe_validation_errors", "server_args", "server_flags"]
+__all__ = ["OpenAIResponse", "OpenAIServer", "describe_request_errors", "server_args", "server_flags"]
 
 
 def server_args(settings: Settings, *, model_path: str, lora_paths: dict[str, str] | None = None) -> Namespace:
@@ -119,20 +119,22 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
     app.middleware_stack = app.build_middleware_stack()
 
 
-def describe_validation_errors(errors: Any, *, prefix: str = "") -> str:
+def describe_request_errors(errors: Any, *, prefix: str = "") -> str:
     """A request's validation errors as one sentence naming each field, e.g. ``openai_input.messages:
     field required``, where vLLM's layer answers with a rendering of pydantic's error dicts.
     Field paths are vLLM's own (``clean_loc_for_param``), without the leading ``body``."""
-    parts = []
-    for error in list(errors)[:3]:
-        loc = [str(part) for part in error.get("loc", ()) if part != "body"]
-        path = clean_loc_for_param(tuple(loc)) if loc else ""
-        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-        message = message[:1].lower() + message[1:]
-        parts.append(f"{prefix}{path}: {message}" if path else message)
-    if len(errors) > 3:
-        parts.append(f"and {len(errors) - 3} more")
-    return "; ".join(parts) or "the request is not valid"
+
+    def place(loc: Sequence[Any]) -> str:
+        parts = [str(part) for part in loc if part != "body"]
+        return f"{prefix}{clean_loc_for_param(tuple(parts))}" if parts else ""
+
+    lowered = [{**error, "msg": _lower_first(str(error.get("msg", "invalid")))} for error in errors]
+    return describe_validation_errors(lowered, place=place, limit=3) or "the request is not valid"
+
+
+def _lower_first(message: str) -> str:
+    message = message.removeprefix("Value error, ")
+    return message[:1].lower() + message[1:]
 
 
 @dataclass(slots=True)
@@ -198,7 +200,7 @@ class OpenAIServer:
         try:
             TypeAdapter(model).validate_python(body)
         except pydantic.ValidationError as exc:
-            return describe_validation_errors(exc.errors(), prefix="openai_input.")
+            return describe_request_errors(exc.errors(), prefix="openai_input.")
         except Exception:  # vLLM's own checks inside its validators: its message stands
             return None
         return None

@@ -24,9 +24,10 @@ from worker.metrics import WatchdogWindow, WorkerMetrics
 from worker.schema import GenerateRequest, Served, StreamChunk
 
 if TYPE_CHECKING:
+    from worker.boot.plan import BootPlan
     from worker.engine import Engine
     from worker.openai import OpenAIServer
-    from worker.tracking import RequestEnd
+    from worker.spec_stats.tracking import RequestEnd
 
 __all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine", "prepare_boot"]
 
@@ -35,34 +36,29 @@ log = logging.getLogger(__name__)
 EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
 
 
-def prepare_boot(settings: Settings, *, mode: DeploymentMode) -> None:
+def prepare_boot(plan: BootPlan) -> None:
     """What a process that starts vLLM's engine does before importing vLLM: start reading the
-    weights (they are read while the imports run) and set the environment the engine must inherit
-    (a pure function of the settings and the deployment mode)."""
-    from worker import prefetch
+    weights (they are read while the imports run), set the environment the engine must inherit, and
+    start the model-class inspection, all as the plan says."""
+    from worker.boot import modelinfo, prefetch
 
-    prefetch.start(settings)
-    from worker.engine_args import engine_environment
-
-    for key, value in engine_environment(settings, mode=mode).items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    from worker import modelinfo
-
-    modelinfo.start(settings)  # after the environment: it reads VLLM_CACHE_ROOT
+    prefetch.start(plan)
+    plan.apply_environment(os.environ)
+    modelinfo.start(plan)  # after the environment, which its subprocess inherits
 
 
 async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
-    """vLLM's engine for ``settings``: :func:`prepare_boot`, then the boot."""
-    prepare_boot(settings, mode=mode)
+    """vLLM's engine for ``settings``: the boot plan, :func:`prepare_boot`, then the boot."""
+    from worker.boot.plan import build_plan
+
+    plan = build_plan(settings, mode=mode)
+    prepare_boot(plan)
     started = time.perf_counter()
-    from worker.boot import boot  # imports vLLM (once a process)
+    from worker.boot.launch import boot  # imports vLLM (once a process)
 
     # The boot's stamps (this line, the config's, vLLM's own) split the main process's time.
     log.info("vLLM imported in %.2f s", time.perf_counter() - started)
-    return await boot(settings, mode=mode)
+    return await boot(plan)
 
 
 class EngineProtocol(Protocol):

@@ -16,12 +16,13 @@ last one also carries ``finish_reason``, ``usage``, ``timings``, ``spec_decode``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from worker.errors import InvalidRequest
+from worker.errors import InvalidRequest, describe_validation_errors
 
 __all__ = [
     "ChatMessage",
@@ -217,15 +218,14 @@ def _dump(block: BaseModel | None) -> dict[str, Any] | None:
 
 def validation_message(exc: ValidationError, *, prefix: str = "") -> str:
     """A short message naming every bad field, never echoing the input."""
-    problems = []
-    for error in exc.errors(include_url=False, include_input=False, include_context=False):
-        loc = ".".join(str(part) for part in error["loc"] if not str(part).startswith("function-"))
-        loc = prefix + loc if loc else (prefix.rstrip(".") or "input")
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown field"
-        problems.append(f"{loc}: {message}")
-    return "; ".join(dict.fromkeys(problems))
+
+    def place(loc: Sequence[Any]) -> str:
+        path = ".".join(str(part) for part in loc if not str(part).startswith("function-"))
+        return prefix + path if path else (prefix.rstrip(".") or "input")
+
+    return describe_validation_errors(
+        exc.errors(include_url=False, include_input=False, include_context=False), place=place
+    )
 
 
 def parse_request(data: Any) -> GenerateRequest:

@@ -39,9 +39,10 @@ def _machine() -> str:
 def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     settings = load_settings(env)
-    from worker.boot import build_args  # resolves tiny models and checks the vLLM install early
+    from worker.boot.launch import build_args  # checks the vLLM install early
+    from worker.boot.plan import build_plan  # resolves tiny models
 
-    model_path = build_args(settings).model
+    model_path = build_args(build_plan(settings, mode="serverless")).model
     results: dict[str, Any] = {"command": command, "machine": _machine(), "plan": asdict(plan), "label": plan.label}
     with contextlib.suppress(Exception):
         import torch

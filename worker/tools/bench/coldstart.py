@@ -108,7 +108,7 @@ def _weights_before_boot(env: dict[str, str], model_path: str) -> float | None:
     """The share of the model's weight files in the page cache as a boot starts, after evicting
     them when ``COLDSTART_EVICT_WEIGHTS=1`` (the cold-disk case: each boot, the handler's and vLLM
     server's alike, reads them from the disk); None where the model has no local weight files."""
-    from worker import prefetch
+    from worker.boot import prefetch
 
     files = prefetch.weight_files(Path(model_path))
     if not files:
@@ -197,7 +197,7 @@ async def bench_first_request(
     the first request that uses the sampler's optional kernels (penalties, top-k/top-p, min-p,
     seeded sampling; vLLM 0.32 warms them at boot only with ``kernel_config.enable_jit_warmup``
     on, the worker's warm-up request runs them), sent right after."""
-    from worker.boot import WARMUP_SAMPLING_FEATURES as FEATURED
+    from worker.boot.launch import WARMUP_SAMPLING_FEATURES as FEATURED
     from worker.schema import parse_request
 
     pool = pool or EnginePool(share=False)

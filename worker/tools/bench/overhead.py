@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from worker.config import Settings
+from worker.spec_stats.tracking import Release, RequestEnd
 from worker.tools.bench.engines import EnginePool
 from worker.tools.bench.spec import engine_spec_counters, spec_counters_since
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, ratio, requests_for, run_concurrent, summarize
@@ -185,37 +187,51 @@ async def _spec_exactness(
     them."""
     report, texts = await _summed_against_counters(engine, settings, [job] * requests, label="exact")
     text = texts[0]
-    processor = engine.llm.output_processor
-    outcomes_before = _outcomes(processor)
-    recent_before = len(getattr(processor, "recent", ()))
     places = (len(text) * (i + 1) // (stop_requests + 1) for i in range(stop_requests))
     stops = [text[p : p + 4] or "\n\n" for p in places]
     jobs = [{**job, "sampling_params": {**job["sampling_params"], "stop": [stop]}} for stop in stops]
-    stopped, _ = await _summed_against_counters(engine, settings, jobs, label="stop", processor=processor)
-    outcomes = _outcomes(processor) - outcomes_before
-    recent = list(getattr(processor, "recent", ()))[recent_before:]
-    waits = sorted(wait * 1000 for wait, _ in recent)
-    stopped["released"] = {"exact": outcomes["exact"], "partial": outcomes["partial"]}
-    stopped["outputs_taken_off"] = dict(collections.Counter(str(n) for _, n in recent))
+    with _releases(engine) as releases:
+        stopped, _ = await _summed_against_counters(engine, settings, jobs, label="stop", releases=releases)
+    waits = sorted(r.held_s * 1000 for r in releases)
+    stopped["released"] = {outcome: sum(r.outcome == outcome for r in releases) for outcome in ("exact", "partial")}
+    stopped["outputs_taken_off"] = dict(
+        collections.Counter(str(r.num_outputs_taken_off if r.is_exact else -1) for r in releases)
+    )
     stopped["held_ms"] = {"median": statistics.median(waits), "max": waits[-1]} if waits else None
     stopped["stops"] = sorted(set(stops))[:32]
     report["with_stop"] = stopped
     return report
 
 
-def _outcomes(processor: Any) -> collections.Counter[str]:
-    """A copy of the frontend processor's release counts (empty where it keeps none)."""
-    return collections.Counter(getattr(processor, "outcomes", None) or {})
+@contextlib.contextmanager
+def _releases(engine: Engine) -> Iterator[list[Release]]:
+    """How the frontend released each stop string's final output while the block runs (the
+    records its requests' ends carry)."""
+    found: list[Release] = []
+
+    def observe(end: RequestEnd) -> None:
+        if end.release is not None:
+            found.append(end.release)
+
+    engine.observers.append(observe)
+    try:
+        yield found
+    finally:
+        engine.observers.remove(observe)
 
 
 async def _summed_against_counters(
-    engine: Engine, settings: Settings, jobs: list[dict[str, Any]], *, label: str, processor: Any = None
+    engine: Engine,
+    settings: Settings,
+    jobs: list[dict[str, Any]],
+    *,
+    label: str,
+    releases: list[Release] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The jobs run concurrently through the handler: their stats summed (plus what the frontend
     took off past stop strings) against vLLM's counters, and each job's text."""
     worker = _worker_over(engine, settings)
     before = engine_spec_counters()
-    taken_before = _outcomes(processor)
 
     async def one(i: int, job: dict[str, Any]) -> tuple[dict[str, Any], str]:
         items: AsyncIterator[Any] = worker.handle({"id": f"{label}{i}", "input": job})  # native: JSON objects
@@ -231,8 +247,9 @@ async def _summed_against_counters(
         "num_draft_tokens": sum(f.get("num_draft_tokens", 0) for f in finals),
         "num_accepted_tokens": sum(f.get("num_accepted_draft_tokens", 0) for f in finals),
     }
-    taken = _outcomes(processor) - taken_before
-    taken_off = {key: int(taken[key]) for key in summed}
+    # vLLM's counters also count the steps the core ran past each stop string, which the frontend took off.
+    taken = [r.taken_off for r in releases or []]
+    taken_off = {key: sum(t[i] for t in taken) for i, key in enumerate(summed)}
     expected = {key: summed[key] + taken_off[key] for key in summed}
     counters = await spec_counters_since(before, num_draft_tokens=expected["num_draft_tokens"])
     report = {

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from worker.config import Settings
-from worker.engine_args import build_engine_kwargs
+from worker.boot.engine_args import build_engine_kwargs
+from worker.config import Settings, num_api_servers
 from worker.tools.bench.timing import (
     PROMPT,
     ROOT,
@@ -323,7 +323,7 @@ def bench_pod(
     default, as most people launch it) beside the pod with its own count."""
     baseline = env.get("POD_BENCH_BASELINE")
     is_pod_baseline = baseline == "pod1"
-    vllm_api_servers = 1 if baseline == "vllm1" else settings.num_api_servers()
+    vllm_api_servers = 1 if baseline == "vllm1" else num_api_servers(settings)
     runs: dict[str, list[list[dict[str, Any]]]] = {"pod": [], "vllm_server": []}
     half = settings.model_copy(update={"gpu_memory_utilization": settings.gpu_memory_utilization / 2})
     bases: dict[str, str] = {}
@@ -375,7 +375,7 @@ def bench_pod(
         "baseline": "pod with API_SERVER_COUNT=1"
         if is_pod_baseline
         else f"vLLM's OpenAI server with {vllm_api_servers} API process(es)",
-        "api_server_count": settings.num_api_servers(),
+        "api_server_count": num_api_servers(settings),
         "baseline_api_server_count": 1 if is_pod_baseline else vllm_api_servers,
         "rows": table,
     }

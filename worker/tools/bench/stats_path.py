@@ -6,8 +6,9 @@ path adds to each engine step instead, with vLLM's own types and serialiser:
 
 - vLLM's per-request tracking (``RequestSpecDecodeMetrics.observe``, once per request per step),
   which ``PER_REQUEST_SPEC_DECODE_METRICS=summary`` turns on in vLLM's scheduler;
-- the worker's scheduler hooks (``worker/spec_scheduler.py``) over a stand-in for vLLM's scheduler
-  (vLLM's own ``Request`` objects, scheduler and model outputs shaped as vLLM's): the per-step
+- the worker's scheduler hooks (``worker/spec_stats/scheduler.py``) over the stand-in for vLLM's
+  scheduler that the tests use too (``worker/spec_stats/stand_in.py``: vLLM's own ``Request`` objects,
+  scheduler and model outputs shaped as vLLM's): the per-step
   hook around vLLM's update (timed from its call to the stand-in update's start, and from the
   stand-in's return to its own), plus the abort path of every request that ends on its stop
   string (the answer: a walk of the request's last steps) and the add of the request that takes
@@ -41,7 +42,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["ABORT_LAG_STEPS", "STOP_CASES", "bench_stats_path", "stand_in_engine"]
+__all__ = ["ABORT_LAG_STEPS", "STOP_CASES", "bench_stats_path"]
 
 # Row key -> the stop string every request carries (None: no stop strings), and whether requests
 # end at it (else the text has none).
@@ -106,68 +107,6 @@ def _schedule(
     return tokens, ending
 
 
-def stand_in_engine(*, k: int, stop: str | None) -> tuple[type, Any]:
-    """vLLM's scheduler reduced to what the worker's hooks call: taking requests, handing back a
-    step's outputs for the tokens given it, finishing requests. Each slot holds one of vLLM's own
-    engine-core requests (with the metrics its scheduler gives them); ``new_request()`` makes the
-    one that takes a slot's place when its request ends (``new_request(rid)``: a twin of ``rid``)."""
-    from vllm import SamplingParams
-    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
-    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
-    from vllm.v1.request import Request, RequestStatus
-
-    params = SamplingParams(stop=[stop] if stop else None)
-    serial = iter(range(10**9))
-
-    def new_request(rid: str | None = None) -> Any:
-        request = Request(rid or f"req-{next(serial)}", [1] * 8, params, None)
-        request.spec_decode_metrics = RequestSpecDecodeMetrics.new(k)
-        request.status = RequestStatus.RUNNING
-        return request
-
-    class Core:
-        def __init__(self) -> None:
-            self.requests: dict[str, Any] = {}
-            self.finished_req_ids: set[str] = set()
-            self.slots: list[Any] = []
-            self.entered = self.returned = 0  # perf_counter_ns() at the stand-in update's start and end
-
-        def add_request(self, request: Any) -> None:
-            self.requests[request.request_id] = request
-
-        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-            self.entered = time.perf_counter_ns()
-            self.finished_req_ids.clear()
-            flat = [
-                EngineCoreOutput(request.request_id, new)
-                for request, new in zip(self.slots, model_runner_output.sampled_token_ids, strict=True)
-            ]
-            for request, new in zip(self.slots, model_runner_output.sampled_token_ids, strict=True):
-                request.append_output_token_ids(new)  # vLLM's update, before the hook's own part
-            outputs = {0: EngineCoreOutputs(engine_index=0, outputs=flat)}
-            self.returned = time.perf_counter_ns()
-            return outputs
-
-        def finish_requests(self, request_ids: Any, status: Any) -> list[Any]:
-            done = []
-            for rid in request_ids:
-                request = self.requests.get(rid)
-                if request is not None and not request.is_finished():
-                    request.status = status
-                    self._free_request(request)
-                    done.append(request)
-            return done
-
-        def _free_request(self, request: Any, delay_free_blocks: bool = False) -> None:
-            self.finished_req_ids.add(request.request_id)
-            del self.requests[request.request_id]
-
-        def has_requests(self) -> bool:
-            return bool(self.requests or self.finished_req_ids)
-
-    return Core, new_request
-
-
 def _time_case(
     size: int,
     *,
@@ -181,16 +120,18 @@ def _time_case(
     """Microseconds per engine step of each piece (minimum of ``repeats`` for the timed-alone
     ones, median for the paired transport), and the requests ended per step."""
     from vllm.v1.engine import EngineCoreOutputs
-    from vllm.v1.request import RequestStatus
+    from vllm.v1.request import Request, RequestStatus
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    from worker.spec_frontend import ExactStopStats
-    from worker.spec_scheduler import ANSWERS_ID, ANSWERS_KEY, SpecMetricsSnapshots
+    from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY
+    from worker.spec_stats.frontend import ExactStopStats
+    from worker.spec_stats.stand_in import HookedStandIn, StandInScheduler, make_request, step_inputs
 
-    Core, new_request = stand_in_engine(k=k, stop=stop)
+    serial = iter(range(10**9))
 
-    class Hooked(SpecMetricsSnapshots, Core):  # type: ignore[valid-type,misc]  # a class made at run time
-        pass
+    def new_request(rid: str | None = None) -> Request:
+        """The request that takes a slot's place (``rid``: a twin of that one, for the bare stand-in)."""
+        return make_request(rid or f"req-{next(serial)}", num_spec_tokens=k, stop=[stop] if stop else None)
 
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
     drafts = [0] * k
@@ -201,12 +142,13 @@ def _time_case(
     gc.disable()  # as timeit does: the collector's passes land in whichever piece is being timed
     try:
         for _ in range(repeats):
-            hooked = Hooked()
-            hooked.slots = [new_request() for _ in range(size)]
+            # vLLM's per-request tracking is timed on its own below: the stand-in leaves it out.
+            hooked = HookedStandIn(is_observing=False)
+            slots = [new_request() for _ in range(size)]
             # The stand-in without the hooks, given twins of the same requests: what its own
             # bookkeeping costs of the ends' calls (the hooked calls' time includes it).
-            bare = Core()
-            for request in hooked.slots:
+            bare = StandInScheduler(is_observing=False)
+            for request in slots:
                 hooked.add_request(request)
                 bare.add_request(new_request(request.request_id))
             held: dict[str, int] = {}  # the frontend's held requests: id -> the step its abort lands
@@ -214,29 +156,29 @@ def _time_case(
             observe = hook = ends = scan = paired = made = bookkeeping = 0
             num_ends = 0
             for step in range(steps):
-                requests = hooked.slots
+                requests = slots
                 ids = [r.request_id for r in requests]
-                scheduled = SimpleNamespace(
+                sampled = {rid: list(t) for rid, t in zip(ids, tokens[step], strict=True)}
+                inputs = step_inputs(
                     num_scheduled_tokens=dict.fromkeys(ids, 1 + k),
-                    scheduled_spec_decode_tokens=dict.fromkeys(ids, drafts),
-                    num_invalid_spec_tokens=None,
+                    drafts=dict.fromkeys(ids, drafts),
+                    invalid_drafts=None,
+                    sampled=sampled,
                 )
-                sampled = [list(t) for t in tokens[step]]
-                index = {rid: i for i, rid in enumerate(ids)}
-                model_output = SimpleNamespace(req_id_to_index=index, sampled_token_ids=sampled)
-                accepted = len(sampled[0]) - 1
+                accepted = len(tokens[step][0]) - 1
+                tracked = [m for r in requests if (m := r.spec_decode_metrics) is not None]
                 started = time.perf_counter_ns()
-                for request in requests:
-                    request.spec_decode_metrics.observe(num_draft_tokens=k, num_accepted=accepted)
+                for metrics in tracked:
+                    metrics.observe(num_draft_tokens=k, num_accepted=accepted)
                 observe += time.perf_counter_ns() - started
                 # The hook around vLLM's update (its own parts before and after the stand-in's).
                 started = time.perf_counter_ns()
-                outputs = hooked.update_from_output(scheduled, model_output)
+                outputs = hooked.update_from_output(*inputs)
                 hook += (hooked.entered - started) + (time.perf_counter_ns() - hooked.returned)
                 # The transport of this step's answers (sent with its outputs), paired.
                 flat = outputs[0].outputs
                 answered: dict[str, Any] = {}
-                if flat and flat[-1].request_id == ANSWERS_ID:
+                if flat and flat[-1].request_id == ANSWERS_ID and flat[-1].kv_transfer_params is not None:
                     answered = flat[-1].kv_transfer_params[ANSWERS_KEY]
                     plain = EngineCoreOutputs(engine_index=0, outputs=flat[:-1])
                     for with_answers in (step % 2 == 0, step % 2 == 1):
@@ -322,7 +264,7 @@ class _Processor:
 
 def bench_stats_path(batch_sizes: list[int], *, k: int = 4, steps: int = 800, repeats: int = 5) -> dict[str, Any]:
     """Per batch size, what the stats path adds to an engine step (µs), for each case of STOP_CASES."""
-    from worker.spec_scheduler import SNAPSHOT_EVERY_STEPS
+    from worker.spec_stats.scheduler import SNAPSHOT_EVERY_STEPS
 
     text, tokenizer = _text_and_tokenizer()
     blank = "\n\n"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
+from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 
 __all__ = [
     "PUBLIC_MEDIA_CONNECTOR",
@@ -25,8 +26,6 @@ __all__ = [
 
 TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
-# The media connector that refuses URLs reaching inside the host (worker/media.py registers it).
-PUBLIC_MEDIA_CONNECTOR = "worker-public-only"
 
 
 def build_engine_kwargs(
@@ -164,7 +163,7 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str,
     }
 
 
-def start_method(settings: Settings, *, mode: DeploymentMode) -> str:
+def start_method(settings: Settings, *, mode: DeploymentMode) -> Literal["fork", "spawn"]:
     """How vLLM starts its engine core (and, on a CPU, its model worker): ``fork`` or ``spawn``.
 
     vLLM's own server starts its engine core with spawn (its CLI sets this); the library default
@@ -173,7 +172,8 @@ def start_method(settings: Settings, *, mode: DeploymentMode) -> str:
     both ways, median +0.3 ms over 14 (docs/benchmarks.md): pods spawn. Serverless forks: no
     re-import, a shorter boot. vLLM still spawns where fork is unsafe (CUDA already initialised in
     the process). vLLM's CPU platform sets spawn whatever was asked while it builds its config;
-    ``worker.boot.build_config`` puts this back: a spawned process imports vLLM again, twice per
+    the boot plan's environment is applied again after it (``worker.boot.launch.build_config``):
+    a spawned process imports vLLM again, twice per
     engine on a CPU (engine core, model worker), and the tiny model's boot took 30 s spawned
     against 9 s forked on 2 cores.
     """

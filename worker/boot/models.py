@@ -12,7 +12,7 @@ from typing import Any
 from worker.config import TINY_PREFIX, Settings
 from worker.errors import EngineBootError
 
-__all__ = ["cached_snapshot", "check_local_paths", "local_paths", "resolver"]
+__all__ = ["cached_snapshot", "check_local_paths", "resolver"]
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +59,6 @@ def resolver(settings: Settings) -> Callable[[str], str]:
         return ref
 
     return resolve
-
-
-def local_paths(settings: Settings) -> list[Path]:
-    """Where the target and a separate draft resolve to on this machine, for the work a boot does
-    before vLLM is imported (reading weights, inspecting the model's class). A hub id that is not
-    in RunPod's cache stays a hub id: a path that does not exist, which the callers skip; a
-    reference that fails to resolve is left out (vLLM will say why)."""
-    resolve = resolver(settings)
-    paths = []
-    for ref in [settings.target_ref, *([settings.draft_ref] if settings.draft_ref else [])]:
-        try:
-            paths.append(Path(resolve(ref)).expanduser())
-        except Exception:
-            log.debug("cannot resolve %s", ref, exc_info=True)
-    return paths
 
 
 def check_local_paths(kwargs: dict[str, Any]) -> None:

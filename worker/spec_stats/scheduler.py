@@ -7,7 +7,7 @@ get none: a stop string, which vLLM's frontend detects and then aborts the reque
 - A stop string: these subclasses answer the abort. The answer is the request's counts as the core
   let go of it and the shape of its last steps, its *tail*: for each recent
   step that yielded it tokens, how many drafts that step verified, or that it verified none. The
-  frontend (:mod:`worker.spec_frontend`) knows how many of those steps came after the stop string
+  frontend (:mod:`worker.spec_stats.frontend`) knows how many of those steps came after the stop string
   (it saw their outputs, and dropped them), and takes them off. A request the core finished itself
   (EOS, ``max_tokens``) after the frontend's stop string is answered the same way when the abort
   comes, for ``_ENDED_STEPS`` steps (with what the ring still holds of its tail).
@@ -26,33 +26,37 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
-from vllm.v1.request import RequestStatus
+from vllm.v1.request import Request, RequestStatus
+
+from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    # The mixin is checked against vLLM's scheduler, whose methods it overrides and calls.
+    _SchedulerBase = Scheduler
+else:
+    _SchedulerBase = object
 
 from worker.spec_control import ControlledScheduling
 
 __all__ = [
-    "ANSWERS_ID",
-    "ANSWERS_KEY",
-    "NOT_VERIFIED",
     "SCHEDULER_CLASSES",
     "SNAPSHOT_EVERY_STEPS",
     "TAIL_STEPS",
-    "UNKNOWN",
-    "Answer",
     "SpecControlAsyncScheduler",
     "SpecControlScheduler",
     "SpecMetricsAsyncScheduler",
     "SpecMetricsScheduler",
     "SpecMetricsSnapshots",
     "copy_metrics",
-    "decode_answer",
-    "encode_answer",
 ]
 
 # Engine steps between snapshots of every request: a cancelled request then reports counts at
@@ -67,65 +71,7 @@ _RING = 2 * TAIL_STEPS
 # of it answered even when the ring no longer holds its tail (the frontend then reports the counts
 # partial at once, instead of waiting out its timeout for an answer that would never come).
 _ENDED_STEPS = 1024
-# A tail step that verified no drafts (it yielded one token), and one whose shape the ring cannot
-# tell (a prefill chunk or a recomputation after a preemption): the frontend stops there.
-NOT_VERIFIED = -1
-UNKNOWN = -2
-# A step's answers travel to each client as one output of their own, under a request id vLLM never
-# makes (its ids end in random hex), in that output's ``kv_transfer_params`` (vLLM ignores outputs
-# of requests it does not track; only the worker's frontend reads this one): request id -> the
-# answer as a flat list of ints (``encode_answer``). One output a step, not one per request: 20
-# answers as outputs of their own cost 39 µs a step to build, encode and decode on the 2-core
-# machine, in one output nothing measurable.
-ANSWERS_ID = "\x00spec-decode-answers"
-ANSWERS_KEY = "spec_decode_answers"
-# In an answer: the core did not finish the request itself; it did, the last step's accepted
-# drafts unknown.
-_NOT_ENDED = -1
-_ENDED_UNKNOWN = -2
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Answer:
-    """A decoded answer: the request's counts when the core let go of it, its tail (newest step
-    first), and whether the core finished it itself in the tail's newest step, which accepted
-    ``final_accepted`` drafts (None: not known)."""
-
-    metrics: RequestSpecDecodeMetrics
-    tail: list[int]
-    ended: bool
-    final_accepted: int | None
-
-
-def encode_answer(
-    m: RequestSpecDecodeMetrics, tail: list[int], *, ended: bool, final_accepted: int | None
-) -> list[int]:
-    """``[num_spec_tokens, num_draft_tokens, ended, n, *histogram, *per_step_accepted(n),
-    *per_step_drafted(n), *tail]``, ``ended`` being _NOT_ENDED, _ENDED_UNKNOWN or the accepted count."""
-    final = _NOT_ENDED if not ended else _ENDED_UNKNOWN if final_accepted is None else final_accepted
-    steps = len(m.per_step_accepted)
-    return [
-        m.num_spec_tokens,
-        m.num_draft_tokens,
-        final,
-        steps,
-        *m.histogram,
-        *m.per_step_accepted,
-        *m.per_step_drafted,
-        *tail,
-    ]
-
-
-def decode_answer(flat: list[int]) -> Answer:
-    k, drafted, final, steps = flat[:4]
-    histogram_end = 4 + k + 1
-    accepted_end = histogram_end + steps
-    drafted_end = accepted_end + steps
-    metrics = RequestSpecDecodeMetrics(
-        k, flat[4:histogram_end], drafted, flat[histogram_end:accepted_end], flat[accepted_end:drafted_end]
-    )
-    ended = final != _NOT_ENDED
-    return Answer(metrics, flat[drafted_end:], ended, final if final >= 0 else None)
+_M = TypeVar("_M", bound=RequestSpecDecodeMetrics)
 
 
 @dataclasses.dataclass(slots=True)
@@ -139,41 +85,43 @@ class _Ended:
     final_accepted: int | None  # drafts accepted in that step (None: not known, or not verified)
 
 
-class SpecMetricsSnapshots:
+class SpecMetricsSnapshots(_SchedulerBase):
     """Scheduler mixin: answer the abort of a request with stop strings with its counts and tail,
     and snapshot every request's counts every ``SNAPSHOT_EVERY_STEPS`` steps."""
 
-    requests: dict[str, Any]
+    requests: dict[str, Request]
     _num_steps = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Of the last _RING steps the core processed: (step number, and from vLLM's scheduler output
         # the tokens scheduled per request, the drafts, those a grammar invalidated).
-        self._ring: collections.deque[tuple[int, dict[str, int], dict[str, list[int]], Any]] = collections.deque(
-            maxlen=_RING
+        self._ring: collections.deque[tuple[int, dict[str, int], dict[str, list[int]], dict[str, int] | None]] = (
+            collections.deque(maxlen=_RING)
         )
         self._with_stops: set[str] = set()  # requests with stop strings in the core
         self._ended: dict[str, _Ended] = {}
         self._ended_order: collections.deque[tuple[int, str]] = collections.deque()
         # To send with the next step's outputs: client index -> request id -> answer.
-        self._answers: dict[int, dict[str, list[int]]] = {}
+        self._answers: dict[int, dict[str, Any]] = {}
         # While vLLM's update runs: the model output, and each request's token count before vLLM
         # trimmed it at a stop (EOS, max_tokens).
-        self._model_output: Any = None
+        self._model_output: ModelRunnerOutput | None = None
         self._yielded: list[int] | None = None
 
-    def add_request(self, request: Any) -> None:
-        super().add_request(request)  # type: ignore[misc]
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
         params = request.sampling_params
         if params is not None and params.stop and request.spec_decode_metrics is not None:
             self._with_stops.add(request.request_id)
 
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
         if self._with_stops:
             self._model_output = model_runner_output
             self._yielded = list(map(len, model_runner_output.sampled_token_ids))
-        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
         self._model_output = self._yielded = None
         step = self._num_steps = self._num_steps + 1
         self._ring.append(
@@ -193,41 +141,49 @@ class SpecMetricsSnapshots:
             self._snapshot_all(outputs)
         return outputs
 
-    def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus) -> Any:
+    def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus) -> list[Request]:
         if finished_status == RequestStatus.FINISHED_ABORTED and request_ids is not None:
             request_ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
             with_stops, ended_ones = self._with_stops, self._ended
             for rid in request_ids:
                 if rid in with_stops:
                     request = self.requests[rid]
-                    running = request.status == RequestStatus.RUNNING
-                    tail = self._tail(rid, until=self._num_steps) if running else [UNKNOWN]
-                    self._answer(
-                        request.client_index, rid, request.spec_decode_metrics, tail, ended=False, final_accepted=None
-                    )
+                    metrics = request.spec_decode_metrics
+                    if metrics is not None:
+                        running = request.status == RequestStatus.RUNNING
+                        tail = self._tail(rid, until=self._num_steps) if running else [UNKNOWN]
+                        self._answer(request.client_index, rid, Answer(counts=Counts.of(metrics), tail=tail))
                 elif ended_ones and (ended := ended_ones.pop(rid, None)) is not None:
-                    tail = self._tail(rid, until=ended.step)
-                    self._answer(
-                        ended.client_index, rid, ended.metrics, tail, ended=True, final_accepted=ended.final_accepted
+                    answer = Answer(
+                        counts=Counts.of(ended.metrics),
+                        tail=self._tail(rid, until=ended.step),
+                        is_ended=True,
+                        final_accepted=ended.final_accepted,
                     )
-        return super().finish_requests(request_ids, finished_status)  # type: ignore[misc]
+                    self._answer(ended.client_index, rid, answer)
+        return super().finish_requests(request_ids, finished_status)
 
-    def _free_request(self, request: Any, delay_free_blocks: bool = False) -> Any:
-        # vLLM's one exit for every finished request (a private method: vLLM is pinned).
+    def _free_request(
+        self, request: Request, delay_free_blocks: bool = False
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        # vLLM's one exit for every finished request (a private method: vLLM is pinned; the boot's
+        # check of exact stats (worker.boot.launch) notices when an upgrade moves it).
         if self._with_stops and request.request_id in self._with_stops:
             self._with_stops.discard(request.request_id)
             if request.status != RequestStatus.FINISHED_ABORTED:
                 self._remember_end(request)
-        return super()._free_request(request, delay_free_blocks)  # type: ignore[misc]
+        return super()._free_request(request, delay_free_blocks)
 
     def has_requests(self) -> bool:
         # Answers wait for a step to carry them: one for a request the core had already finished
         # (its abort frees nothing, so vLLM's own check would let an idle core sleep).
-        return bool(self._answers) or super().has_requests()  # type: ignore[misc]
+        return bool(self._answers) or super().has_requests()
 
-    def _remember_end(self, request: Any) -> None:
+    def _remember_end(self, request: Request) -> None:
         """The core finished a request with stop strings itself: keep what answers its abort."""
         rid = request.request_id
+        if request.spec_decode_metrics is None:
+            return
         step = self._num_steps + 1  # the step being processed
         final_accepted = None
         output, yielded = self._model_output, self._yielded
@@ -260,16 +216,12 @@ class SpecMetricsSnapshots:
                 break
         return tail
 
-    def _answer(
-        self, client_index: int, rid: str, metrics: Any, tail: list[int], *, ended: bool, final_accepted: int | None
-    ) -> None:
-        """Queue the answer to an abort. ``ended``: the core finished the request itself, in the
-        newest step of ``tail``, which then verified ``final_accepted`` accepted drafts (None: not
-        known): vLLM trimmed that step's tokens at the stop, so the frontend cannot count them."""
+    def _answer(self, client_index: int, rid: str, answer: Answer) -> None:
+        """Queue the answer to an abort, for the next step's outputs to that client."""
         answers = self._answers.get(client_index)
         if answers is None:
             answers = self._answers[client_index] = {}
-        answers[rid] = encode_answer(metrics, tail, ended=ended, final_accepted=final_accepted)
+        answers[rid] = answer.to_wire()
 
     def _send_answers(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         """The step's answers, one output per client, last in its list (where the frontend looks)."""
@@ -282,30 +234,25 @@ class SpecMetricsSnapshots:
                 engine_outputs.outputs.append(answer)
         self._answers = {}
 
-    def _snapshot_all(self, outputs: Any) -> None:
+    def _snapshot_all(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         requests = self.requests
         for engine_outputs in outputs.values():
             for output in engine_outputs.outputs:
                 if output.spec_decode_metrics is None:  # else vLLM's own, on the final output
                     request = requests.get(output.request_id)
                     if request is not None and request.spec_decode_metrics is not None:
-                        output.spec_decode_metrics = copy_metrics(request.spec_decode_metrics)
+                        output.spec_decode_metrics = copy_metrics(request.spec_decode_metrics, RequestSpecDecodeMetrics)
 
 
-def copy_metrics(
-    m: RequestSpecDecodeMetrics | None, cls: type[RequestSpecDecodeMetrics] = RequestSpecDecodeMetrics
-) -> RequestSpecDecodeMetrics | None:
-    """A copy of ``m`` (as ``cls``), None for None. A snapshot must be a copy: the core goes on
-    mutating the live object (the next step may run while the output thread serialises this one).
-    Positional fields: a quarter of ``dataclasses.replace``'s cost."""
-    if m is None:
-        return None
+def copy_metrics(m: RequestSpecDecodeMetrics, cls: type[_M]) -> _M:
+    """A copy of ``m`` as ``cls`` (vLLM's class, or a subclass). A snapshot must be a copy: the core goes on mutating
+    the live object (the next step may run while the output thread serialises this one)."""
     return cls(
-        m.num_spec_tokens,
-        m.histogram.copy(),
-        m.num_draft_tokens,
-        m.per_step_accepted.copy(),
-        m.per_step_drafted.copy(),
+        num_spec_tokens=m.num_spec_tokens,
+        histogram=m.histogram.copy(),
+        num_draft_tokens=m.num_draft_tokens,
+        per_step_accepted=m.per_step_accepted.copy(),
+        per_step_drafted=m.per_step_drafted.copy(),
     )
 
 

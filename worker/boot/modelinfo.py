@@ -5,7 +5,7 @@ multimodal input, ...) and keeps the answer under ``VLLM_CACHE_ROOT/modelinfos``
 is every boot on an empty cache root (an endpoint's first worker, and every cold start of an
 endpoint without a network volume), it runs the inspection in a subprocess that imports vLLM
 again, after the main process has imported it: 18.2 s of a 102.6 s boot on an H200
-(docs/benchmarks.md). ``start(settings)`` runs the same inspection in a subprocess started before
+(docs/benchmarks.md). ``start(plan)`` runs the same inspection in a subprocess started before
 the main process imports vLLM, so that the two imports overlap; the boot waits for it (``wait``)
 just before vLLM builds the config, which then reads the answer from its cache.
 
@@ -24,11 +24,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from worker.config import Settings
-from worker.models import local_paths
+if TYPE_CHECKING:
+    from worker.boot.plan import BootPlan
 
-__all__ = ["architectures", "cache_dir", "fill", "missing", "start", "wait"]
+__all__ = ["architectures", "fill", "missing", "start", "wait"]
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +40,11 @@ WAIT_S = 120.0
 _pending: subprocess.Popen[bytes] | None = None
 
 
-def cache_dir() -> Path:
-    """Where vLLM keeps its model-class answers (its ``VLLM_CACHE_ROOT``, default as vLLM's)."""
-    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm"
-    )
-    return Path(root).expanduser() / "modelinfos"
-
-
-def architectures(settings: Settings) -> list[str]:
-    """The architectures named by the local ``config.json`` of the target and of a separate draft
-    (none for a model vLLM will download: its config is not here yet)."""
+def architectures(directories: list[Path]) -> list[str]:
+    """The architectures named by the local ``config.json`` in ``directories`` (the target's and a
+    separate draft's; none for a model vLLM will download: its config is not here yet)."""
     found: list[str] = []
-    for directory in local_paths(settings):
+    for directory in directories:
         try:
             config = json.loads((directory / "config.json").read_text())
         except (OSError, ValueError):  # not a local model, or no readable config: vLLM will say why
@@ -96,18 +89,19 @@ def _recorded(directory: Path) -> dict[str, str]:
     return recorded if isinstance(recorded, dict) else {}
 
 
-def start(settings: Settings) -> subprocess.Popen[bytes] | None:
+def start(plan: BootPlan) -> subprocess.Popen[bytes] | None:
     """Start the inspection of the local model's architectures that vLLM's cache lacks (None: nothing to do)."""
     global _pending
-    names = missing(architectures(settings), cache_dir())
+    names = missing(architectures(plan.local_paths), plan.model_info_dir)
     if not names:
         return None
     log.info("inspecting %s for vLLM's model-class cache while vLLM loads", ", ".join(names))
-    # This package's own directory first on the path, wherever the process was started from.
-    package_root = str(Path(__file__).resolve().parent.parent)
+    # The directory holding the worker package first on the path, wherever the process was started
+    # from (not the package itself: its openai.py would shadow the openai library).
+    package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     _pending = subprocess.Popen(
-        [sys.executable, "-m", "worker.modelinfo", *names],
+        [sys.executable, "-m", "worker.boot.modelinfo", str(plan.model_info_dir), *names],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -133,9 +127,10 @@ def wait(timeout_s: float = WAIT_S) -> None:
     log.info("model-class inspection waited for %.2f s (exit %d)", time.perf_counter() - started, process.returncode)
 
 
-def fill(names: list[str]) -> int:
-    """In the subprocess: vLLM's own inspection of each architecture, saved where vLLM reads it;
-    the number of answers written."""
+def fill(directory: Path, names: list[str]) -> int:
+    """In the subprocess: vLLM's own inspection of each architecture, saved where vLLM reads it
+    (``directory``: the plan's ``model_info_dir``, vLLM's own under the environment the subprocess
+    inherits); the number of answers written."""
     import importlib.util
 
     from vllm.model_executor.models.registry import ModelRegistry, _LazyRegisteredModel, _ModelInfo
@@ -155,7 +150,6 @@ def fill(names: list[str]) -> int:
             written += 1
         found[name] = model._get_cache_filename()
     if found:
-        directory = cache_dir()
         recorded = {**_recorded(directory), **found}
         temporary = directory / f".{_NAMES_FILE}.{os.getpid()}"
         temporary.write_text(json.dumps(recorded, indent=1, sort_keys=True))
@@ -164,4 +158,4 @@ def fill(names: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    fill(sys.argv[1:])
+    fill(Path(sys.argv[1]), sys.argv[2:])

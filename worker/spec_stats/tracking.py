@@ -5,17 +5,43 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from worker.schema import SpecDecodeStats, Timings
-from worker.stats import spec_stats_from_histogram
+from worker.spec_stats.acceptance import spec_stats_from_histogram
 
-__all__ = ["RequestEnd", "RequestTracker"]
+__all__ = ["Release", "ReleaseReason", "RequestEnd", "RequestTracker"]
+
+# Why a stop string's final output went out as it did (``worker.spec_stats.frontend``): with the
+# core's answer (exact), or partial: no answer in time, an answer whose last steps did not match,
+# the engine failing while it waited, or holding switched off for the engine's life.
+ReleaseReason = Literal["answered", "no_answer", "unmatched", "engine_error", "holding_off"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Release:
+    """How the frontend released a stop string's final output: its ``reason``, how long it was held,
+    and what it took off (the outputs after the stop string, and of vLLM's spec-decode counters the
+    verify steps, draft tokens and accepted tokens those steps had added)."""
+
+    reason: ReleaseReason
+    held_s: float = 0.0
+    num_outputs_taken_off: int = 0
+    taken_off: tuple[int, int, int] = (0, 0, 0)
+
+    @property
+    def is_exact(self) -> bool:
+        return self.reason == "answered"
+
+    @property
+    def outcome(self) -> Literal["exact", "partial"]:
+        return "exact" if self.is_exact else "partial"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RequestEnd:
-    """How a request ended, for observers (metrics, logs)."""
+    """How a request ended, for observers (metrics, logs); ``release``: how the frontend released
+    its final output, for a request it finished on a stop string (else None)."""
 
     request_id: str
     outcome: str  # "finished", "cancelled", "error"
@@ -23,6 +49,7 @@ class RequestEnd:
     spec_decode: SpecDecodeStats | None
     time_to_first_token_s: float | None
     num_completion_tokens: int
+    release: Release | None = None
 
 
 class _Books(Protocol):
@@ -72,11 +99,15 @@ class RequestTracker:
         ttft = engine_ttft if engine_ttft > 0 else self._ttft()
         metrics = getattr(completion, "spec_decode_metrics", None)
         finish_reason = completion.finish_reason if completion is not None else "stop"
-        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.spec_frontend).
-        is_partial = finish_reason == "abort" or getattr(metrics, "partial", False)
+        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.spec_stats.frontend).
+        release = getattr(metrics, "release", None)
+        if not isinstance(release, Release):
+            release = None
+        is_partial = finish_reason == "abort" or (release is not None and not release.is_exact)
         spec = None if metrics is None else stats_from_vllm(metrics, is_partial=is_partial)
         # Observers hear of the end now, not when the consumer gets round to closing the stream.
-        self._tell(RequestEnd(self.request_id, "finished", finish_reason, spec, ttft, self.num_tokens))
+        end = RequestEnd(self.request_id, "finished", finish_reason, spec, ttft, self.num_tokens, release)
+        self._tell(end)
         return spec
 
     def cancel(self) -> None:

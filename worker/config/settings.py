@@ -1,99 +1,46 @@
 """Settings: the worker's whole configuration, parsed once from the environment.
 
 Variable names follow RunPod's official vLLM worker where the meaning is the same
-(``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...).
-Speculative decoding is configured either by ``SPECULATIVE_CONFIG`` (vLLM's JSON) or by
-the simple knobs ``SPECULATIVE_METHOD`` / ``SPECULATIVE_MODEL`` / ``NUM_SPECULATIVE_TOKENS``,
-never both. An unset ``MODEL_NAME`` selects the embedded tiny model (built offline on first
-use), which by default speculates with its noisy-copy draft.
+(``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...). An unset
+``MODEL_NAME`` selects the embedded tiny model (built offline on first use). The schema and its
+validators live here; speculation policy in ``speculation.py``, host facts in ``host.py``.
 
-This is the only module that reads the environment.
+``load_settings`` is where the environment is read (with ``host.py``'s entry-point facts).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.errors import ConfigError
+from worker.config import parsing, speculation
+from worker.config.parsing import LoraModule
+from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
+from worker.errors import ConfigError, describe_validation_errors
 
 __all__ = [
-    "DEFAULT_NUM_SPECULATIVE_TOKENS",
+    "PUBLIC_MEDIA_CONNECTOR",
     "TINY_PREFIX",
-    "VLLM_SPECULATIVE_METHODS",
     "DeploymentMode",
     "LoraModule",
     "Settings",
-    "drafts_with_model",
-    "is_on_runpod",
     "load_settings",
     "parse_tokens_by_batch",
-    "sdk_environment",
 ]
 
-TINY_PREFIX = "tiny:"
+# The media connector that refuses URLs reaching inside the host: worker/media.py registers it under
+# this name, and unless ALLOW_PRIVATE_MEDIA_URLS the boot plan's environment selects it.
+PUBLIC_MEDIA_CONNECTOR = "worker-public-only"
 # Serverless traffic is latency-bound (small batches); pods run large batches.
 DeploymentMode = Literal["serverless", "pod"]
-# API_SERVER_COUNT=auto: two API processes need cores beside the engine core's and the launcher's.
-AUTO_API_SERVERS_MIN_CPUS = 8
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
 # Where RunPod's cached-models feature puts models: <dir>/models--ORG--NAME/snapshots/<HASH>/
 RUNPOD_MODEL_CACHE_DIR = Path("/runpod-volume/huggingface-cache/hub")
-
-
-# SPECULATIVE_METHOD's values: vLLM 0.32's ``SpeculativeMethod`` (vllm/config/speculative.py), written
-# out because this module imports without vLLM (tests/test_config.py checks it against vLLM's own
-# type), and "none". A typo fails at once here rather than after vLLM's import, 10 s into the boot.
-VLLM_SPECULATIVE_METHODS = frozenset(
-    """ngram medusa mlp_speculator draft_model suffix custom_class eagle eagle3 extract_hidden_states
-    deepseek_mtp dots3_note_mtp mimo_mtp mimo_v2_mtp glm4_moe_mtp glm4_moe_lite_mtp glm_ocr_mtp ernie_mtp
-    nemotron_h_mtp exaone_moe_mtp exaone4_5_mtp qwen3_next_mtp qwen4_exp_mtp qwen3_5_mtp longcat_flash_mtp
-    bailing_hybrid_v3_mtp minimax_m3_mtp bailing_hybrid_mtp mtp kimi_k3_mtp pangu_ultra_moe_mtp step3p5_mtp
-    hy_v3_mtp hy_v4_mtp gemma4_mtp inkling_mtp glm5_next_mtp dflash ngram_gpu dspark""".split()
-)
-# NUM_SPECULATIVE_TOKENS when the simple knobs turn speculation on without it (the tiny default's k).
-DEFAULT_NUM_SPECULATIVE_TOKENS = 3
-
-# Substrings of a draft's name from which vLLM 0.32 infers another method than a separate draft
-# model, even under method "draft_model" (``SpeculativeConfig.__post_init__``).
-_VLLM_NAME_INFERRED_METHODS = ("eagle-", "eagle3", "dflash", "dspark")
-
-
-def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
-    """Whether vLLM runs this speculative config as a separate draft model (its method
-    ``draft_model``): the one answer for the draft check, the model-runner choice and validation.
-
-    vLLM's own inference rule: no ``method`` and a ``model`` that is neither ``ngram`` nor a dotted
-    proposer class path means ``draft_model``; a draft whose name marks an EAGLE, DFlash or DSpark
-    head is run as that, whatever the method says. (vLLM also recognises MTP, Medusa and MLP
-    speculator heads by their config's ``model_type``, which the draft check reads.)
-    """
-    if not spec:
-        return False
-    model, method = spec.get("model"), spec.get("method")
-    if not isinstance(model, str) or not model:
-        return False
-    if method is None:
-        is_class_path = "." in model and "/" not in model and all(part.isidentifier() for part in model.split("."))
-        if model in ("ngram", "[ngram]") or is_class_path:
-            return False
-        method = "draft_model"
-    return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
-
-
-class LoraModule(BaseModel):
-    """One LoRA adapter: the name requests use, and a local path or hub id (``tiny:`` names too)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1)
-    path: str = Field(min_length=1)
 
 
 class Settings(BaseSettings):
@@ -276,31 +223,10 @@ class Settings(BaseSettings):
         # load_settings() reads the environment it is given; nothing else is consulted.
         return (init_settings,)
 
-    def num_api_servers(self, *, num_cpus: int | None = None, has_gpu: bool | None = None) -> int:
-        """The pod's API server processes. ``auto``: 2 on a host with an NVIDIA GPU and at least
-        ``AUTO_API_SERVERS_MIN_CPUS`` CPUs, else 1. Measured on an H200 (8B, bf16): two processes
-        gave the pod 1.005x / 1.000x / 1.03x / 1.57x / 1.80x the throughput of one at 1 / 8 / 64 /
-        256 / 512 streams, four no more than two; on a CPU engine the engine itself needs the
-        cores. The machine's facts default to this host's (CPU count; ``/dev/nvidiactl``)."""
-        if self.api_server_count != "auto":
-            return self.api_server_count
-        num_cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus
-        has_gpu = os.path.exists("/dev/nvidiactl") if has_gpu is None else has_gpu
-        return 2 if has_gpu and num_cpus >= AUTO_API_SERVERS_MIN_CPUS else 1
-
     @field_validator("speculative_config", "engine_args", mode="before")
     @classmethod
     def _parse_json_object(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            if not value.strip():
-                return None
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
-        if value is not None and not isinstance(value, dict):
-            raise ValueError("must be a JSON object")
-        return value
+        return parsing.json_object(value)
 
     @field_validator("speculative_tokens_by_batch", mode="before")
     @classmethod
@@ -310,31 +236,12 @@ class Settings(BaseSettings):
     @field_validator("allowed_media_domains", mode="before")
     @classmethod
     def _parse_domains(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [name.strip().lower() for name in value.split(",") if name.strip()] or None
-        return value
+        return parsing.domain_list(value)
 
     @field_validator("lora_modules", mode="before")
     @classmethod
     def _parse_lora_modules(cls, value: Any) -> Any:
-        """vLLM's JSON form (a list of {"name", "path"} objects), or ``name=path`` pairs separated by spaces."""
-        if not isinstance(value, str):
-            return value
-        text = value.strip()
-        if not text:
-            return []
-        if text.startswith("["):
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
-        modules = []
-        for pair in text.split():
-            name, sep, path = pair.partition("=")
-            if not sep or not name or not path:
-                raise ValueError(f'{pair!r} is not name=path (or give a JSON list of {{"name", "path"}})')
-            modules.append({"name": name, "path": path})
-        return modules
+        return parsing.lora_modules(value)
 
     @field_validator(
         "speculative_method", "speculative_model", "quantization", "model_name", "tool_call_parser", mode="before"
@@ -344,13 +251,7 @@ class Settings(BaseSettings):
         return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
-    def _check_speculation(self) -> Settings:
-        knobs = self.speculative_method or self.speculative_model or self.num_speculative_tokens
-        if self.speculative_config is not None and knobs:
-            raise ValueError(
-                "SPECULATIVE_CONFIG cannot be combined with SPECULATIVE_METHOD/SPECULATIVE_MODEL/"
-                "NUM_SPECULATIVE_TOKENS; use one or the other"
-            )
+    def _check_combinations(self) -> Settings:
         if self.structured_outputs_disable_any_whitespace and self.structured_outputs_backend not in (
             "xgrammar",
             "guidance",
@@ -365,23 +266,7 @@ class Settings(BaseSettings):
         names = [module.name for module in self.lora_modules]
         if len(set(names)) != len(names):
             raise ValueError("LORA_MODULES: adapter names must be unique")
-        if self.speculative_method == "none":
-            return self
-        if self.speculative_method is not None and self.speculative_method not in VLLM_SPECULATIVE_METHODS:
-            raise ValueError(
-                f"SPECULATIVE_METHOD={self.speculative_method!r} is not one of vLLM's methods: none, "
-                + ", ".join(sorted(VLLM_SPECULATIVE_METHODS))
-            )
-        spec = self.resolved_speculative_config()
-        if self.speculative_tokens_by_batch is not None:
-            if spec is None:
-                raise ValueError("SPECULATIVE_TOKENS_BY_BATCH needs speculative decoding to be configured")
-            k = spec.get("num_speculative_tokens")
-            highest = max(entry[2] for entry in self.speculative_tokens_by_batch)
-            if isinstance(k, int) and highest > k:
-                raise ValueError(f"SPECULATIVE_TOKENS_BY_BATCH asks for k={highest}, above NUM_SPECULATIVE_TOKENS={k}")
-        if self.speculative_method == "draft_model" and not self.speculative_model:
-            raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
+        speculation.check(self)
         return self
 
     @property
@@ -400,53 +285,17 @@ class Settings(BaseSettings):
 
     @property
     def draft_ref(self) -> str | None:
-        """The draft model as the user named it (``SPECULATIVE_MODEL`` or the config's ``model``),
-        when speculation drafts with a separate model (:func:`drafts_with_model`)."""
-        spec = self.resolved_speculative_config()
-        return spec["model"] if spec is not None and drafts_with_model(spec) else None
+        """The separate draft model as the user named it (:func:`worker.config.speculation.draft_ref`)."""
+        return speculation.draft_ref(self)
 
     @property
     def draft_revision(self) -> str | None:
-        """The draft's revision: ``SPECULATIVE_CONFIG``'s ``revision`` (the field vLLM reads)."""
-        spec = self.resolved_speculative_config()
-        revision = spec.get("revision") if spec else None
-        return revision if isinstance(revision, str) else None
+        """The draft's revision (:func:`worker.config.speculation.draft_revision`)."""
+        return speculation.draft_revision(self)
 
     def resolved_speculative_config(self) -> dict[str, Any] | None:
-        """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs.
-
-        Model references may use the ``tiny:<variant>`` form; the engine resolves them.
-        """
-        if self.speculative_method == "none":
-            return None
-        spec = self._base_speculative_config()
-        if spec is not None and self.speculative_tokens_by_batch is not None:
-            spec["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in self.speculative_tokens_by_batch]
-        return spec
-
-    def _base_speculative_config(self) -> dict[str, Any] | None:
-        if self.speculative_config is not None:
-            return dict(self.speculative_config)
-        if self.speculative_method or self.speculative_model:
-            method = self.speculative_method or "draft_model"
-            num_tokens = self.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
-            spec: dict[str, Any] = {"method": method, "num_speculative_tokens": num_tokens}
-            if self.speculative_model:
-                spec["model"] = self.speculative_model
-            if method == "ngram":
-                spec.setdefault("prompt_lookup_max", 4)
-                spec.setdefault("prompt_lookup_min", 1)
-            return spec
-        if self.model_name is None:
-            # The embedded default shows speculation working: a noisy copy drafts for the target.
-            # A named model, tiny:vision included (the embedded drafts are text-only), speculates
-            # only when configured.
-            return {
-                "method": "draft_model",
-                "model": f"{TINY_PREFIX}noisy",
-                "num_speculative_tokens": self.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS,
-            }
-        return None
+        """vLLM's speculative_config dict (:func:`worker.config.speculation.speculative_config`)."""
+        return speculation.speculative_config(self)
 
 
 def parse_tokens_by_batch(text: str) -> list[tuple[int, int, int]] | None:
@@ -487,40 +336,8 @@ def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[st
     try:
         return Settings(**values)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors(include_url=False, include_input=False):
-            loc = ".".join(str(part) for part in error["loc"])
-            message = error["msg"].removeprefix("Value error, ")
-            # A rule across fields (an empty loc) names its variables in its own message.
-            problems.append(f"{loc.upper()}: {message}" if loc else message)
-        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
-
-
-def local_run_environment(env: Mapping[str, str] | None = None, *, is_verbose: bool) -> dict[str, str]:
-    """What the local test run (``python handler.py``) sets before vLLM is imported: vLLM's own
-    logging at WARNING (a few hundred INFO lines otherwise), unless ``--verbose`` was given or
-    ``VLLM_LOGGING_LEVEL`` is set; and on stderr (vLLM's default is stdout, where its warnings
-    came between the job's streamed items), unless ``VLLM_LOGGING_STREAM`` is set."""
-    source = os.environ if env is None else env
-    values = {}
-    if not is_verbose and "VLLM_LOGGING_LEVEL" not in source:
-        values["VLLM_LOGGING_LEVEL"] = "WARNING"
-    if "VLLM_LOGGING_STREAM" not in source:
-        values["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    return values
-
-
-def sdk_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What the handler sets before the RunPod SDK is imported: the SDK's log level at INFO unless
-    ``RUNPOD_LOG_LEVEL`` (or its older ``RUNPOD_DEBUG_LEVEL``) is set. The SDK defaults to DEBUG,
-    at which it prints every item a job yields: every user's generated text in the worker's
-    logs, one line per streamed item (12 MB in 28 minutes of the soak's light traffic)."""
-    source = os.environ if env is None else env
-    if "RUNPOD_LOG_LEVEL" in source or "RUNPOD_DEBUG_LEVEL" in source:
-        return {}
-    return {"RUNPOD_LOG_LEVEL": "INFO"}
-
-
-def is_on_runpod(env: Mapping[str, str] | None = None) -> bool:
-    """True on a RunPod serverless worker (which sets RUNPOD_WEBHOOK_GET_JOB): serve the queue."""
-    return bool((os.environ if env is None else env).get("RUNPOD_WEBHOOK_GET_JOB"))
+        # A rule across fields (an empty loc) names its variables in its own message.
+        problems = describe_validation_errors(
+            exc.errors(include_url=False, include_input=False), place=lambda loc: ".".join(map(str, loc)).upper()
+        )
+        raise ConfigError("invalid configuration: " + problems) from None

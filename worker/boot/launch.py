@@ -1,11 +1,12 @@
 """Booting vLLM's engine for the worker: settings to vLLM's config, the engine started, warmed up.
 
-``boot(settings, mode=...)`` is what the entrypoints call (through ``worker.runtime``): it builds
+``boot(plan)`` is what the entrypoints call (through ``worker.runtime``, with the plan
+``worker.boot.plan`` made of the settings): it builds
 vLLM's ``AsyncLLM`` off the event loop, checks a draft model against its target (vLLM does not),
 runs short warm-up requests through the whole path, and returns the :class:`~worker.engine.Engine`.
 A boot that fails says why in its error: when vLLM's engine core dies while starting, vLLM's own
 exception says only "see root cause above", so the root cause is read from what the engine's
-processes wrote (:class:`worker.output_tail.OutputTail`).
+processes wrote (:class:`worker.boot.output_tail.OutputTail`).
 
 Imports vLLM (with ``engine.py``, ``spec_scheduler.py`` and ``openai.py``).
 """
@@ -13,35 +14,47 @@ Imports vLLM (with ``engine.py``, ``spec_scheduler.py`` and ``openai.py``).
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import functools
 import logging
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pydantic
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.platforms import current_platform
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 
 import worker.media  # noqa: F401  (registers the media connector engine_environment selects)
-from worker import modelinfo, spec_frontend
-from worker.config import DeploymentMode, Settings
-from worker.draft_check import check_draft_compatible
-from worker.engine import Engine, one_line
-from worker.engine_args import build_engine_kwargs, start_method
-from worker.errors import EngineBootError, InvalidRequest, WorkerError
-from worker.models import check_local_paths, resolver
-from worker.output_tail import OutputTail
+from worker.boot import modelinfo
+from worker.boot.draft_check import check_draft_compatible
+from worker.boot.models import check_local_paths
+from worker.boot.output_tail import OutputTail
+from worker.boot.plan import BootPlan
+from worker.config import Settings
+from worker.engine import Engine
+from worker.errors import EngineBootError, InvalidRequest, WorkerError, describe_validation_errors, one_line
 from worker.schema import parse_request
-from worker.spec_scheduler import SCHEDULER_CLASSES
+from worker.spec_stats import frontend as spec_frontend
+from worker.spec_stats.scheduler import SCHEDULER_CLASSES
+from worker.spec_stats.tracking import RequestEnd
 
-__all__ = ["WARMUP_SAMPLING_FEATURES", "ApiProcess", "boot", "build_args", "build_config", "create_engine", "warm_up"]
+__all__ = [
+    "WARMUP_SAMPLING_FEATURES",
+    "ApiProcess",
+    "boot",
+    "build_args",
+    "build_config",
+    "check_exact_stop_stats",
+    "create_engine",
+    "warm_up",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +73,11 @@ WARMUP_SAMPLING_FEATURES: dict[str, Any] = {
 }
 
 
+# How long the boot's stop-string request waits for the engine core's answer (an idle core answers
+# within a step: milliseconds).
+CHECK_WAIT_S = 5.0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ApiProcess:
     """One of several API server processes over one engine core (``worker/api_servers.py``): the
@@ -71,33 +89,30 @@ class ApiProcess:
     index: int
 
 
-def build_args(settings: Settings, *, mode: DeploymentMode = "serverless") -> AsyncEngineArgs:
-    """vLLM's engine arguments for ``settings``, after the checks vLLM does not make (local paths
-    exist, the draft can draft for the target, ``ENGINE_ARGS`` names only vLLM's own fields)."""
-    kwargs = build_engine_kwargs(settings, resolve=resolver(settings), is_cpu=current_platform.is_cpu(), mode=mode)
+def build_args(plan: BootPlan) -> AsyncEngineArgs:
+    """vLLM's engine arguments of the plan, after the checks vLLM does not make (local paths exist,
+    the draft can draft for the target, ``ENGINE_ARGS`` names only vLLM's own fields)."""
+    kwargs = copy.deepcopy(plan.engine_kwargs)  # vLLM may change what it is given; the plan stays
     check_local_paths(kwargs)
-    spec = kwargs.get("speculative_config")
-    if spec is not None and settings.draft_ref is not None:
+    if kwargs.get("speculative_config") is not None and plan.draft is not None:
         check_draft_compatible(
-            target=kwargs["model"],
-            draft=spec["model"],
-            target_label=settings.target_ref,
-            draft_label=settings.draft_ref,
-            target_revision=settings.model_revision,
-            draft_revision=settings.draft_revision,
-            trust_remote_code=settings.trust_remote_code,
+            target=plan.target.path,
+            draft=plan.draft.path,
+            target_label=plan.target.label,
+            draft_label=plan.draft.label,
+            target_revision=plan.target.revision,
+            draft_revision=plan.draft.revision,
+            trust_remote_code=plan.settings.trust_remote_code,
         )
     known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    unknown = sorted(set(settings.engine_args or {}) - known)
+    unknown = sorted(set(plan.settings.engine_args or {}) - known)
     if unknown:
         raise EngineBootError(f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument")
     return AsyncEngineArgs(**kwargs)
 
 
-def build_config(
-    settings: Settings, *, mode: DeploymentMode = "serverless", api_process_count: int = 1, api_process_rank: int = 0
-) -> VllmConfig:
-    """vLLM's config for ``settings``, with the stats scheduler where it applies.
+def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank: int = 0) -> VllmConfig:
+    """vLLM's config of the plan, with the stats scheduler where the plan says exact stats are on.
 
     What the settings leave unset takes vLLM's defaults for the deployment: a pod, vLLM's own
     server's (``vllm serve``: on an H100 / H200, ``max_num_batched_tokens`` 8192 and
@@ -105,34 +120,34 @@ def build_config(
     against; serverless, vLLM's library defaults (2048 and 128), since ``MAX_CONCURRENCY``,
     the jobs a worker takes at once, follows ``max_num_seqs``.
     """
-    context = UsageContext.OPENAI_API_SERVER if mode == "pod" else UsageContext.ENGINE_CONTEXT
+    context = UsageContext.OPENAI_API_SERVER if plan.mode == "pod" else UsageContext.ENGINE_CONTEXT
     modelinfo.wait()  # the model-class inspection prepare_boot started in this process, if any
-    args = build_args(settings, mode=mode)
+    args = build_args(plan)
     # What vLLM's multi-API-server launcher sets (rank -1: the process that starts the engine core).
     args._api_process_count, args._api_process_rank = api_process_count, api_process_rank
     try:
         vllm_config = args.create_engine_config(usage_context=context)
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
-        raise _config_error(exc, settings) from None
-    # vLLM's CPU platform has just set spawn, whatever was asked: put back what this boot asked for.
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = start_method(settings, mode=mode)
-    spec = vllm_config.speculative_config
-    is_controlled = (
-        spec is not None and settings.speculation_control == "auto" and spec.uses_dynamic_speculative_decoding()
-    )
-    if spec is not None and (settings.per_request_spec_decode_metrics != "none" or is_controlled):
+        raise _config_error(exc, plan.settings) from None
+    # vLLM's CPU platform has just set its own start method, whatever was asked: the plan's again.
+    plan.apply_environment(os.environ)
+    if plan.is_exact_stats:
+        spec = vllm_config.speculative_config
+        # SPECULATION_CONTROL=auto: the worker's controller answers vLLM's per-step k (spec_control.py).
+        is_controlled = (
+            spec is not None
+            and plan.settings.speculation_control == "auto"
+            and spec.uses_dynamic_speculative_decoding()
+        )
+        # vLLM turns async scheduling off for n-gram drafts and keeps it for draft models.
         sched = vllm_config.scheduler_config
-        if sched.scheduler_cls is None:
-            # vLLM turns async scheduling off for n-gram drafts and keeps it for draft models.
-            sched.scheduler_cls = SCHEDULER_CLASSES[is_controlled, bool(sched.async_scheduling)]
+        sched.scheduler_cls = SCHEDULER_CLASSES[is_controlled, bool(sched.async_scheduling)]
     return vllm_config
 
 
-def create_engine(
-    settings: Settings, *, mode: DeploymentMode = "serverless", api_process: ApiProcess | None = None
-) -> Engine:
-    """Build and start the engine (blocking; call it off the event loop). The process
-    environment vLLM reads (``engine_args.engine_environment``) is set by the caller. With
+def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engine:
+    """Build and start the engine (blocking; call it off the event loop). The process environment
+    vLLM reads (the plan's) is set by the caller (``worker.runtime.prepare_boot``). With
     ``api_process``, connect to an engine core another process started instead of starting one."""
     tail = OutputTail.start() if api_process is None else None
     count, index = (1, 0) if api_process is None else (api_process.count, api_process.index)
@@ -147,31 +162,38 @@ def create_engine(
         }
     try:
         started = time.perf_counter()
-        vllm_config = build_config(settings, mode=mode, api_process_count=count, api_process_rank=index)
+        vllm_config = build_config(plan, api_process_count=count, api_process_rank=index)
         log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
-        if vllm_config.scheduler_config.scheduler_cls in SCHEDULER_CLASSES.values():
+        spec = vllm_config.speculative_config
+        if plan.is_exact_stats and spec is not None and spec.num_speculative_tokens is not None:
             # The frontend half: a stop string's final output waits for the core's exact counts.
-            spec_frontend.install(llm)
+            spec_frontend.install(llm, num_spec_tokens=spec.num_speculative_tokens)
     except WorkerError:
         raise
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
-        raise _config_error(exc, settings) from None
+        raise _config_error(exc, plan.settings) from None
     except Exception as exc:
         cause = tail.root_cause() if tail is not None else None
         reason = one_line(exc) if cause is None else f"{cause} (in vLLM's engine core)"
-        raise EngineBootError(f"engine failed to start for model {settings.target_ref!r}: {reason}") from exc
+        raise EngineBootError(f"engine failed to start for model {plan.target.label!r}: {reason}") from exc
     finally:
         if tail is not None:
             tail.restore()
-    return Engine(llm, settings=settings, model_label=settings.target_ref)
+    return Engine(
+        llm,
+        settings=plan.settings,
+        model_label=plan.target.label,
+        lora_paths=plan.lora_paths,
+        is_exact_stats=plan.is_exact_stats,
+    )
 
 
-async def boot(
-    settings: Settings, *, mode: DeploymentMode = "serverless", api_process: ApiProcess | None = None
-) -> Engine:
-    engine = await asyncio.to_thread(functools.partial(create_engine, settings, mode=mode, api_process=api_process))
-    if settings.warmup_request:
+async def boot(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engine:
+    engine = await asyncio.to_thread(functools.partial(create_engine, plan, api_process=api_process))
+    if engine.exact_stop_stats is not None:
+        await check_exact_stop_stats(engine)
+    if plan.settings.warmup_request:
         await warm_up(engine)
     # What vLLM's own server does once it has started: move everything allocated so far
     # (modules, the engine, the tokenizer) out of the garbage collector's sight, so that
@@ -217,17 +239,55 @@ async def warm_up(engine: Engine) -> None:
     log.info("warm-up request done in %.2f s", time.perf_counter() - started)
 
 
+async def check_exact_stop_stats(engine: Engine, *, wait_s: float = CHECK_WAIT_S) -> bool:
+    """Send one stop-string request and require its final output released with exact counts; if it
+    is not (the engine core did not answer within ``wait_s``, or its answer did not match: a vLLM
+    upgrade that changed what the worker's scheduler relies on), switch holding off for the
+    engine's life (an error logged naming the cause), so that no user's stop string waits for an
+    answer that will not come. True: exact. Runs whether or not ``WARMUP_REQUEST`` is set: it checks
+    correctness, like the draft check, and costs two short requests."""
+    processor = engine.exact_stop_stats
+    if processor is None or not processor.is_holding:
+        return False
+    params: dict[str, Any] = {"max_tokens": 8, "ignore_eos": True, "temperature": 0}
+    chunks = [c async for c in engine.generate(parse_request({"prompt": "Hi", "sampling_params": params}))]
+    text = "".join(chunk.text for chunk in chunks)
+    stop = text[2:5]  # completes within the first few tokens; the core runs on (ignore_eos) past it
+    if not stop.strip():
+        log.warning("exact stats for stop strings not checked: the check's greedy text %r has no stop string", text)
+        return True
+    ends: list[RequestEnd] = []
+    engine.observers.append(ends.append)
+    waited, processor.wait_s = processor.wait_s, wait_s
+    try:
+        job = {"prompt": "Hi", "sampling_params": {**params, "max_tokens": 64, "stop": [stop]}}
+        final = [c async for c in engine.generate(parse_request(job), request_id=f"check-{uuid.uuid4().hex}")][-1]
+    finally:
+        processor.wait_s = waited
+        engine.observers.remove(ends.append)
+    await engine.llm.reset_prefix_cache()
+    release = ends[-1].release if ends else None
+    if final.finish_reason != "stop" or final.stop_reason != stop or release is None:
+        log.warning("exact stats for stop strings not checked: the check's request did not end on %r", stop)
+        return True
+    if not release.is_exact:
+        processor.stop_holding(f"the boot's stop-string request was released partial ({release.reason})")
+        return False
+    log.info("exact stats for stop strings checked: held %.1f ms for the engine core's answer", release.held_s * 1000)
+    return True
+
+
 def _config_error(exc: pydantic.ValidationError, settings: Settings) -> EngineBootError:
     """vLLM's config validation error as the boot error, each field named as the worker's variable
     that set it (``DTYPE``), or as an ``ENGINE_ARGS`` key."""
-    problems: dict[str, str] = {}  # the first complaint per field (a union's other branches add only noise)
-    for error in exc.errors(include_url=False):
-        field = str(error["loc"][0]) if error["loc"] else ""
+
+    def place(loc: Sequence[Any]) -> str:
+        field = str(loc[0]) if loc else ""
         if field in type(settings).model_fields:
-            name = field.upper()
-        elif field in (settings.engine_args or {}):
-            name = f"ENGINE_ARGS.{field}"
-        else:
-            name = field or "configuration"
-        problems.setdefault(name, str(error["msg"]).removeprefix("Value error, "))
-    return EngineBootError("invalid engine configuration: " + "; ".join(f"{n}: {m}" for n, m in problems.items()))
+            return field.upper()
+        if field in (settings.engine_args or {}):
+            return f"ENGINE_ARGS.{field}"
+        return field or "configuration"
+
+    problems = describe_validation_errors(exc.errors(include_url=False), place=place, one_per_place=True)
+    return EngineBootError("invalid engine configuration: " + problems)

@@ -2,7 +2,7 @@
 
 A boot spends its first 15-20 s importing vLLM with the disk idle (the main process), then the
 engine core reads the weights with the CPU mostly idle; on a new RunPod host the weights come from
-a cold disk or a network volume. ``start(settings)`` runs before vLLM is imported: it finds the
+a cold disk or a network volume. ``start(plan)`` runs before vLLM is imported: it finds the
 weight files of the target (and of a separate draft) where they already are on local disk (a
 local directory, RunPod's model cache), and if they fit in the memory the kernel reports
 available it reads them on background threads, so that the engine core finds them resident.
@@ -20,9 +20,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from worker.config import Settings
-from worker.models import local_paths
+if TYPE_CHECKING:
+    from worker.boot.plan import BootPlan
 
 __all__ = [
     "Prefetch",
@@ -79,11 +80,12 @@ class Prefetch:
         return self.done.wait(timeout_s)
 
 
-def start(settings: Settings) -> Prefetch | None:
-    """Start reading the weights on background threads, if ``settings`` ask for it and they fit."""
-    if settings.prefetch_weights is False:
+def start(plan: BootPlan) -> Prefetch | None:
+    """Start reading the weights on background threads, if the settings ask for it and they fit."""
+    setting = plan.settings.prefetch_weights
+    if setting is False:
         return None
-    files = [path for directory in local_paths(settings) for path in weight_files(directory)]
+    files = [path for directory in plan.local_paths for path in weight_files(directory)]
     sizes = {}
     for path in files:
         try:
@@ -94,7 +96,7 @@ def start(settings: Settings) -> Prefetch | None:
         return None
     total = sum(sizes.values())
     available = available_memory_bytes()
-    if settings.prefetch_weights is None and (available is None or total > available * _FREE_MEMORY_SHARE):
+    if setting is None and (available is None or total > available * _FREE_MEMORY_SHARE):
         log.info(
             "prefetch: skipped, %.2f GB of weights against %s GB of available memory",
             total / 1e9,

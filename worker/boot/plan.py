@@ -1,0 +1,111 @@
+"""The boot plan: every decision a boot makes from the settings, made once, before vLLM is imported.
+
+``build_plan(settings, mode=...)`` resolves the model references (each once: the embedded tiny
+models, RunPod's model cache, local paths), builds vLLM's engine arguments, the process environment
+the engine must inherit (with the start method of its processes), and decides whether the worker's
+exact stats path runs (its scheduler in the engine core, its output processor in the frontend).
+Every step of the boot receives the plan (``prefetch``, ``modelinfo``, ``launch``, the engine) and
+none of them asks the settings or the environment again. Pure but for the tiny models, which the
+first resolution builds offline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+from typing import Any, Literal
+
+from worker.boot.engine_args import build_engine_kwargs, engine_environment, start_method
+from worker.boot.models import resolver
+from worker.config import DeploymentMode, Settings
+from worker.config.host import is_cpu_build, vllm_cache_root
+
+__all__ = ["BootPlan", "ModelRef", "build_plan"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelRef:
+    """A model as the user named it (``label``: for messages), what vLLM loads (``path``: a local
+    directory or a hub id), and its revision."""
+
+    label: str
+    path: str
+    revision: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BootPlan:
+    """What a boot does, decided once from ``settings``. Its mappings are not to be changed (a
+    frozen value that crosses into the pod's API processes, so plain dicts: callers copy them)."""
+
+    settings: Settings
+    mode: DeploymentMode
+    target: ModelRef
+    draft: ModelRef | None  # a separate draft model (vLLM's method draft_model), else None
+    engine_kwargs: dict[str, Any]  # vLLM's AsyncEngineArgs, model references resolved
+    environment: dict[str, str | None]  # what the engine's processes must inherit (None: unset)
+    start_method: Literal["fork", "spawn"]  # how vLLM starts its engine core (one of environment's)
+    is_exact_stats: bool  # the worker's scheduler and output processor: exact per-request stats
+    lora_paths: dict[str, str]  # adapter name -> what vLLM loads, in configuration order
+    model_info_dir: Path  # where vLLM keeps its model-class answers (modelinfo.py)
+
+    @property
+    def local_paths(self) -> list[Path]:
+        """Where the target and a separate draft are on this machine, for the work done before vLLM
+        is imported (reading weights, inspecting the model's class). A hub id that is not in
+        RunPod's cache stays a hub id: a path that does not exist, which the callers skip."""
+        return [Path(ref.path).expanduser() for ref in (self.target, self.draft) if ref is not None]
+
+    def apply_environment(self, environ: MutableMapping[str, str]) -> None:
+        """Write the plan's process environment into ``environ`` (the process's, before vLLM is
+        imported; again after vLLM's config is built, which on the CPU sets its own start method)."""
+        for key, value in self.environment.items():
+            if value is None:
+                environ.pop(key, None)
+            else:
+                environ[key] = value
+
+
+def build_plan(settings: Settings, *, mode: DeploymentMode, is_cpu: bool | None = None) -> BootPlan:
+    """The plan for ``settings`` in ``mode``. ``is_cpu``: the engine runs on vLLM's CPU build
+    (default: the installed build's); ``lora_slots`` depends on it."""
+    resolve = _once(resolver(settings))
+    is_cpu = is_cpu_build() if is_cpu is None else is_cpu
+    kwargs = build_engine_kwargs(settings, resolve=resolve, is_cpu=is_cpu, mode=mode)
+    draft = None
+    if settings.draft_ref is not None:
+        draft = ModelRef(settings.draft_ref, resolve(settings.draft_ref), settings.draft_revision)
+    # The one answer to "are exact stats on": speculation (from the settings or ENGINE_ARGS), not
+    # turned off, and vLLM's scheduler not replaced through ENGINE_ARGS (the worker's scheduler is
+    # what answers the frontend; with another one its processor would hold stop strings in vain).
+    is_exact_stats = (
+        kwargs.get("speculative_config") is not None
+        and settings.per_request_spec_decode_metrics != "none"
+        and "scheduler_cls" not in (settings.engine_args or {})
+    )
+    environment = engine_environment(settings, mode=mode)
+    return BootPlan(
+        settings=settings,
+        mode=mode,
+        target=ModelRef(settings.target_ref, kwargs["model"], settings.model_revision),
+        draft=draft,
+        engine_kwargs=kwargs,
+        environment=environment,
+        start_method=start_method(settings, mode=mode),
+        is_exact_stats=is_exact_stats,
+        lora_paths={module.name: resolve(module.path) for module in settings.lora_modules},
+        model_info_dir=vllm_cache_root(settings) / "modelinfos",
+    )
+
+
+def _once(resolve: Callable[[str], str]) -> Callable[[str], str]:
+    """``resolve``, asked once per reference (the target, its tokenizer and a LoRA path may be one)."""
+    known: dict[str, str] = {}
+
+    def cached(ref: str) -> str:
+        if ref not in known:
+            known[ref] = resolve(ref)
+        return known[ref]
+
+    return cached

@@ -1,0 +1,27 @@
+"""The worker's configuration, the only reader of the environment: the ``Settings`` schema
+(``settings.py``), speculation policy (``speculation.py``), and host and entry-point facts
+(``host.py``)."""
+
+from worker.config.host import is_on_runpod, local_run_environment, num_api_servers, sdk_environment
+from worker.config.settings import DeploymentMode, LoraModule, Settings, load_settings
+from worker.config.speculation import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    TINY_PREFIX,
+    VLLM_SPECULATIVE_METHODS,
+    drafts_with_model,
+)
+
+__all__ = [
+    "DEFAULT_NUM_SPECULATIVE_TOKENS",
+    "TINY_PREFIX",
+    "VLLM_SPECULATIVE_METHODS",
+    "DeploymentMode",
+    "LoraModule",
+    "Settings",
+    "drafts_with_model",
+    "is_on_runpod",
+    "load_settings",
+    "local_run_environment",
+    "num_api_servers",
+    "sdk_environment",
+]

@@ -1,0 +1,64 @@
+"""How the environment's strings become the values of Settings' fields (what pydantic does not do
+itself): JSON objects, comma-separated host names, LoRA modules (:class:`LoraModule`). Pure; a
+ValueError names what is wrong, and Settings' error names the variable."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["LoraModule", "domain_list", "json_object", "lora_modules"]
+
+
+class LoraModule(BaseModel):
+    """One LoRA adapter: the name requests use, and a local path or hub id (``tiny:`` names too)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+
+
+def json_object(value: Any) -> Any:
+    """A JSON object (a string is parsed; a blank one is unset)."""
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        value = _json(value)
+    if value is not None and not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    return value
+
+
+def domain_list(value: Any) -> Any:
+    """Host names separated by commas, lower-cased (none: unset)."""
+    if isinstance(value, str):
+        return [name.strip().lower() for name in value.split(",") if name.strip()] or None
+    return value
+
+
+def lora_modules(value: Any) -> Any:
+    """vLLM's JSON form (a list of {"name", "path"} objects), or ``name=path`` pairs separated by spaces."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        return _json(text)
+    modules = []
+    for pair in text.split():
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f'{pair!r} is not name=path (or give a JSON list of {{"name", "path"}})')
+        modules.append({"name": name, "path": path})
+    return modules
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None

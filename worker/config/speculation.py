@@ -1,0 +1,163 @@
+"""Speculation policy: which speculative config the settings ask for, whether it drafts with a
+separate model, and the rules the speculation settings must satisfy (checked when Settings parse).
+
+Speculative decoding is configured either by ``SPECULATIVE_CONFIG`` (vLLM's JSON) or by the simple
+knobs ``SPECULATIVE_METHOD`` / ``SPECULATIVE_MODEL`` / ``NUM_SPECULATIVE_TOKENS``, never both. An
+unset ``MODEL_NAME`` selects the embedded tiny model, which by default speculates with its
+noisy-copy draft. Pure: reads only the settings it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+__all__ = [
+    "DEFAULT_NUM_SPECULATIVE_TOKENS",
+    "TINY_PREFIX",
+    "VLLM_SPECULATIVE_METHODS",
+    "SpeculationSettings",
+    "check",
+    "draft_ref",
+    "draft_revision",
+    "drafts_with_model",
+    "speculative_config",
+]
+
+TINY_PREFIX = "tiny:"
+# SPECULATIVE_METHOD's values: vLLM 0.32's ``SpeculativeMethod`` (vllm/config/speculative.py), written
+# out because this module imports without vLLM (tests/test_config.py checks it against vLLM's own
+# type), and "none". A typo fails at once here rather than after vLLM's import, 10 s into the boot.
+VLLM_SPECULATIVE_METHODS = frozenset(
+    """ngram medusa mlp_speculator draft_model suffix custom_class eagle eagle3 extract_hidden_states
+    deepseek_mtp dots3_note_mtp mimo_mtp mimo_v2_mtp glm4_moe_mtp glm4_moe_lite_mtp glm_ocr_mtp ernie_mtp
+    nemotron_h_mtp exaone_moe_mtp exaone4_5_mtp qwen3_next_mtp qwen4_exp_mtp qwen3_5_mtp longcat_flash_mtp
+    bailing_hybrid_v3_mtp minimax_m3_mtp bailing_hybrid_mtp mtp kimi_k3_mtp pangu_ultra_moe_mtp step3p5_mtp
+    hy_v3_mtp hy_v4_mtp gemma4_mtp inkling_mtp glm5_next_mtp dflash ngram_gpu dspark""".split()
+)
+# NUM_SPECULATIVE_TOKENS when the simple knobs turn speculation on without it (the tiny default's k).
+DEFAULT_NUM_SPECULATIVE_TOKENS = 3
+
+
+class SpeculationSettings(Protocol):
+    """The settings speculation policy reads (``Settings`` has them)."""
+
+    @property
+    def model_name(self) -> str | None: ...
+    @property
+    def speculative_config(self) -> dict[str, Any] | None: ...
+    @property
+    def speculative_method(self) -> str | None: ...
+    @property
+    def speculative_model(self) -> str | None: ...
+    @property
+    def num_speculative_tokens(self) -> int | None: ...
+    @property
+    def speculative_tokens_by_batch(self) -> list[tuple[int, int, int]] | None: ...
+
+
+# Substrings of a draft's name from which vLLM 0.32 infers another method than a separate draft
+# model, even under method "draft_model" (``SpeculativeConfig.__post_init__``).
+_VLLM_NAME_INFERRED_METHODS = ("eagle-", "eagle3", "dflash", "dspark")
+
+
+def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
+    """Whether vLLM runs this speculative config as a separate draft model (its method
+    ``draft_model``): the one answer for the draft check, the model-runner choice and validation.
+
+    vLLM's own inference rule: no ``method`` and a ``model`` that is neither ``ngram`` nor a dotted
+    proposer class path means ``draft_model``; a draft whose name marks an EAGLE, DFlash or DSpark
+    head is run as that, whatever the method says. (vLLM also recognises MTP, Medusa and MLP
+    speculator heads by their config's ``model_type``, which the draft check reads.)
+    """
+    if not spec:
+        return False
+    model, method = spec.get("model"), spec.get("method")
+    if not isinstance(model, str) or not model:
+        return False
+    if method is None:
+        is_class_path = "." in model and "/" not in model and all(part.isidentifier() for part in model.split("."))
+        if model in ("ngram", "[ngram]") or is_class_path:
+            return False
+        method = "draft_model"
+    return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
+
+
+def check(settings: SpeculationSettings) -> None:
+    """The rules across the speculation settings (raises ValueError: Settings' validation)."""
+    knobs = settings.speculative_method or settings.speculative_model or settings.num_speculative_tokens
+    if settings.speculative_config is not None and knobs:
+        raise ValueError(
+            "SPECULATIVE_CONFIG cannot be combined with SPECULATIVE_METHOD/SPECULATIVE_MODEL/"
+            "NUM_SPECULATIVE_TOKENS; use one or the other"
+        )
+    if settings.speculative_method == "none":
+        return
+    if settings.speculative_method is not None and settings.speculative_method not in VLLM_SPECULATIVE_METHODS:
+        raise ValueError(
+            f"SPECULATIVE_METHOD={settings.speculative_method!r} is not one of vLLM's methods: none, "
+            + ", ".join(sorted(VLLM_SPECULATIVE_METHODS))
+        )
+    if settings.speculative_method == "draft_model" and not settings.speculative_model:
+        raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
+    schedule = settings.speculative_tokens_by_batch
+    if schedule is not None:
+        spec = speculative_config(settings)
+        if spec is None:
+            raise ValueError("SPECULATIVE_TOKENS_BY_BATCH needs speculative decoding to be configured")
+        k, highest = spec.get("num_speculative_tokens"), max(entry[2] for entry in schedule)
+        if isinstance(k, int) and highest > k:
+            raise ValueError(f"SPECULATIVE_TOKENS_BY_BATCH asks for k={highest}, above NUM_SPECULATIVE_TOKENS={k}")
+
+
+def speculative_config(settings: SpeculationSettings) -> dict[str, Any] | None:
+    """vLLM's speculative_config dict, from SPECULATIVE_CONFIG or the simple knobs, with
+    SPECULATIVE_TOKENS_BY_BATCH as vLLM's ``num_speculative_tokens_per_batch_size``.
+
+    Model references may use the ``tiny:<variant>`` form; the boot plan resolves them.
+    """
+    spec = _base_config(settings)
+    if spec is not None and settings.speculative_tokens_by_batch is not None:
+        spec["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in settings.speculative_tokens_by_batch]
+    return spec
+
+
+def _base_config(settings: SpeculationSettings) -> dict[str, Any] | None:
+    if settings.speculative_method == "none":
+        return None
+    if settings.speculative_config is not None:
+        return dict(settings.speculative_config)
+    if settings.speculative_method or settings.speculative_model:
+        method = settings.speculative_method or "draft_model"
+        num_tokens = settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
+        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": num_tokens}
+        if settings.speculative_model:
+            spec["model"] = settings.speculative_model
+        if method == "ngram":
+            spec.setdefault("prompt_lookup_max", 4)
+            spec.setdefault("prompt_lookup_min", 1)
+        return spec
+    if settings.model_name is None:
+        # The embedded default shows speculation working: a noisy copy drafts for the target.
+        # A named model, tiny:vision included (the embedded drafts are text-only), speculates
+        # only when configured.
+        return {
+            "method": "draft_model",
+            "model": f"{TINY_PREFIX}noisy",
+            "num_speculative_tokens": settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS,
+        }
+    return None
+
+
+def draft_ref(settings: SpeculationSettings) -> str | None:
+    """The draft model as the user named it (``SPECULATIVE_MODEL`` or the config's ``model``),
+    when speculation drafts with a separate model (:func:`drafts_with_model`)."""
+    spec = speculative_config(settings)
+    return spec["model"] if spec is not None and drafts_with_model(spec) else None
+
+
+def draft_revision(settings: SpeculationSettings) -> str | None:
+    """The draft's revision: ``SPECULATIVE_CONFIG``'s ``revision`` (the field vLLM reads)."""
+    spec = speculative_config(settings)
+    revision = spec.get("revision") if spec else None
+    return revision if isinstance(revision, str) else None

@@ -1,0 +1,149 @@
+"""A stand-in for vLLM's scheduler, for the tests and the benchmark of the worker's scheduler hooks.
+
+A test double beside the real thing (as httpx keeps its ``MockTransport``): vLLM's scheduler reduced
+to what :class:`~worker.spec_stats.scheduler.SpecMetricsSnapshots` calls (taking requests, handing
+back a step's outputs for the tokens given it, finishing requests, its one exit ``_free_request``),
+over vLLM's own ``Request`` objects, outputs and metrics. A real engine core cannot be stepped by
+hand with chosen shapes (drafts, grammar-invalidated drafts, accepted counts, prefill chunks), which
+is what the hooks' arithmetic is checked and timed on; the engine tests run the same hooks in the
+real engine core. Imported by ``tests/test_stop_answers.py`` and ``worker/tools/bench/stats_path.py``;
+never by the serving code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
+
+from vllm import SamplingParams
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+from vllm.v1.request import Request, RequestStatus
+
+from worker.spec_stats.scheduler import SpecMetricsSnapshots
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import ModelRunnerOutput
+
+__all__ = ["HookedStandIn", "StandInScheduler", "make_request", "step_inputs", "step_outputs"]
+
+
+class StandInScheduler:
+    """vLLM's scheduler reduced to what the worker's hooks call. A step's update observes each
+    scheduled request's drafts (vLLM's per-request metrics; ``is_observing=False`` leaves that to
+    the caller, who times it), appends its tokens, and ends it at ``max_tokens`` (trimming the
+    step's tokens in place, as vLLM does). ``entered`` / ``returned``: ``perf_counter_ns()`` at the
+    update's start and end, so that a caller can time the hooks around it."""
+
+    def __init__(self, *, is_observing: bool = True) -> None:
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids: set[str] = set()
+        self.is_observing = is_observing
+        self.entered = self.returned = 0
+
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        self.requests[request.request_id] = request
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        self.entered = time.perf_counter_ns()
+        self.finished_req_ids.clear()  # vLLM's schedule() hands them on
+        outputs: dict[int, EngineCoreOutputs] = {}
+        invalid_drafts = scheduler_output.num_invalid_spec_tokens or {}
+        for rid in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            tokens = model_runner_output.sampled_token_ids[model_runner_output.req_id_to_index[rid]]
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
+            metrics = request.spec_decode_metrics
+            if drafts and metrics is not None and self.is_observing:
+                metrics.observe(len(drafts) - invalid_drafts.get(rid, 0), len(tokens) - 1)
+            finish = None
+            room = (request.max_tokens or 0) - request.num_output_tokens
+            if len(tokens) >= room:  # vLLM trims the step's tokens at the stop, in place
+                del tokens[room:]
+                request.status, finish = RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH
+            request.append_output_token_ids(list(tokens))
+            output = EngineCoreOutput(rid, list(tokens), finish_reason=finish)
+            if finish is not None:
+                output.spec_decode_metrics = metrics
+                self._free_request(request)
+            outputs.setdefault(request.client_index, EngineCoreOutputs(outputs=[])).outputs.append(output)
+        self.returned = time.perf_counter_ns()
+        return outputs
+
+    def finish_requests(self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus) -> list[Request]:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or self.requests)
+        finished = []
+        for rid in ids:
+            request = self.requests.get(rid)
+            if request is not None and not request.is_finished():
+                request.status = finished_status
+                self._free_request(request)
+                finished.append(request)
+        return finished
+
+    def _free_request(
+        self, request: Request, delay_free_blocks: bool = False
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+        return None, None
+
+    def has_requests(self) -> bool:
+        return bool(self.requests or self.finished_req_ids)
+
+
+class HookedStandIn(SpecMetricsSnapshots, StandInScheduler):
+    """The worker's hooks over the stand-in, as ``SpecMetricsScheduler`` over vLLM's scheduler."""
+
+
+def make_request(
+    rid: str, *, num_spec_tokens: int, stop: list[str] | None, max_tokens: int = 10**6, client: int = 0
+) -> Request:
+    """One of vLLM's engine-core requests, with the per-request metrics its scheduler gives them."""
+    params = SamplingParams(stop=stop, max_tokens=max_tokens)
+    request = Request(rid, [1, 2, 3], params, None, client_index=client)
+    request.spec_decode_metrics = RequestSpecDecodeMetrics.new(num_spec_tokens)
+    return request
+
+
+def step_inputs(
+    *,
+    num_scheduled_tokens: Mapping[str, int],
+    drafts: Mapping[str, list[int]],
+    invalid_drafts: Mapping[str, int] | None,
+    sampled: Mapping[str, list[int]],
+) -> tuple[SchedulerOutput, ModelRunnerOutput]:
+    """vLLM's scheduler and model outputs of one step, holding only the fields the hooks and the
+    stand-in read."""
+    scheduler_output = SimpleNamespace(
+        num_scheduled_tokens=dict(num_scheduled_tokens),
+        scheduled_spec_decode_tokens=dict(drafts),
+        num_invalid_spec_tokens=None if invalid_drafts is None else dict(invalid_drafts),
+    )
+    model_output = SimpleNamespace(
+        req_id_to_index={rid: i for i, rid in enumerate(sampled)}, sampled_token_ids=list(sampled.values())
+    )
+    return cast("SchedulerOutput", scheduler_output), cast("ModelRunnerOutput", model_output)
+
+
+def step_outputs(
+    scheduler: StandInScheduler,
+    *,
+    num_scheduled_tokens: Mapping[str, int],
+    drafts: Mapping[str, list[int]],
+    invalid_drafts: Mapping[str, int] | None,
+    sampled: Mapping[str, list[int]],
+) -> dict[int, EngineCoreOutputs]:
+    """One engine step through ``scheduler`` (:func:`step_inputs`): its outputs per client."""
+    inputs = step_inputs(
+        num_scheduled_tokens=num_scheduled_tokens, drafts=drafts, invalid_drafts=invalid_drafts, sampled=sampled
+    )
+    return scheduler.update_from_output(*inputs)
