@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LoraModule", "domain_list", "json_object", "lora_modules"]
+__all__ = ["LoraModule", "domain_list", "json_object", "lora_modules", "parse_tokens_by_batch", "schedule"]
 
 
 class LoraModule(BaseModel):
@@ -62,3 +62,35 @@ def _json(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+
+
+def parse_tokens_by_batch(text: str) -> list[tuple[int, int, int]] | None:
+    """``SPECULATIVE_TOKENS_BY_BATCH``: ``start-end:k`` ranges, comma-separated (``1-8:4,9-64:2,65-256:0``),
+    to vLLM's ``num_speculative_tokens_per_batch_size``. vLLM checks the same rules at boot (its
+    ``validate_and_normalize_dynamic_sd_schedule``); checked here, without importing vLLM, so that the
+    error is one sentence naming the variable. Blank: None."""
+    if not text.strip():
+        return None
+    entries: list[tuple[int, int, int]] = []
+    for part in text.split(","):
+        span, sep, k_text = part.strip().partition(":")
+        start_text, dash, end_text = span.partition("-")
+        try:
+            start = int(start_text)
+            end = int(end_text) if dash else start
+            k = int(k_text)
+        except ValueError:
+            raise ValueError(f"{part.strip()!r} is not start-end:k (e.g. 1-8:4,9-256:0)") from None
+        if not sep or start < 1 or end < start or k < 0:
+            raise ValueError(f"{part.strip()!r} is not start-end:k with 1 <= start <= end and k >= 0")
+        if entries and start <= entries[-1][1]:
+            raise ValueError("batch-size ranges must be in increasing order without overlap")
+        entries.append((start, end, k))
+    if entries[0][0] != 1:
+        raise ValueError("the first batch-size range must start at 1")
+    return entries
+
+
+def schedule(value: Any) -> Any:
+    """``SPECULATIVE_TOKENS_BY_BATCH`` as given: a string is parsed (:func:`parse_tokens_by_batch`)."""
+    return parse_tokens_by_batch(value) if isinstance(value, str) else value

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import parsing, speculation
@@ -23,15 +23,7 @@ from worker.config.parsing import LoraModule
 from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 from worker.errors import ConfigError, describe_validation_errors
 
-__all__ = [
-    "PUBLIC_MEDIA_CONNECTOR",
-    "TINY_PREFIX",
-    "DeploymentMode",
-    "LoraModule",
-    "Settings",
-    "load_settings",
-    "parse_tokens_by_batch",
-]
+__all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "load_settings"]
 
 # The media connector that refuses URLs reaching inside the host: worker/media.py registers it under
 # this name, and unless ALLOW_PRIVATE_MEDIA_URLS the boot plan's environment selects it.
@@ -167,14 +159,9 @@ class Settings(BaseSettings):
     num_speculative_tokens: int | None = Field(
         None, ge=1, le=32, description=f"tokens drafted per step; unset: {DEFAULT_NUM_SPECULATIVE_TOKENS}"
     )
-    speculative_tokens_by_batch: list[tuple[int, int, int]] | None = Field(
-        None,
-        description="vLLM's batch-size schedule of k as start-end:k,... (num_speculative_tokens_per_batch_size)",
-    )
-    speculation_control: Literal["auto", "static"] = Field(
-        "static",
-        description="auto: the worker picks k each step from the batch size and live acceptance (spec_control.py)",
-    )
+    # vLLM's batch-size schedule of k (start-end:k,...); auto: k chosen per step (spec_control.py).
+    speculative_tokens_by_batch: Annotated[list[tuple[int, int, int]] | None, BeforeValidator(parsing.schedule)] = None
+    speculation_control: Literal["auto", "static"] = "static"
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "summary"
@@ -227,11 +214,6 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_json_object(cls, value: Any) -> Any:
         return parsing.json_object(value)
-
-    @field_validator("speculative_tokens_by_batch", mode="before")
-    @classmethod
-    def _parse_schedule(cls, value: Any) -> Any:
-        return parse_tokens_by_batch(value) if isinstance(value, str) else value
 
     @field_validator("allowed_media_domains", mode="before")
     @classmethod
@@ -296,33 +278,6 @@ class Settings(BaseSettings):
     def resolved_speculative_config(self) -> dict[str, Any] | None:
         """vLLM's speculative_config dict (:func:`worker.config.speculation.speculative_config`)."""
         return speculation.speculative_config(self)
-
-
-def parse_tokens_by_batch(text: str) -> list[tuple[int, int, int]] | None:
-    """``SPECULATIVE_TOKENS_BY_BATCH``: ``start-end:k`` ranges, comma-separated (``1-8:4,9-64:2,65-256:0``),
-    to vLLM's ``num_speculative_tokens_per_batch_size``. vLLM checks the same rules at boot (its
-    ``validate_and_normalize_dynamic_sd_schedule``); checked here, without importing vLLM, so that the
-    error is one sentence naming the variable. Blank: None."""
-    if not text.strip():
-        return None
-    entries: list[tuple[int, int, int]] = []
-    for part in text.split(","):
-        span, sep, k_text = part.strip().partition(":")
-        start_text, dash, end_text = span.partition("-")
-        try:
-            start = int(start_text)
-            end = int(end_text) if dash else start
-            k = int(k_text)
-        except ValueError:
-            raise ValueError(f"{part.strip()!r} is not start-end:k (e.g. 1-8:4,9-256:0)") from None
-        if not sep or start < 1 or end < start or k < 0:
-            raise ValueError(f"{part.strip()!r} is not start-end:k with 1 <= start <= end and k >= 0")
-        if entries and start <= entries[-1][1]:
-            raise ValueError("batch-size ranges must be in increasing order without overlap")
-        entries.append((start, end, k))
-    if entries[0][0] != 1:
-        raise ValueError("the first batch-size range must start at 1")
-    return entries
 
 
 def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 else:
     _SchedulerBase = object
 
-from worker.spec_control import ControlledScheduling
+from worker.spec_stats.control import ControlledScheduling
 
 __all__ = [
     "SCHEDULER_CLASSES",

@@ -214,7 +214,7 @@ def controller_step_us(batch_size: int, *, k: int = 4, steps: int = 4000, caps: 
     import random
     from types import SimpleNamespace
 
-    from worker.spec_control import ControlledScheduling
+    from worker.spec_stats.control import ControlledScheduling
 
     rng = random.Random(0)
     ids = [f"req-{i}" for i in range(batch_size)]

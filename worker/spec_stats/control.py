@@ -1,0 +1,81 @@
+"""The scheduler hooks of ``SPECULATION_CONTROL=auto`` (:mod:`worker.spec_control` has the controller):
+vLLM's ``dynamic_sd_lookup`` answered by the controller, fed each step's (drafted, accepted) pairs,
+and a capped request's drafts trimmed before a step is scheduled. No vLLM import: the mixin reads
+vLLM's objects by the attributes the pinned version has."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Any
+
+from worker.spec_control import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
+from worker.spec_cost import PROVISIONAL
+
+__all__ = ["ControlledScheduling"]
+
+_NO_DRAFTS: tuple[int, ...] = ()
+
+
+class ControlledScheduling:
+    """Scheduler mixin (before vLLM's scheduler in the MRO): vLLM's ``dynamic_sd_lookup`` is the
+    controller, fed each step's (drafted, accepted) pairs; a capped request's drafts are trimmed
+    before the step is scheduled (vLLM trims drafts the same way when a step's budget is short).
+    Needs a speculative config with a batch-size schedule (``engine_args`` adds one for ``auto``)."""
+
+    requests: dict[str, Any]
+    running: list[Any]
+    dynamic_sd_lookup: Any
+    num_spec_tokens: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        schedule = self.dynamic_sd_lookup
+        spec = self.vllm_config.speculative_config  # type: ignore[attr-defined]
+        cost = PROVISIONAL["ngram" if spec.method == "ngram" else "draft_model"]
+        # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
+        # captures full graphs for the query lengths of the schedule's k values (and 1): only those.
+        allowed = set(schedule[1:]) | {0} if getattr(self, "use_v2_model_runner", False) else None
+        self.controller = SpeculationController(
+            num_spec_tokens=self.num_spec_tokens, cost=cost, schedule=schedule, allowed_ks=allowed
+        )
+        self.dynamic_sd_lookup = self.controller
+        self._control_steps = 0
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        caps = self.controller.caps
+        if caps:
+            requests = self.requests
+            for rid, cap in caps.items():
+                request = requests.get(rid)
+                if request is not None and len(request.spec_token_ids) > cap:
+                    request.spec_token_ids = request.spec_token_ids[:cap]
+        return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        sampled = model_runner_output.sampled_token_ids
+        pairs: dict[tuple[int, int], int] = {}
+        if spec and sampled:
+            # (drafts verified, drafts accepted) -> sequences, in C-level passes over the batch.
+            # The first SAMPLE_SEQUENCES of the batch: evidence enough per step, at a bounded cost.
+            yielded = list(map(len, sampled[:SAMPLE_SEQUENCES]))  # 1 + accepted, where drafts were verified
+            widths = set(map(len, spec.values()))
+            if len(widths) == 1 and len(spec) == len(sampled):  # every request verified the same k
+                d = widths.pop()
+                pairs = {(d, y - 1): n for y in range(1, d + 2) if (n := yielded.count(y))}
+            else:
+                req_ids = model_runner_output.req_ids[:SAMPLE_SEQUENCES]
+                drafted = map(len, map(spec.get, req_ids, itertools.repeat(_NO_DRAFTS)))
+                counted = collections.Counter(zip(drafted, yielded, strict=False))
+                pairs = {(d, y - 1): n for (d, y), n in counted.items() if d and y}
+        controller = self.controller
+        controller.observe(pairs)
+        step = self._control_steps = self._control_steps + 1
+        if step % REVIEW_EVERY_STEPS == 0:
+            # A generator: read only when the load makes per-request caps worth computing.
+            live = ((r.request_id, r.spec_decode_metrics) for r in self.running if r.spec_decode_metrics)
+            controller.review(
+                ((rid, m.histogram, m.num_draft_tokens) for rid, m in live), batch_size=max(1, len(self.running))
+            )
+        return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
