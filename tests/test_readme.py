@@ -39,6 +39,8 @@ import pytest
 from tests.helpers import ROOT, free_port, wait_until_ready
 
 README = ROOT / "README.md"
+# The pages whose examples run too, after the README's (the tools' examples moved out of it).
+DOCS = (README, ROOT / "docs" / "tools.md")
 POD_PORT, LOCAL_API_PORT = 8000, 8001  # the README's
 _MARK = re.compile(r"<!-- (not-run|output)(?::\s*(.*?))? -->")
 _FENCE = re.compile(r"^```(\w*)$")
@@ -51,13 +53,19 @@ class Block:
     body: str
     mark: str | None  # "not-run", "output" or None
     reason: str
+    source: str = "README.md"
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.source}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def doc_blocks() -> list[Block]:
+    """The fenced blocks of every page in :data:`DOCS`, in order."""
+    return [block for page in DOCS for block in readme_blocks(page.read_text(), source=str(page.relative_to(ROOT)))]
+
+
+def readme_blocks(text: str, *, source: str = "README.md") -> list[Block]:
     lines = text.splitlines()
     blocks, i = [], 0
     while i < len(lines):
@@ -74,6 +82,7 @@ def readme_blocks(text: str) -> list[Block]:
                 body="\n".join(lines[i + 1 : end]),
                 mark=mark.group(1) if mark else None,
                 reason=(mark.group(2) or "") if mark else "",
+                source=source,
             )
         )
         i = end + 1
@@ -136,7 +145,7 @@ def _json_object(text: str) -> dict[str, Any]:
 def test_every_block_is_run_or_marked() -> None:
     """Each block is one this module runs, an output it compares, or marked not-run with a reason;
     an output follows a block that runs; the README opens with its two commands."""
-    blocks = readme_blocks(README.read_text())
+    blocks = doc_blocks()
     assert blocks, "no code blocks found"
     problems = [f"{b.where}: a {b.lang or 'plain'} block the test cannot run" for b in blocks if block_kind(b) is None]
     problems += [f"{b.where}: not-run needs a reason" for b in blocks if b.mark == "not-run" and not b.reason]
@@ -146,7 +155,7 @@ def test_every_block_is_run_or_marked() -> None:
     assert not problems, "mark each block <!-- not-run: why --> or teach tests/test_readme.py to run it:\n" + "\n".join(
         problems
     )
-    first = commands(blocks[0])
+    first = commands(readme_blocks(README.read_text())[0])
     assert first[0].startswith("./scripts/setup.sh && .venv/bin/python handler.py"), first
     assert first[1].startswith("./scripts/setup.sh && .venv/bin/python -m pytest"), first
 
@@ -324,7 +333,7 @@ def _run_python(code: str, servers: Servers, where: str, namespace: dict[str, An
 def test_readme_examples_run_as_written(readme_servers: Servers) -> None:
     """Every block that is not marked not-run, in the README's order, against the two servers;
     each ``<!-- output -->`` block is what the block before it printed."""
-    blocks = readme_blocks(README.read_text())
+    blocks = doc_blocks()
     printed: Any = None
     num_run = 0
     namespace: dict[str, Any] = {"__name__": "readme"}
