@@ -306,7 +306,7 @@ async def test_route_stream_items_hold_whole_events_on_the_readme_schedule(both:
     # vLLM merges outputs the stream has not yet taken: 30 tokens once came as only 13 events), then [DONE].
     assert items[-1].endswith("data: [DONE]\n\n") and sizes[1:4] == [1, 3, 9]
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert "each item is a string of **one or more whole\nserver-sent events**" in readme
+    assert "**one or more whole server-sent events**, coalesced as the native stream is" in readme
 
 
 async def test_sampling_with_speculation_on_cpu_is_a_400_naming_the_cause_on_pod_and_route(both: Both) -> None:
