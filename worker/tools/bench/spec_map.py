@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import load_settings
-from worker.tools.bench.timing import PROMPT, RequestTiming, run_concurrent, summarize
+from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
 
 __all__ = ["bench_spec_map", "config_env", "controller_step_us", "fit_step_cost", "main", "render"]
 
@@ -117,8 +117,7 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     )
     out: dict[str, Any] = {"runs": len(runs)}
     for key in keys:
-        values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
-        out[key] = statistics.median(values) if values else None
+        out[key] = median([r.get(key) for r in runs])
     return out
 
 
