@@ -282,6 +282,13 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
         "cudagraph_mode": "FULL_DECODE_ONLY"
     }
     assert graphs("pod", MAX_CONCURRENCY="8") is None
+    # A drafting network gets CUDA graphs from vLLM only in a piecewise mode: vLLM's own mode.
+    assert graphs("serverless", SPECULATIVE_MODEL="org/draft") is None
+    eagle = '{"method": "eagle3", "model": "org/head", "num_speculative_tokens": 3}'
+    assert graphs("serverless", SPECULATIVE_CONFIG=eagle, MAX_CONCURRENCY="8") is None
+    assert graphs("serverless", CUDAGRAPH_MODE="FULL_DECODE_ONLY", SPECULATIVE_MODEL="org/draft") == {
+        "cudagraph_mode": "FULL_DECODE_ONLY"
+    }
     explicit = {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 32}
     for mode in ("serverless", "pod"):
         assert graphs(mode, CUDAGRAPH_MODE="FULL_AND_PIECEWISE", MAX_CUDAGRAPH_CAPTURE_SIZE="32") == explicit

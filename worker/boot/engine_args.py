@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
+from worker.config.speculation import runs_a_drafter
 
 __all__ = [
     "PUBLIC_MEDIA_CONNECTOR",
@@ -104,7 +105,8 @@ def compilation_config(settings: Settings, *, mode: DeploymentMode) -> dict[str,
     """
     cudagraph_mode: str | None = settings.cudagraph_mode
     if cudagraph_mode == "auto":
-        cudagraph_mode = "FULL_DECODE_ONLY" if mode == "serverless" else None
+        spec = settings.resolved_speculative_config()
+        cudagraph_mode = "FULL_DECODE_ONLY" if mode == "serverless" and not runs_a_drafter(spec) else None
     capture = settings.max_cudagraph_capture_size
     if capture is None and mode == "serverless" and settings.resolved_speculative_config() is None:
         capture = settings.max_concurrency

@@ -76,7 +76,8 @@ class Settings(BaseSettings):
     cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
         "auto",
         description="vLLM's cudagraph_mode; auto: FULL_DECODE_ONLY for serverless (no piecewise graphs: a shorter "
-        "capture), vLLM's default (FULL_AND_PIECEWISE) for pods",
+        "capture) unless a draft model or head speculates (its graphs are piecewise), vLLM's default "
+        "(FULL_AND_PIECEWISE) for pods",
     )
     max_cudagraph_capture_size: int | None = Field(
         None,
