@@ -27,6 +27,13 @@ def test_a_configuration_names_drafter_k_synthetic_length_and_control() -> None:
     assert settings.speculation_control == "auto"
     ngram = json.loads(config_env(base, "ngram:6:real:static")["SPECULATIVE_CONFIG"])
     assert ngram["method"] == "ngram" and "rejection_sample_method" not in ngram
+    stock = config_env(base, "ngram:4:2.5:stock+MODEL_RUNNER=v2")
+    assert stock["PER_REQUEST_SPEC_DECODE_METRICS"] == "none" and stock["MODEL_RUNNER"] == "v2"
+    assert load_settings(stock).per_request_spec_decode_metrics == "none"
+    with pytest.raises(ValueError, match=r"\+KEY=VALUE"):
+        config_env(base, "none+MODEL_RUNNER")
+    with pytest.raises(ValueError, match="DRAFTER:K:LENGTH:CONTROL"):
+        config_env(base, "ngram:4:2.5:dynamic")
     with pytest.raises(ValueError, match="DRAFTER:K:LENGTH:CONTROL"):
         config_env(base, "ngram:four:2.5:auto")
 

@@ -12,7 +12,12 @@ A configuration is ``none`` or ``DRAFTER:K:LENGTH:CONTROL``:
 - ``LENGTH``: the mean acceptance length vLLM's synthetic rejection sampler holds the drafts to
   (``rejection_sample_method="synthetic"``: the draft and the target run for real, acceptance
   follows the set rate; GPU only), or ``real`` for the standard sampler;
-- ``CONTROL``: ``static`` or ``auto`` (``SPECULATION_CONTROL``).
+- ``CONTROL``: ``static`` or ``auto`` (``SPECULATION_CONTROL``), or ``stock``: static, with the
+  worker's exact-stats path off (``PER_REQUEST_SPEC_DECODE_METRICS=none``), so vLLM's own scheduler
+  and output processor run: the peer for the worker's cost.
+
+A configuration may end in ``+KEY=VALUE`` pairs, more worker settings for that engine alone
+(``none+MODEL_RUNNER=v2``).
 
 Synthetic acceptance because no real draft weights can be had here: with dummy weights the cost of
 speculation is real and the acceptance is chosen. vLLM's synthetic rates are per position, for
@@ -42,11 +47,19 @@ __all__ = ["bench_spec_map", "config_env", "controller_step_us", "fit_step_cost"
 def config_env(base: dict[str, str], name: str) -> dict[str, str]:
     """The worker's environment for configuration ``name`` (module docstring)."""
     env = {key: value for key, value in base.items() if "SPECULATI" not in key}
+    name, *extra = name.split("+")
+    for pair in extra:
+        key, sep, value = pair.partition("=")
+        if not (key and sep):
+            raise ValueError(f"{pair!r}: more settings are +KEY=VALUE pairs")
+        env[key] = value
     if name == "none":
         return {**env, "SPECULATIVE_METHOD": "none"}
     try:
         drafter, k_text, length, control = name.rsplit(":", 3)
         k = int(k_text)
+        if control not in ("static", "auto", "stock"):
+            raise ValueError(control)
     except ValueError:
         raise ValueError(f"{name!r} is not none or DRAFTER:K:LENGTH:CONTROL") from None
     spec: dict[str, Any] = {"num_speculative_tokens": k}
@@ -56,6 +69,8 @@ def config_env(base: dict[str, str], name: str) -> dict[str, str]:
         spec.update(method="draft_model", model=drafter)
     if length != "real":
         spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
+    if control == "stock":
+        return {**env, "SPECULATIVE_CONFIG": json.dumps(spec), "PER_REQUEST_SPEC_DECODE_METRICS": "none"}
     return {**env, "SPECULATIVE_CONFIG": json.dumps(spec), "SPECULATION_CONTROL": control}
 
 
