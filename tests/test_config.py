@@ -20,7 +20,7 @@ from worker.errors import ConfigError
 def test_defaults_select_tiny_model_with_noisy_draft() -> None:
     settings = load_settings({})
     assert settings.is_tiny_default
-    assert settings.resolved_speculative_config() == {
+    assert settings.resolved_speculative_config == {
         "method": "draft_model",
         "model": "tiny:noisy",
         "num_speculative_tokens": 3,
@@ -28,29 +28,29 @@ def test_defaults_select_tiny_model_with_noisy_draft() -> None:
 
 
 def test_speculation_can_be_switched_off_for_the_default_model() -> None:
-    assert load_settings({"SPECULATIVE_METHOD": "none"}).resolved_speculative_config() is None
+    assert load_settings({"SPECULATIVE_METHOD": "none"}).resolved_speculative_config is None
 
 
 def test_explicit_model_has_no_speculation_unless_asked() -> None:
-    assert load_settings({"MODEL_NAME": "org/model"}).resolved_speculative_config() is None
+    assert load_settings({"MODEL_NAME": "org/model"}).resolved_speculative_config is None
 
 
 def test_simple_knobs_build_the_speculative_config() -> None:
     spec = load_settings(
         {"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
-    ).resolved_speculative_config()
+    ).resolved_speculative_config
     assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     spec = load_settings(
         {"MODEL_NAME": "m", "SPECULATIVE_MODEL": "d", "NUM_SPECULATIVE_TOKENS": "2"}
-    ).resolved_speculative_config()
+    ).resolved_speculative_config
     assert spec == {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
 
 
 def test_simple_knobs_default_to_three_speculative_tokens() -> None:
     # The README's default k; vLLM itself has none for a method without a draft config.
-    spec = load_settings({"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram"}).resolved_speculative_config()
+    spec = load_settings({"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram"}).resolved_speculative_config
     assert spec is not None and spec["num_speculative_tokens"] == DEFAULT_NUM_SPECULATIVE_TOKENS == 3
-    spec = load_settings({"NUM_SPECULATIVE_TOKENS": "5"}).resolved_speculative_config()
+    spec = load_settings({"NUM_SPECULATIVE_TOKENS": "5"}).resolved_speculative_config
     assert spec is not None and spec["num_speculative_tokens"] == 5  # the tiny default's draft, k as given
 
 
@@ -73,7 +73,7 @@ def test_speculative_methods_are_vllms_own() -> None:
 
 def test_speculative_config_json_is_passed_through() -> None:
     settings = load_settings({"SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "x", "num_speculative_tokens": 3}'})
-    assert settings.resolved_speculative_config() == {"method": "eagle3", "model": "x", "num_speculative_tokens": 3}
+    assert settings.resolved_speculative_config == {"method": "eagle3", "model": "x", "num_speculative_tokens": 3}
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_is_on_runpod() -> None:
 )
 def test_one_answer_to_is_this_a_draft_model(env: dict[str, str], is_draft: bool) -> None:
     settings = load_settings(env)
-    assert drafts_with_model(settings.resolved_speculative_config()) is is_draft
+    assert drafts_with_model(settings.resolved_speculative_config) is is_draft
     assert (settings.draft_ref is not None) is is_draft
 
 
@@ -206,7 +206,7 @@ def test_speculative_tokens_by_batch_passes_vllms_schedule_through() -> None:
     env = {"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
     settings = load_settings({**env, "SPECULATIVE_TOKENS_BY_BATCH": "1-8:4, 9-64:2,65-256:0"})
     assert settings.speculative_tokens_by_batch == [(1, 8, 4), (9, 64, 2), (65, 256, 0)]
-    spec = settings.resolved_speculative_config()
+    spec = settings.resolved_speculative_config
     assert spec is not None
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 2], [65, 256, 0]]
     assert load_settings({**env, "SPECULATIVE_TOKENS_BY_BATCH": "1:2"}).speculative_tokens_by_batch == [(1, 1, 2)]

@@ -19,38 +19,34 @@ from worker.errors import ConfigError
 from worker.tiny_models import TinyModels
 
 
-def resolve(ref: str) -> str:
-    return "/models/" + ref.replace(":", "-") if ref.startswith("tiny:") else ref
-
-
 def test_tiny_default() -> None:
-    kwargs = build_engine_kwargs(load_settings({}), resolve=resolve)
-    assert kwargs["model"] == "/models/tiny-target"
+    kwargs = build_engine_kwargs(load_settings({}))
+    assert kwargs["model"] == "tiny:target"  # as named: the boot plan resolves it
     assert kwargs["max_model_len"] == TINY_MAX_MODEL_LEN
     assert kwargs["kv_cache_memory_bytes"] == TINY_KV_CACHE_BYTES
     assert kwargs["enforce_eager"] is True
-    assert kwargs["speculative_config"]["model"] == "/models/tiny-noisy"
+    assert kwargs["speculative_config"]["model"] == "tiny:noisy"
     assert kwargs["per_request_spec_decode_metrics"] == "summary"
 
 
 def test_vllms_metrics_are_labelled_with_the_served_model_name() -> None:
-    assert build_engine_kwargs(load_settings({}), resolve=resolve)["served_model_name"] == "tiny:target"
+    assert build_engine_kwargs(load_settings({}))["served_model_name"] == "tiny:target"
     settings = load_settings({"MODEL_NAME": "/models/m", "OPENAI_SERVED_MODEL_NAME_OVERRIDE": "my-model"})
-    assert build_engine_kwargs(settings, resolve=resolve)["served_model_name"] == "my-model"
+    assert build_engine_kwargs(settings)["served_model_name"] == "my-model"
 
 
 def test_tiny_vision_serves_without_speculation_on_the_tiny_budget() -> None:
     """The embedded drafts are text-only Llamas: tiny:vision has none, unless one is configured."""
     settings = load_settings({"MODEL_NAME": "tiny:vision"})
-    assert settings.resolved_speculative_config() is None and settings.served_model_name == "tiny:vision"
-    kwargs = build_engine_kwargs(settings, resolve=resolve)
-    assert kwargs["model"] == "/models/tiny-vision"
+    assert settings.resolved_speculative_config is None and settings.served_model_name == "tiny:vision"
+    kwargs = build_engine_kwargs(settings)
+    assert kwargs["model"] == "tiny:vision"
     assert "speculative_config" not in kwargs and "per_request_spec_decode_metrics" not in kwargs
     assert kwargs["enforce_eager"] is True and kwargs["max_model_len"] == TINY_MAX_MODEL_LEN
 
 
 def test_real_model_keeps_vllm_defaults_and_checkpoint_quantization() -> None:
-    kwargs = build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}), resolve=resolve)
+    kwargs = build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}))
     assert kwargs["model"] == "org/m"
     for unset in ("quantization", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs", "speculative_config"):
         assert unset not in kwargs
@@ -73,7 +69,6 @@ def test_settings_are_mapped() -> None:
                 "NUM_SPECULATIVE_TOKENS": "5",
             }
         ),
-        resolve=resolve,
     )
     assert kwargs["quantization"] == "awq_marlin"
     assert kwargs["kv_cache_dtype"] == "fp8"
@@ -86,8 +81,8 @@ def test_settings_are_mapped() -> None:
 
 
 def test_stream_interval_is_vllms_default_unless_set() -> None:
-    assert build_engine_kwargs(load_settings({}), resolve=resolve)["stream_interval"] == 1
-    assert build_engine_kwargs(load_settings({"STREAM_INTERVAL": "8"}), resolve=resolve)["stream_interval"] == 8
+    assert build_engine_kwargs(load_settings({}))["stream_interval"] == 1
+    assert build_engine_kwargs(load_settings({"STREAM_INTERVAL": "8"}))["stream_interval"] == 8
 
 
 def fake_cache(root: Path, ref: str, *, commits: list[str], main: str | None) -> Path:
@@ -128,7 +123,7 @@ def test_engine_args_escape_hatch_is_applied_last_and_checked_against_vllm(tiny_
 
     escape = '{"max_num_seqs": 3, "scheduling_policy": "priority"}'
     settings = load_settings({"MAX_NUM_SEQS": "8", "ENGINE_ARGS": escape})
-    kwargs = build_engine_kwargs(settings, resolve=resolve)
+    kwargs = build_engine_kwargs(settings)
     assert kwargs["max_num_seqs"] == 3 and kwargs["scheduling_policy"] == "priority"
     assert boot.build_args(build_plan(settings, mode="serverless")).max_num_seqs == 3
     with pytest.raises(EngineBootError, match="max_num_seqz: not a vLLM engine argument"):
@@ -253,14 +248,14 @@ def test_lora_slots_keep_the_last_one_empty_on_cpu_only() -> None:
     assert lora_slots(one, is_cpu=False) is None and lora_slots(three, is_cpu=False) == 2
     assert lora_slots(one, is_cpu=True) == 2 and lora_slots(three, is_cpu=True) == 4
     assert lora_slots(load_settings({}), is_cpu=True) is None
-    assert build_engine_kwargs(one, resolve=str, is_cpu=True)["max_loras"] == 2
+    assert build_engine_kwargs(one, is_cpu=True)["max_loras"] == 2
 
 
 def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
     # vLLM changes k per step only with a batch-size schedule: auto adds one range (the configured
     # k, carried to every batch size) unless the user gave one; static leaves the config alone.
     def spec_for(**env: str) -> Any:
-        return build_engine_kwargs(load_settings(env), resolve=lambda ref: ref)["speculative_config"]
+        return build_engine_kwargs(load_settings(env))["speculative_config"]
 
     assert spec_for(SPECULATION_CONTROL="auto")["num_speculative_tokens_per_batch_size"] == [[1, 1, 3]]
     assert "num_speculative_tokens_per_batch_size" not in spec_for(SPECULATION_CONTROL="static")
@@ -271,7 +266,7 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
 def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
     def graphs(mode: DeploymentMode, **env: str) -> dict[str, object] | None:
         settings = load_settings({"MODEL_NAME": "org/m", **env})
-        return build_engine_kwargs(settings, resolve=resolve, mode=mode).get("compilation_config")
+        return build_engine_kwargs(settings, mode=mode).get("compilation_config")
 
     assert graphs("serverless") == {"cudagraph_mode": "FULL_DECODE_ONLY"}
     assert graphs("pod") is None  # vLLM's own (FULL_AND_PIECEWISE, sizes from max_num_seqs)
@@ -294,11 +289,8 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
         assert graphs(mode, CUDAGRAPH_MODE="FULL_AND_PIECEWISE", MAX_CUDAGRAPH_CAPTURE_SIZE="32") == explicit
     # Eager engines capture nothing; ENGINE_ARGS has the last word.
     assert graphs("serverless", ENFORCE_EAGER="true") is None
-    assert build_engine_kwargs(load_settings({}), resolve=resolve).get("compilation_config") is None
-    assert (
-        build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}), resolve=str, is_cpu=True).get("compilation_config")
-        is None
-    )
+    assert build_engine_kwargs(load_settings({})).get("compilation_config") is None
+    assert build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}), is_cpu=True).get("compilation_config") is None
     escape = '{"compilation_config": {"cudagraph_mode": "NONE"}}'
     assert graphs("serverless", ENGINE_ARGS=escape) == {"cudagraph_mode": "NONE"}
     with pytest.raises(ConfigError, match=r"^invalid configuration: CUDAGRAPH_MODE: Input should be 'auto'"):
@@ -313,7 +305,7 @@ def test_the_cuda_graph_settings_reach_vllms_compilation_config() -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     settings = load_settings({"MODEL_NAME": "org/m", "MAX_CONCURRENCY": "16"})
-    kwargs = build_engine_kwargs(settings, resolve=resolve, mode="serverless")
+    kwargs = build_engine_kwargs(settings, mode="serverless")
     config = AsyncEngineArgs(**kwargs).compilation_config
     config = config if isinstance(config, CompilationConfig) else CompilationConfig(**config)
     assert config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY

@@ -33,7 +33,7 @@ def test_the_default_plan_resolves_target_draft_and_adapters_once(
 
         return ask
 
-    monkeypatch.setattr("worker.boot.plan.resolver", counting)
+    monkeypatch.setattr("worker.boot.models.resolver", counting)
     plan = _plan(ENABLE_LORA="true", LORA_MODULES="tiny-lora=tiny:lora", TOKENIZER_NAME="tiny:target")
     assert plan.target.label == "tiny:target" and Path(plan.target.path) == tiny_models.path("target")
     assert plan.draft is not None and plan.draft.label == "tiny:noisy"

@@ -1,18 +1,16 @@
 """Settings to vLLM engine keyword arguments: a pure function, testable without vLLM.
 
-Model references of the form ``tiny:<variant>`` (and an unset ``MODEL_NAME``) name the
-embedded tiny models; ``resolve`` maps them to local paths.
+Model references stay as the user named them (``tiny:<variant>``, an unset ``MODEL_NAME`` for the
+embedded tiny model, hub ids, paths); the boot plan resolves them after (``worker/boot/models.py``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
-from worker.config.speculation import runs_a_drafter
 
 __all__ = [
     "PUBLIC_MEDIA_CONNECTOR",
@@ -30,18 +28,21 @@ TINY_KV_CACHE_BYTES = 256 * 2**20
 
 
 def build_engine_kwargs(
-    settings: Settings, *, resolve: Callable[[str], str], is_cpu: bool = False, mode: DeploymentMode = "serverless"
+    settings: Settings, *, is_cpu: bool = False, mode: DeploymentMode = "serverless"
 ) -> dict[str, Any]:
-    """vLLM ``AsyncEngineArgs`` keyword arguments. Unset settings keep vLLM's defaults.
-    ``is_cpu``: the engine runs on vLLM's CPU build (``lora_slots``, ``compilation_config``)."""
+    """vLLM ``AsyncEngineArgs`` keyword arguments, model references as the user named them (the
+    boot plan resolves them: ``worker.boot.models.resolve_references``). Unset settings keep
+    vLLM's defaults. ``is_cpu``: the engine runs on vLLM's CPU build (``lora_slots``,
+    ``compilation_config``)."""
     is_tiny = settings.is_tiny_default
+    spec = settings.resolved_speculative_config
     kwargs: dict[str, Any] = {
-        "model": resolve(settings.target_ref),
+        "model": settings.target_ref,
         # The name the OpenAI routes answer to, as vLLM's server passes it: the model_name label of
         # vLLM's own metrics (vllm:*), which otherwise shows the resolved path.
         "served_model_name": settings.served_model_name,
         "revision": settings.model_revision,
-        "tokenizer": resolve(settings.tokenizer_name) if settings.tokenizer_name else None,
+        "tokenizer": settings.tokenizer_name,
         "tokenizer_revision": settings.tokenizer_revision,
         "dtype": settings.dtype,
         "quantization": settings.quantization,
@@ -72,12 +73,9 @@ def build_engine_kwargs(
         # Eager engines (the CPU build, the tiny models) capture no CUDA graphs.
         "compilation_config": None
         if is_cpu or is_tiny or settings.enforce_eager
-        else compilation_config(settings, mode=mode),
+        else compilation_config(settings, spec, mode=mode),
     }
-    spec = settings.resolved_speculative_config()
     if spec is not None:
-        if isinstance(spec.get("model"), str):
-            spec["model"] = resolve(spec["model"])
         k = spec.get("num_speculative_tokens")
         if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
             # vLLM's batch-size schedule is what lets k change per step: one range carried to every
@@ -90,7 +88,9 @@ def build_engine_kwargs(
     return {**kwargs, **(settings.engine_args or {})}
 
 
-def compilation_config(settings: Settings, *, mode: DeploymentMode) -> dict[str, Any] | None:
+def compilation_config(
+    settings: Settings, spec: dict[str, Any] | None, *, mode: DeploymentMode
+) -> dict[str, Any] | None:
     """vLLM's CUDA-graph choices (``CUDAGRAPH_MODE``, ``MAX_CUDAGRAPH_CAPTURE_SIZE``); None: vLLM's own.
 
     Serverless captures only what its traffic runs. vLLM's default, FULL_AND_PIECEWISE, captures
@@ -105,13 +105,27 @@ def compilation_config(settings: Settings, *, mode: DeploymentMode) -> dict[str,
     """
     cudagraph_mode: str | None = settings.cudagraph_mode
     if cudagraph_mode == "auto":
-        spec = settings.resolved_speculative_config()
-        cudagraph_mode = "FULL_DECODE_ONLY" if mode == "serverless" and not runs_a_drafter(spec) else None
+        cudagraph_mode = "FULL_DECODE_ONLY" if mode == "serverless" and not _runs_a_drafter(spec) else None
     capture = settings.max_cudagraph_capture_size
-    if capture is None and mode == "serverless" and settings.resolved_speculative_config() is None:
+    if capture is None and mode == "serverless" and spec is None:
         capture = settings.max_concurrency
     config = {"cudagraph_mode": cudagraph_mode, "max_cudagraph_capture_size": capture}
     return {key: value for key, value in config.items() if value is not None} or None
+
+
+# vLLM's methods that draft without a network of their own (from the context).
+_MODELLESS_METHODS = ("ngram", "ngram_gpu", "suffix")
+
+
+def _runs_a_drafter(spec: dict[str, Any] | None) -> bool:
+    """Whether this speculative config runs a drafting network (a draft model, an EAGLE or MTP
+    head...) beside the target: every method but n-gram and suffix decoding. vLLM gives a drafter
+    CUDA graphs only through a piecewise mode (``initialize_cudagraph_keys`` in
+    ``vllm/v1/spec_decode/llm_base_proposer.py``): under FULL_DECODE_ONLY it runs eagerly."""
+    if not spec:
+        return False
+    method = spec.get("method") or ("ngram" if spec.get("model") in ("ngram", "[ngram]") else "draft_model")
+    return method not in _MODELLESS_METHODS
 
 
 def lora_slots(settings: Settings, *, is_cpu: bool) -> int | None:

@@ -1,8 +1,13 @@
 """Where model references point: the embedded tiny models (``tiny:<variant>``), RunPod's model
-cache (a hub id it holds is served from its snapshot, offline), local directories, or the hub."""
+cache (a hub id it holds is served from its snapshot, offline), local directories, or the hub.
+
+``resolve_references`` is the one place a boot resolves them: every reference of the engine
+arguments (the target, its tokenizer, a draft model) and of the LoRA adapters, each once.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
@@ -12,7 +17,7 @@ from typing import Any
 from worker.config import TINY_PREFIX, Settings
 from worker.errors import EngineBootError
 
-__all__ = ["cached_snapshot", "check_local_paths", "resolver"]
+__all__ = ["ModelRef", "References", "cached_snapshot", "check_local_paths", "resolve_references", "resolver"]
 
 log = logging.getLogger(__name__)
 
@@ -39,26 +44,80 @@ def cached_snapshot(ref: str, *, revision: str | None, cache_dir: Path) -> Path 
     return path if (path / "config.json").is_file() else None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelRef:
+    """A model as the user named it (``label``: for messages), what vLLM loads (``path``: a local
+    directory or a hub id), and its revision."""
+
+    label: str
+    path: str
+    revision: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class References:
+    """A boot's model references, resolved: the engine arguments with theirs replaced, the target
+    and a separate draft model (None without one), and each LoRA adapter's, by name."""
+
+    engine_kwargs: dict[str, Any]
+    target: ModelRef
+    draft: ModelRef | None
+    lora_paths: dict[str, str]
+
+
+def resolve_references(settings: Settings, kwargs: dict[str, Any]) -> References:
+    """Resolve every model reference of a boot, each once (the target and its tokenizer may be
+    one): ``model``, ``tokenizer`` and ``speculative_config.model`` in the engine arguments
+    ``kwargs`` (the settings' or ``ENGINE_ARGS``'), and the adapters of ``LORA_MODULES``."""
+    known: dict[str, str] = {}
+    resolve = resolver(settings)
+
+    def once(ref: str) -> str:
+        if ref not in known:
+            known[ref] = resolve(ref)
+        return known[ref]
+
+    resolved = dict(kwargs)
+    for key in ("model", "tokenizer"):
+        if isinstance(resolved.get(key), str):
+            resolved[key] = once(resolved[key])
+    spec = resolved.get("speculative_config")
+    if isinstance(spec, dict) and isinstance(spec.get("model"), str):
+        resolved["speculative_config"] = {**spec, "model": once(spec["model"])}
+    draft_ref = settings.draft_ref
+    return References(
+        engine_kwargs=resolved,
+        target=ModelRef(settings.target_ref, resolved["model"], settings.model_revision),
+        draft=None if draft_ref is None else ModelRef(draft_ref, once(draft_ref), settings.draft_revision),
+        lora_paths={module.name: once(module.path) for module in settings.lora_modules},
+    )
+
+
 def resolver(settings: Settings) -> Callable[[str], str]:
-    """Model references to what vLLM loads: ``tiny:`` names to the built tiny models, and a hub
-    id that RunPod's model cache holds to its local snapshot (no download, no hub access)."""
+    """Model references to what vLLM loads: a hub id that RunPod's model cache holds to its local
+    snapshot (no download, no hub access), ``tiny:`` names to the built tiny models (built here,
+    offline, on first use); anything else as it is."""
 
     def resolve(ref: str) -> str:
-        if ref.startswith(TINY_PREFIX):
-            from worker.tiny_models import ensure_tiny_model
+        if not ref.startswith(TINY_PREFIX):
+            return _cached_or_named(settings, ref)
+        from worker.tiny_models import ensure_tiny_model
 
-            return str(ensure_tiny_model(settings.worker_cache_dir, ref.removeprefix(TINY_PREFIX)))
-        if ref == settings.model_name:
-            revision = settings.model_revision
-        else:
-            revision = settings.draft_revision if ref == settings.draft_ref else None
-        cached = cached_snapshot(ref, revision=revision, cache_dir=settings.runpod_model_cache_dir)
-        if cached is not None:
-            log.info("%s: serving RunPod's cached copy at %s", ref, cached)
-            return str(cached)
-        return ref
+        return str(ensure_tiny_model(settings.worker_cache_dir, ref.removeprefix(TINY_PREFIX)))
 
     return resolve
+
+
+def _cached_or_named(settings: Settings, ref: str) -> str:
+    if ref == settings.model_name:
+        revision = settings.model_revision
+    else:
+        revision = settings.draft_revision if ref == settings.draft_ref else None
+    cached = cached_snapshot(ref, revision=revision, cache_dir=settings.runpod_model_cache_dir)
+    if cached is not None:
+        log.info("%s: serving RunPod's cached copy at %s", ref, cached)
+        return str(cached)
+    return ref
 
 
 def check_local_paths(kwargs: dict[str, Any]) -> None:

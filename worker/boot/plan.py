@@ -1,37 +1,27 @@
 """The boot plan: every decision a boot makes from the settings, made once, before vLLM is imported.
 
-``build_plan(settings, mode=...)`` resolves the model references (each once: the embedded tiny
-models, RunPod's model cache, local paths), builds vLLM's engine arguments, the process environment
-the engine must inherit (with the start method of its processes), and decides whether the worker's
-exact stats path runs (its scheduler in the engine core, its output processor in the frontend).
-Every step of the boot receives the plan (``prefetch``, ``modelinfo``, ``launch``, the engine) and
-none of them asks the settings or the environment again. Pure but for the tiny models, which the
-first resolution builds offline.
+``build_plan(settings, mode=...)`` builds vLLM's engine arguments, the process environment the
+engine must inherit (with the start method of its processes), decides whether the worker's exact
+stats path runs (its scheduler in the engine core, its output processor in the frontend), and
+last resolves the model references (each once: RunPod's model cache, local paths, the embedded
+tiny models). Every step of the boot receives the plan (``prefetch``, ``modelinfo``, ``launch``,
+the engine) and none of them asks the settings or the environment again. Pure but for the tiny
+models, which the resolution builds offline on first use.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
 from worker.boot.engine_args import build_engine_kwargs, engine_environment, start_method
-from worker.boot.models import resolver
+from worker.boot.models import ModelRef, resolve_references
 from worker.config import DeploymentMode, Settings
-from worker.config.host import is_cpu_build, vllm_cache_root
+from worker.config.host import is_cpu_build
 
 __all__ = ["BootPlan", "ModelRef", "build_plan"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ModelRef:
-    """A model as the user named it (``label``: for messages), what vLLM loads (``path``: a local
-    directory or a hub id), and its revision."""
-
-    label: str
-    path: str
-    revision: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,43 +59,31 @@ class BootPlan:
 
 def build_plan(settings: Settings, *, mode: DeploymentMode, is_cpu: bool | None = None) -> BootPlan:
     """The plan for ``settings`` in ``mode``. ``is_cpu``: the engine runs on vLLM's CPU build
-    (default: the installed build's); ``lora_slots`` depends on it."""
-    resolve = _once(resolver(settings))
+    (default: the installed build's); ``lora_slots`` depends on it. The engine arguments are built
+    with the references as named, then every reference is resolved in one step, last."""
     is_cpu = is_cpu_build() if is_cpu is None else is_cpu
-    kwargs = build_engine_kwargs(settings, resolve=resolve, is_cpu=is_cpu, mode=mode)
-    draft = None
-    if settings.draft_ref is not None:
-        draft = ModelRef(settings.draft_ref, resolve(settings.draft_ref), settings.draft_revision)
+    named = build_engine_kwargs(settings, is_cpu=is_cpu, mode=mode)
     # The one answer to "are exact stats on": speculation (from the settings or ENGINE_ARGS), not
     # turned off, and vLLM's scheduler not replaced through ENGINE_ARGS (the worker's scheduler is
     # what answers the frontend; with another one its processor would hold stop strings in vain).
     is_exact_stats = (
-        kwargs.get("speculative_config") is not None
+        named.get("speculative_config") is not None
         and settings.per_request_spec_decode_metrics != "none"
         and "scheduler_cls" not in (settings.engine_args or {})
     )
     environment = engine_environment(settings, mode=mode)
+    method = start_method(settings, mode=mode)
+    model_info_dir = settings.vllm_cache_dir / "modelinfos"
+    references = resolve_references(settings, named)
     return BootPlan(
         settings=settings,
         mode=mode,
-        target=ModelRef(settings.target_ref, kwargs["model"], settings.model_revision),
-        draft=draft,
-        engine_kwargs=kwargs,
+        target=references.target,
+        draft=references.draft,
+        engine_kwargs=references.engine_kwargs,
         environment=environment,
-        start_method=start_method(settings, mode=mode),
+        start_method=method,
         is_exact_stats=is_exact_stats,
-        lora_paths={module.name: resolve(module.path) for module in settings.lora_modules},
-        model_info_dir=vllm_cache_root(settings) / "modelinfos",
+        lora_paths=references.lora_paths,
+        model_info_dir=model_info_dir,
     )
-
-
-def _once(resolve: Callable[[str], str]) -> Callable[[str], str]:
-    """``resolve``, asked once per reference (the target, its tokenizer and a LoRA path may be one)."""
-    known: dict[str, str] = {}
-
-    def cached(ref: str) -> str:
-        if ref not in known:
-            known[ref] = resolve(ref)
-        return known[ref]
-
-    return cached

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.config import parsing, speculation
+from worker.config import host, parsing, speculation
 from worker.config.parsing import LoraModule
 from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 from worker.errors import ConfigError, describe_validation_errors
@@ -124,7 +124,7 @@ class Settings(BaseSettings):
     # specification: 'triggers'"), and vLLM's "auto" cannot be combined with compact JSON.
     structured_outputs_disable_any_whitespace: bool = True
     structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "xgrammar"
-    engine_args: dict[str, Any] | None = Field(
+    engine_args: Annotated[dict[str, Any] | None, BeforeValidator(parsing.json_object)] = Field(
         None, description="JSON object of further vLLM AsyncEngineArgs fields, checked against vLLM's own at boot"
     )
 
@@ -139,7 +139,7 @@ class Settings(BaseSettings):
     response_role: str = "assistant"
 
     # Media URLs in OpenAI requests (a multimodal model): what the worker fetches (worker/media.py).
-    allowed_media_domains: list[str] | None = Field(
+    allowed_media_domains: Annotated[list[str] | None, BeforeValidator(parsing.domain_list)] = Field(
         None, description="host names media URLs may name, comma-separated (vLLM's allowed_media_domains)"
     )
     allow_private_media_urls: bool = Field(
@@ -149,12 +149,12 @@ class Settings(BaseSettings):
 
     # LoRA adapters, selected by name: the OpenAI "model" field or the native "lora" field.
     enable_lora: bool = False
-    lora_modules: list[LoraModule] = Field(default_factory=list)
+    lora_modules: Annotated[list[LoraModule], BeforeValidator(parsing.lora_modules)] = Field(default_factory=list)
     max_loras: int | None = Field(None, ge=1)
     max_lora_rank: int | None = Field(None, ge=1)
 
     # Speculative decoding
-    speculative_config: dict[str, Any] | None = None
+    speculative_config: Annotated[dict[str, Any] | None, BeforeValidator(parsing.json_object)] = None
     speculative_method: str | None = None
     speculative_model: str | None = None
     num_speculative_tokens: int | None = Field(
@@ -211,21 +211,6 @@ class Settings(BaseSettings):
         # load_settings() reads the environment it is given; nothing else is consulted.
         return (init_settings,)
 
-    @field_validator("speculative_config", "engine_args", mode="before")
-    @classmethod
-    def _parse_json_object(cls, value: Any) -> Any:
-        return parsing.json_object(value)
-
-    @field_validator("allowed_media_domains", mode="before")
-    @classmethod
-    def _parse_domains(cls, value: Any) -> Any:
-        return parsing.domain_list(value)
-
-    @field_validator("lora_modules", mode="before")
-    @classmethod
-    def _parse_lora_modules(cls, value: Any) -> Any:
-        return parsing.lora_modules(value)
-
     @field_validator(
         "speculative_method", "speculative_model", "quantization", "model_name", "tool_call_parser", mode="before"
     )
@@ -276,9 +261,15 @@ class Settings(BaseSettings):
         """The draft's revision (:func:`worker.config.speculation.draft_revision`)."""
         return speculation.draft_revision(self)
 
+    @property
     def resolved_speculative_config(self) -> dict[str, Any] | None:
-        """vLLM's speculative_config dict (:func:`worker.config.speculation.speculative_config`)."""
+        """vLLM's speculative_config dict, a new one each call (:func:`.speculation.speculative_config`)."""
         return speculation.speculative_config(self)
+
+    @property
+    def vllm_cache_dir(self) -> Path:
+        """vLLM's cache root as vLLM finds it (:func:`worker.config.host.vllm_cache_root`)."""
+        return host.vllm_cache_root(self)
 
 
 def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:

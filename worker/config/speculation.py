@@ -21,7 +21,6 @@ __all__ = [
     "draft_ref",
     "draft_revision",
     "drafts_with_model",
-    "runs_a_drafter",
     "speculative_config",
 ]
 
@@ -82,21 +81,6 @@ def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
             return False
         method = "draft_model"
     return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
-
-
-# vLLM's methods that draft without a model of their own (from the context), hence without graphs.
-_MODELLESS_METHODS = ("ngram", "ngram_gpu", "suffix")
-
-
-def runs_a_drafter(spec: Mapping[str, Any] | None) -> bool:
-    """Whether this speculative config runs a drafting network (a draft model, an EAGLE or MTP
-    head...) beside the target: every method but n-gram and suffix decoding. vLLM gives a drafter
-    CUDA graphs only through a piecewise mode (``initialize_cudagraph_keys`` in
-    ``vllm/v1/spec_decode/llm_base_proposer.py``): under FULL_DECODE_ONLY it runs eagerly."""
-    if not spec:
-        return False
-    method = spec.get("method") or ("ngram" if spec.get("model") in ("ngram", "[ngram]") else "draft_model")
-    return method not in _MODELLESS_METHODS
 
 
 def check(settings: SpeculationSettings) -> None:

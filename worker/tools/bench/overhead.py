@@ -51,7 +51,7 @@ async def bench_overhead(
     from worker.schema import parse_request
 
     pool = pool or EnginePool(share=False)
-    stats_off_baseline = stats_off_baseline and settings.resolved_speculative_config() is not None
+    stats_off_baseline = stats_off_baseline and settings.resolved_speculative_config is not None
     num_engines = 1 + stats_off_baseline + aa_baseline
     if num_engines > 1:
         share = settings.gpu_memory_utilization / num_engines
@@ -162,7 +162,7 @@ async def bench_overhead(
             print(f"overhead c={concurrency}: throughput ratio {row['throughput_ratio']:.3f}", flush=True)
             if on_progress:
                 on_progress(report)
-        if settings.resolved_speculative_config():
+        if settings.resolved_speculative_config:
             report["spec_exact"] = await _spec_exactness(engine, settings, job, stop_requests=max(concurrencies))
         report["partial"] = False
         if on_progress:

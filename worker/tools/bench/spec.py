@@ -27,7 +27,7 @@ async def _spec_point(
     watchdog = AcceptanceWatchdog(
         threshold=settings.acceptance_watchdog_threshold, window=settings.acceptance_watchdog_window
     )
-    is_speculating = settings.resolved_speculative_config() is not None
+    is_speculating = settings.resolved_speculative_config is not None
     engine = await pool.get(settings)
     try:
         prompts = [
