@@ -66,3 +66,8 @@ def test_the_start_method_is_decided_once_and_written_by_the_plan() -> None:
     plan.apply_environment(environ)
     assert "VLLM_MEDIA_CONNECTOR" not in environ and environ["OTHER"] == "kept"
     assert environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+
+
+def test_references_given_through_engine_args_are_resolved_too(tiny_models: TinyModels) -> None:
+    plan = _plan(ENGINE_ARGS='{"tokenizer": "tiny:target"}')
+    assert plan.engine_kwargs["tokenizer"] == str(tiny_models.path("target")) == plan.engine_kwargs["model"]
