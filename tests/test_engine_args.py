@@ -268,27 +268,19 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
         settings = load_settings({"MODEL_NAME": "org/m", **env})
         return build_engine_kwargs(settings, mode=mode).get("compilation_config")
 
-    assert graphs("serverless") == {"cudagraph_mode": "FULL_DECODE_ONLY"}
-    assert graphs("pod") is None  # vLLM's own (FULL_AND_PIECEWISE, sizes from max_num_seqs)
-    # MAX_CONCURRENCY bounds the decode batch; with speculation a step is 1 + k tokens a sequence.
-    capped = {"cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 8}
-    assert graphs("serverless", MAX_CONCURRENCY="8") == capped
-    assert graphs("serverless", MAX_CONCURRENCY="8", SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") == {
-        "cudagraph_mode": "FULL_DECODE_ONLY"
-    }
+    # vLLM's own mode (FULL_AND_PIECEWISE) in both modes: FULL_DECODE_ONLY decoded slower.
+    assert graphs("serverless") is None
+    assert graphs("pod") is None  # vLLM's own sizes too (from max_num_seqs)
+    # MAX_CONCURRENCY bounds the serverless decode batch; with speculation a step is 1 + k tokens a sequence.
+    assert graphs("serverless", MAX_CONCURRENCY="8") == {"max_cudagraph_capture_size": 8}
+    assert graphs("serverless", MAX_CONCURRENCY="8", SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") is None
     assert graphs("pod", MAX_CONCURRENCY="8") is None
-    # A drafting network gets CUDA graphs from vLLM only in a piecewise mode: vLLM's own mode.
-    assert graphs("serverless", SPECULATIVE_MODEL="org/draft") is None
-    eagle = '{"method": "eagle3", "model": "org/head", "num_speculative_tokens": 3}'
-    assert graphs("serverless", SPECULATIVE_CONFIG=eagle, MAX_CONCURRENCY="8") is None
-    assert graphs("serverless", CUDAGRAPH_MODE="FULL_DECODE_ONLY", SPECULATIVE_MODEL="org/draft") == {
-        "cudagraph_mode": "FULL_DECODE_ONLY"
-    }
+    assert graphs("serverless", CUDAGRAPH_MODE="FULL_DECODE_ONLY") == {"cudagraph_mode": "FULL_DECODE_ONLY"}
     explicit = {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 32}
     for mode in ("serverless", "pod"):
         assert graphs(mode, CUDAGRAPH_MODE="FULL_AND_PIECEWISE", MAX_CUDAGRAPH_CAPTURE_SIZE="32") == explicit
     # Eager engines capture nothing; ENGINE_ARGS has the last word.
-    assert graphs("serverless", ENFORCE_EAGER="true") is None
+    assert graphs("serverless", ENFORCE_EAGER="true", CUDAGRAPH_MODE="FULL_DECODE_ONLY") is None
     assert build_engine_kwargs(load_settings({})).get("compilation_config") is None
     assert build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}), is_cpu=True).get("compilation_config") is None
     escape = '{"compilation_config": {"cudagraph_mode": "NONE"}}'
@@ -304,7 +296,7 @@ def test_the_cuda_graph_settings_reach_vllms_compilation_config() -> None:
     from vllm.config.compilation import CUDAGraphMode
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    settings = load_settings({"MODEL_NAME": "org/m", "MAX_CONCURRENCY": "16"})
+    settings = load_settings({"MODEL_NAME": "org/m", "MAX_CONCURRENCY": "16", "CUDAGRAPH_MODE": "FULL_DECODE_ONLY"})
     kwargs = build_engine_kwargs(settings, mode="serverless")
     config = AsyncEngineArgs(**kwargs).compilation_config
     config = config if isinstance(config, CompilationConfig) else CompilationConfig(**config)

@@ -93,39 +93,23 @@ def compilation_config(
 ) -> dict[str, Any] | None:
     """vLLM's CUDA-graph choices (``CUDAGRAPH_MODE``, ``MAX_CUDAGRAPH_CAPTURE_SIZE``); None: vLLM's own.
 
-    Serverless captures only what its traffic runs. vLLM's default, FULL_AND_PIECEWISE, captures
-    full graphs for decode batches up to ``max_num_seqs`` and piecewise graphs for mixed
-    prefill-decode batches up to twice that; FULL_DECODE_ONLY keeps the former and drops the
-    latter (steps that carry a prompt run compiled, without a graph), and decode steps replay
-    the same full graphs in both modes. ``MAX_CONCURRENCY``, the jobs a worker takes at once,
-    bounds the decode batch, so no graph past it is ever replayed; with speculation a decode step
-    is ``1 + k`` tokens a sequence and vLLM sizes its graphs for that itself, so no cap there.
-    On an H200 (8B, 128 sequences, vLLM 0.32) the capture took 1.0-1.6 s for FULL_DECODE_ONLY's
-    19 graphs against 3.6-3.8 s for FULL_AND_PIECEWISE's 54 (docs/benchmarks.md, "Cold start").
+    ``CUDAGRAPH_MODE=auto`` keeps vLLM's mode, FULL_AND_PIECEWISE: full graphs for decode batches
+    up to ``max_num_seqs``, piecewise graphs for mixed prefill-decode batches up to twice that.
+    FULL_DECODE_ONLY drops the latter (steps that carry a prompt run compiled, without a graph).
+    On an H200 (8B, 128 sequences, vLLM 0.32) it captured in 1.0-1.6 s against 3.6-3.8 s, but
+    decoded 4.5% and 3.2% slower at 8 and 64 streams (the same at one), past issue 50's bound of 3%;
+    and vLLM graphs a draft model or head only in a piecewise mode, so under it a drafter runs
+    eagerly (docs/benchmarks.md). Hence vLLM's mode by default; FULL_DECODE_ONLY is a setting.
+    Serverless captures no decode batch larger than its traffic runs: ``MAX_CONCURRENCY``, the
+    jobs a worker takes at once, bounds it, so no graph past it is ever replayed; with speculation a
+    decode step is ``1 + k`` tokens a sequence and vLLM sizes its graphs for that itself, so no cap.
     """
-    cudagraph_mode: str | None = settings.cudagraph_mode
-    if cudagraph_mode == "auto":
-        cudagraph_mode = "FULL_DECODE_ONLY" if mode == "serverless" and not _runs_a_drafter(spec) else None
+    cudagraph_mode = None if settings.cudagraph_mode == "auto" else settings.cudagraph_mode
     capture = settings.max_cudagraph_capture_size
     if capture is None and mode == "serverless" and spec is None:
         capture = settings.max_concurrency
     config = {"cudagraph_mode": cudagraph_mode, "max_cudagraph_capture_size": capture}
     return {key: value for key, value in config.items() if value is not None} or None
-
-
-# vLLM's methods that draft without a network of their own (from the context).
-_MODELLESS_METHODS = ("ngram", "ngram_gpu", "suffix")
-
-
-def _runs_a_drafter(spec: dict[str, Any] | None) -> bool:
-    """Whether this speculative config runs a drafting network (a draft model, an EAGLE or MTP
-    head...) beside the target: every method but n-gram and suffix decoding. vLLM gives a drafter
-    CUDA graphs only through a piecewise mode (``initialize_cudagraph_keys`` in
-    ``vllm/v1/spec_decode/llm_base_proposer.py``): under FULL_DECODE_ONLY it runs eagerly."""
-    if not spec:
-        return False
-    method = spec.get("method") or ("ngram" if spec.get("model") in ("ngram", "[ngram]") else "draft_model")
-    return method not in _MODELLESS_METHODS
 
 
 def lora_slots(settings: Settings, *, is_cpu: bool) -> int | None:

@@ -75,9 +75,8 @@ class Settings(BaseSettings):
     )
     cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
         "auto",
-        description="vLLM's cudagraph_mode; auto: FULL_DECODE_ONLY for serverless (no piecewise graphs: a shorter "
-        "capture) unless a draft model or head speculates (its graphs are piecewise), vLLM's default "
-        "(FULL_AND_PIECEWISE) for pods",
+        description="vLLM's cudagraph_mode; auto: vLLM's (FULL_AND_PIECEWISE). FULL_DECODE_ONLY captures in "
+        "2-3 s less, decodes 3-5% slower at 8-64 streams, and runs a draft model or head without graphs",
     )
     max_cudagraph_capture_size: int | None = Field(
         None,
