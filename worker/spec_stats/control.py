@@ -1,48 +1,56 @@
 """The scheduler hooks of ``SPECULATION_CONTROL=auto`` (:mod:`worker.spec_control` has the controller):
 vLLM's ``dynamic_sd_lookup`` answered by the controller, fed each step's (drafted, accepted) pairs,
-and a capped request's drafts trimmed before a step is scheduled. No vLLM import: the mixin reads
-vLLM's objects by the attributes the pinned version has."""
+and a capped request's drafts trimmed before a step is scheduled. The mixin is checked against
+vLLM's scheduler (imported for the type checker only), whose methods it overrides and calls."""
 
 from __future__ import annotations
 
 import collections
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from worker.spec_control import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
 from worker.spec_cost import PROVISIONAL
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine import EngineCoreOutputs
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    _SchedulerBase = Scheduler
+else:
+    _SchedulerBase = object
 
 __all__ = ["ControlledScheduling"]
 
 _NO_DRAFTS: tuple[int, ...] = ()
 
 
-class ControlledScheduling:
+class ControlledScheduling(_SchedulerBase):
     """Scheduler mixin (before vLLM's scheduler in the MRO): vLLM's ``dynamic_sd_lookup`` is the
     controller, fed each step's (drafted, accepted) pairs; a capped request's drafts are trimmed
     before the step is scheduled (vLLM trims drafts the same way when a step's budget is short).
     Needs a speculative config with a batch-size schedule (``engine_args`` adds one for ``auto``)."""
 
-    requests: dict[str, Any]
-    running: list[Any]
-    dynamic_sd_lookup: Any
-    num_spec_tokens: int
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         schedule = self.dynamic_sd_lookup
-        spec = self.vllm_config.speculative_config  # type: ignore[attr-defined]
-        cost = PROVISIONAL["ngram" if spec.method == "ngram" else "draft_model"]
+        if schedule is None:
+            raise ValueError("SPECULATION_CONTROL=auto needs vLLM's batch-size schedule (engine_args adds one)")
+        spec = self.vllm_config.speculative_config
+        cost = PROVISIONAL["ngram" if spec is not None and spec.method == "ngram" else "draft_model"]
         # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
         # captures full graphs for the query lengths of the schedule's k values (and 1): only those.
         allowed = set(schedule[1:]) | {0} if getattr(self, "use_v2_model_runner", False) else None
         self.controller = SpeculationController(
             num_spec_tokens=self.num_spec_tokens, cost=cost, schedule=schedule, allowed_ks=allowed
         )
-        self.dynamic_sd_lookup = self.controller
+        # vLLM only indexes its table by batch size (``dynamic_sd_lookup[n]``), as the controller answers.
+        self.dynamic_sd_lookup = cast("list[int]", self.controller)
         self._control_steps = 0
 
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         caps = self.controller.caps
         if caps:
             requests = self.requests
@@ -50,9 +58,11 @@ class ControlledScheduling:
                 request = requests.get(rid)
                 if request is not None and len(request.spec_token_ids) > cap:
                     request.spec_token_ids = request.spec_token_ids[:cap]
-        return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        return super().schedule(throttle_prefills)
 
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
         spec = scheduler_output.scheduled_spec_decode_tokens
         sampled = model_runner_output.sampled_token_ids
         pairs: dict[tuple[int, int], int] = {}
@@ -78,4 +88,4 @@ class ControlledScheduling:
             controller.review(
                 ((rid, m.histogram, m.num_draft_tokens) for rid, m in live), batch_size=max(1, len(self.running))
             )
-        return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        return super().update_from_output(scheduler_output, model_runner_output)

@@ -6,7 +6,8 @@ back a step's outputs for the tokens given it, finishing requests, its one exit 
 over vLLM's own ``Request`` objects, outputs and metrics. A real engine core cannot be stepped by
 hand with chosen shapes (drafts, grammar-invalidated drafts, accepted counts, prefill chunks), which
 is what the hooks' arithmetic is checked and timed on; the engine tests run the same hooks in the
-real engine core. Imported by ``tests/test_stop_answers.py`` and ``worker/tools/bench/stats_path.py``;
+real engine core. ``ControlledStandIn`` carries ``SPECULATION_CONTROL=auto``'s hooks the same way.
+Imported by ``tests/test_stop_answers.py`` and the benchmark (``stats_path.py``, ``spec_map.py``);
 never by the serving code.
 """
 
@@ -22,13 +23,22 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import Request, RequestStatus
 
+from worker.spec_stats.control import ControlledScheduling
 from worker.spec_stats.scheduler import SpecMetricsSnapshots
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import ModelRunnerOutput
 
-__all__ = ["HookedStandIn", "StandInScheduler", "make_request", "step_inputs", "step_outputs"]
+__all__ = [
+    "ControlledStandIn",
+    "HookedStandIn",
+    "StandInScheduler",
+    "make_request",
+    "step_inputs",
+    "step_outputs",
+]
 
 
 class StandInScheduler:
@@ -36,17 +46,36 @@ class StandInScheduler:
     scheduled request's drafts (vLLM's per-request metrics; ``is_observing=False`` leaves that to
     the caller, who times it), appends its tokens, and ends it at ``max_tokens`` (trimming the
     step's tokens in place, as vLLM does). ``entered`` / ``returned``: ``perf_counter_ns()`` at the
-    update's start and end, so that a caller can time the hooks around it."""
+    update's start and end, so that a caller can time the hooks around it. ``num_spec_tokens`` and
+    ``method`` set what vLLM's scheduler reads off its config (k; the speculative method), with
+    vLLM's batch-size table (``dynamic_sd_lookup``) at k for up to ``max_batch_size`` requests."""
 
-    def __init__(self, *, is_observing: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        is_observing: bool = True,
+        num_spec_tokens: int = 0,
+        method: str = "draft_model",
+        max_batch_size: int = 0,
+    ) -> None:
         self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.is_observing = is_observing
         self.entered = self.returned = 0
+        self.num_spec_tokens = num_spec_tokens
+        self.dynamic_sd_lookup: list[int] | None = [num_spec_tokens] * (max_batch_size + 1) if max_batch_size else None
+        self.use_v2_model_runner = False
+        self.vllm_config = cast("VllmConfig", SimpleNamespace(speculative_config=SimpleNamespace(method=method)))
 
     def add_request(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
         self.requests[request.request_id] = request
+        self.running.append(request)
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Nothing to schedule: a step's inputs are the caller's (:func:`step_inputs`)."""
+        return cast("SchedulerOutput", None)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
@@ -94,6 +123,8 @@ class StandInScheduler:
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        if request in self.running:
+            self.running.remove(request)
         return None, None
 
     def has_requests(self) -> bool:
@@ -102,6 +133,11 @@ class StandInScheduler:
 
 class HookedStandIn(SpecMetricsSnapshots, StandInScheduler):
     """The worker's hooks over the stand-in, as ``SpecMetricsScheduler`` over vLLM's scheduler."""
+
+
+class ControlledStandIn(ControlledScheduling, StandInScheduler):
+    """``SPECULATION_CONTROL=auto``'s hooks over the stand-in, as ``SpecControlScheduler`` over vLLM's
+    (without the exact-stats hooks: what the controller alone costs). Needs ``max_batch_size``."""
 
 
 def make_request(
@@ -129,7 +165,9 @@ def step_inputs(
         num_invalid_spec_tokens=None if invalid_drafts is None else dict(invalid_drafts),
     )
     model_output = SimpleNamespace(
-        req_id_to_index={rid: i for i, rid in enumerate(sampled)}, sampled_token_ids=list(sampled.values())
+        req_ids=list(sampled),
+        req_id_to_index={rid: i for i, rid in enumerate(sampled)},
+        sampled_token_ids=list(sampled.values()),
     )
     return cast("SchedulerOutput", scheduler_output), cast("ModelRunnerOutput", model_output)
 

@@ -222,64 +222,50 @@ async def bench_spec_map(
 def controller_step_us(batch_size: int, *, k: int = 4, steps: int = 4000, caps: bool = True) -> float:
     """CPU time per engine step of ``SPECULATION_CONTROL=auto``'s hooks (the controller's lookup,
     its reading of the step's outputs, the per-request review every ``REVIEW_EVERY_STEPS`` steps
-    and, with ``caps``, trimming half the requests' drafts), in microseconds. vLLM's scheduler
-    is stood in for by a class with the attributes the hooks read; the hooks themselves are the
-    worker's (:class:`worker.spec_control.ControlledScheduling`)."""
+    and, with ``caps``, trimming half the requests' drafts), in microseconds: the worker's hooks
+    over the shared stand-in of vLLM's scheduler (:class:`worker.spec_stats.stand_in.ControlledStandIn`),
+    less the stand-in's own update (its ``entered`` / ``returned`` marks)."""
     import random
-    from types import SimpleNamespace
 
-    from worker.spec_stats.control import ControlledScheduling
+    from worker.spec_stats.stand_in import ControlledStandIn, make_request, step_inputs
 
     rng = random.Random(0)
+    scheduler = ControlledStandIn(num_spec_tokens=k, max_batch_size=batch_size)
     ids = [f"req-{i}" for i in range(batch_size)]
+    for rid in ids:
+        request = make_request(rid, num_spec_tokens=k, stop=None)
+        request.spec_token_ids = [-1] * k
+        scheduler.add_request(request)
 
-    class StandInScheduler:
-        def __init__(self) -> None:
-            self.num_spec_tokens = k
-            self.dynamic_sd_lookup = [k] * (batch_size + 1)
-            self.vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(method="draft_model"))
-            metrics = [
-                SimpleNamespace(histogram=[rng.randrange(50) for _ in range(k + 1)], num_draft_tokens=400) for _ in ids
-            ]
-            self.running = [
-                SimpleNamespace(request_id=rid, spec_decode_metrics=m, spec_token_ids=[-1] * k)
-                for rid, m in zip(ids, metrics, strict=True)
-            ]
-            self.requests = {r.request_id: r for r in self.running}
+    def inputs() -> Any:
+        return step_inputs(
+            num_scheduled_tokens={rid: 1 + k for rid in ids},
+            drafts={rid: [-1] * k for rid in ids},
+            invalid_drafts=None,
+            sampled={rid: [0] * (1 + rng.randrange(k + 1)) for rid in ids},
+        )
 
-        def schedule(self) -> Any:
-            return None
-
-        def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-            return {}
-
-    class Timed(ControlledScheduling, StandInScheduler):
-        pass
-
-    scheduler = Timed()
+    for _ in range(50):  # each request's metrics: a histogram for the review to read
+        scheduler.update_from_output(*inputs())
     if caps:  # a stand-in review: half the requests capped (trimmed before every step)
         half = {rid: 1 for rid in ids[::2]}
         scheduler.controller.review = lambda requests, *, batch_size: setattr(  # type: ignore[method-assign]
             scheduler.controller, "caps", half
         )
-    outputs = [
-        (
-            SimpleNamespace(scheduled_spec_decode_tokens={rid: [-1] * k for rid in ids}),
-            SimpleNamespace(req_ids=ids, sampled_token_ids=[[0] * (1 + rng.randrange(k + 1)) for _ in ids]),
-        )
-        for _ in range(16)
-    ]
-    clock = time.perf_counter
-    elapsed = 0.0
+    steps_inputs = [inputs() for _ in range(16)]
+    lookup = scheduler.dynamic_sd_lookup
+    assert lookup is not None
+    clock = time.perf_counter_ns
+    elapsed = 0
     for step in range(steps):
         started = clock()
         scheduler.schedule()
-        scheduler.dynamic_sd_lookup[batch_size]
-        scheduler.update_from_output(*outputs[step % 16])
-        elapsed += clock() - started
+        lookup[batch_size]
+        scheduler.update_from_output(*steps_inputs[step % 16])
+        elapsed += clock() - started - (scheduler.returned - scheduler.entered)
         for request in scheduler.running:  # vLLM puts the next drafts back (not the hooks' cost)
             request.spec_token_ids = [-1] * k
-    return elapsed / steps * 1e6
+    return elapsed / steps / 1e3
 
 
 def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens: int = 512) -> dict[str, float]:
