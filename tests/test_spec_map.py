@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import CACHE_DIR
 from worker.config import load_settings
-from worker.tools.bench.spec_map import config_env, controller_step_us, render
+from worker.tiny_models import TinyModels
+from worker.tools.bench.spec_map import bench_spec_map, config_env, controller_step_us, render
 
 
 def test_a_configuration_names_drafter_k_synthetic_length_and_control() -> None:
@@ -79,3 +82,23 @@ def test_the_step_cost_is_read_back_off_a_map() -> None:
     fitted = fit_step_cost(result, static="d:4:2.5:static", off="d:4:1.0:auto")
     for field in ("base_ms", "per_seq_ms", "per_token_ms", "verify_ms", "draft_pass_ms", "draft_per_seq_ms"):
         assert fitted[field] == pytest.approx(getattr(truth, field), abs=1e-3), field
+
+
+@pytest.mark.slow
+async def test_a_small_map_on_the_cpu_engines(tiny_models: TinyModels, tmp_path: Path) -> None:
+    """The harness end to end on CPU engines (the standard sampler: synthetic acceptance is GPU-only):
+    no speculation, the noisy draft with the worker's stats, and the same draft with vLLM's own
+    scheduler (``stock``: no per-request stats, so its engine steps are not known)."""
+    noisy = str(tiny_models.path("noisy"))
+    configs = ["none", f"{noisy}:2:real:static", f"{noisy}:2:real:stock"]
+    base = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MODEL_NAME": "tiny:target"}
+    result = await bench_spec_map(
+        base, configs=configs, concurrencies=[2], max_tokens=8, repeats=1, out=tmp_path, deadline_s=None
+    )
+    assert result["errors"] == {}
+    none, static, stock = (result["table"][name]["2"] for name in configs)
+    assert none["ms_per_step"] > 0 and none["mean_acceptance_length"] is None
+    assert static["ms_per_step"] > 0 and 1 <= static["mean_acceptance_length"] <= 3
+    assert stock["throughput_tok_s"] > 0 and stock["ms_per_step"] is None and stock["mean_acceptance_length"] is None
+    assert json.loads((tmp_path / "spec_map.json").read_text())["table"] == json.loads(json.dumps(result["table"]))
+    assert "| `none` |" in render(result)

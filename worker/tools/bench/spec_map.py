@@ -117,6 +117,8 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int) -> dict[str, 
     # Engine steps in the wave, the streams decoding in lockstep: each request's decode steps (a
     # verify step, or one without drafts; without speculation one per token after the first).
     request_steps = steps + sums["num_steps_off"] if steps or sums["num_steps_off"] else point["tokens"] - concurrency
+    if engine.served.speculative_method is not None and not steps:
+        request_steps = 0  # speculating without the per-request stats (``stock``): its steps are unknown
     point["ms_per_step"] = wall * 1000 * concurrency / request_steps if request_steps > 0 else None
     return point
 
