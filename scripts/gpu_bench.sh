@@ -304,18 +304,20 @@ for stage in "$@"; do
         run cold-beside-cache-$i --parts coldstart
       done ;;
     coldstart-graphs)
-      # Issue 50's serverless defaults (CUDAGRAPH_MODE=auto: FULL_DECODE_ONLY) against vLLM's own server
+      # The serverless defaults (CUDAGRAPH_MODE=auto: vLLM's FULL_AND_PIECEWISE; FULL_DECODE_ONLY when this
+      # stage was written for issue 50, so its files cold-new-* are that mode) against vLLM's own server
       # with the same engine arguments (vLLM's CUDA-graph defaults, its own cache root), real-size weights,
       # MAX_NUM_SEQS=128 (the handler's own default, vLLM's library one). $GRAPHS_PLAN, in order (default
       # "fill cache-1 fpfill fp-1 disk-1 fp-2"): fill (both roots empty), cache-N / disk-N (a handler boot
       # and a server boot, the weights in the page cache / evicted before each), hcache-N / hdisk-N (the
-      # handler alone), fpfill then fp-N (the handler with CUDAGRAPH_MODE=FULL_AND_PIECEWISE, vLLM's default
-      # and the worker's before, compiled once on the same root), mt (the default with vLLM's multithreaded
-      # weight loader, 8 threads), decode (the handler and AsyncLLM at 1, 8, 64 streams, both modes).
+      # handler alone), fpfill then fp-N (the handler with CUDAGRAPH_MODE=$GRAPHS_ALT, default
+      # FULL_DECODE_ONLY: the other mode, compiled once on the same root; its files were FULL_AND_PIECEWISE
+      # while that was the other), mt (the default with vLLM's multithreaded weight loader, 8 threads),
+      # decode (the handler and AsyncLLM at 1, 8, 64 streams, both modes).
       real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-new COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-new-srv
       export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
-      FP=FULL_AND_PIECEWISE
+      FP=${GRAPHS_ALT:-FULL_DECODE_ONLY}
       MT='{"model_loader_extra_config": {"enable_multithread_load": true, "num_threads": 8}}'
       for step in ${GRAPHS_PLAN:-fill cache-1 fpfill fp-1 disk-1 fp-2}; do
         case $step in

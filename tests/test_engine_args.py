@@ -13,7 +13,7 @@ from worker.boot.engine_args import (
     lora_slots,
 )
 from worker.boot.models import cached_snapshot, resolver
-from worker.boot.plan import build_plan
+from worker.boot.plan import BootPlan, build_plan
 from worker.config import DeploymentMode, load_settings
 from worker.errors import ConfigError
 from worker.tiny_models import TinyModels
@@ -107,14 +107,26 @@ def test_runpod_model_cache_lookup(tmp_path: Path) -> None:
     assert cached_snapshot("org/single", revision=None, cache_dir=tmp_path) == only / "ccc"
     (only / "ccc" / "config.json").unlink()  # an incomplete snapshot does not count
     assert cached_snapshot("org/single", revision=None, cache_dir=tmp_path) is None
-    # The resolver takes each model's own revision: the target's, the draft's (vLLM's field), and
-    # the target's for a target that drafts for itself under the same name.
+    # Each reference at its own revision, as vLLM reads them: the target's, its tokenizer's (else the
+    # target's), the draft's (the speculative config's field), from the settings or ENGINE_ARGS.
     env = {"RUNPOD_MODEL_CACHE_DIR": str(tmp_path), "MODEL_NAME": "org/model", "MODEL_REVISION": "aaa"}
-    spec = '{"model": "org/model", "revision": "bbb", "num_speculative_tokens": 2}'
-    assert resolver(load_settings({**env, "SPECULATIVE_CONFIG": spec}))("org/model") == str(snapshots / "aaa")
+
+    def plan(**more: str) -> BootPlan:
+        return build_plan(load_settings({**env, **more}), mode="serverless", is_cpu=True)
+
+    self_draft = plan(SPECULATIVE_CONFIG='{"model": "org/model", "revision": "bbb", "num_speculative_tokens": 2}')
+    assert self_draft.target.path == str(snapshots / "aaa") and self_draft.target.revision == "aaa"
+    assert self_draft.draft is not None and self_draft.draft.path == str(snapshots / "bbb")
     draft = fake_cache(tmp_path, "org/draft", commits=["ddd", "eee"], main="eee")
-    spec = '{"model": "org/draft", "revision": "ddd", "num_speculative_tokens": 2}'
-    assert resolver(load_settings({**env, "SPECULATIVE_CONFIG": spec}))("org/draft") == str(draft / "ddd")
+    other = plan(SPECULATIVE_CONFIG='{"model": "org/draft", "revision": "ddd", "num_speculative_tokens": 2}')
+    assert other.engine_kwargs["speculative_config"]["model"] == str(draft / "ddd")
+    assert other.draft is not None and (other.draft.label, other.draft.revision) == ("org/draft", "ddd")
+    tokenizer = plan(TOKENIZER_NAME="org/model", TOKENIZER_REVISION="bbb").engine_kwargs
+    assert (tokenizer["model"], tokenizer["tokenizer"]) == (str(snapshots / "aaa"), str(snapshots / "bbb"))
+    assert plan(TOKENIZER_NAME="org/model").engine_kwargs["tokenizer"] == str(snapshots / "aaa")
+    escape = plan(ENGINE_ARGS='{"revision": "bbb"}')
+    assert escape.target.path == str(snapshots / "bbb") and escape.target.revision == "bbb"
+    assert resolver(load_settings(env))("org/model", "ccc") == "org/model"  # not cached: vLLM downloads it
 
 
 def test_engine_args_escape_hatch_is_applied_last_and_checked_against_vllm(tiny_models: TinyModels) -> None:
@@ -271,10 +283,16 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
     # vLLM's own mode (FULL_AND_PIECEWISE) in both modes: FULL_DECODE_ONLY decoded slower.
     assert graphs("serverless") is None
     assert graphs("pod") is None  # vLLM's own sizes too (from max_num_seqs)
-    # MAX_CONCURRENCY bounds the serverless decode batch; with speculation a step is 1 + k tokens a sequence.
-    assert graphs("serverless", MAX_CONCURRENCY="8") == {"max_cudagraph_capture_size": 8}
-    assert graphs("serverless", MAX_CONCURRENCY="8", SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") is None
-    assert graphs("pod", MAX_CONCURRENCY="8") is None
+    # Under vLLM's mode the capture sizes (tokens) serve its piecewise graphs too: no cap from MAX_CONCURRENCY.
+    assert graphs("serverless", MAX_CONCURRENCY="8") is None
+    # Without piecewise graphs MAX_CONCURRENCY bounds the serverless decode batch; with speculation a
+    # step is 1 + k tokens a sequence (vLLM's own sizes); pods keep vLLM's.
+    decode_only = {"CUDAGRAPH_MODE": "FULL_DECODE_ONLY", "MAX_CONCURRENCY": "8"}
+    capped = {"cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 8}
+    assert graphs("serverless", **decode_only) == capped
+    ngram = {"SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
+    assert graphs("serverless", **decode_only, **ngram) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert graphs("pod", **decode_only) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
     assert graphs("serverless", CUDAGRAPH_MODE="FULL_DECODE_ONLY") == {"cudagraph_mode": "FULL_DECODE_ONLY"}
     explicit = {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 32}
     for mode in ("serverless", "pod"):

@@ -24,12 +24,12 @@ def test_the_default_plan_resolves_target_draft_and_adapters_once(
 ) -> None:
     asked: collections.Counter[str] = collections.Counter()
 
-    def counting(settings: Settings) -> Callable[[str], str]:
+    def counting(settings: Settings) -> Callable[[str, str | None], str]:
         resolve = resolver(settings)
 
-        def ask(ref: str) -> str:
+        def ask(ref: str, revision: str | None) -> str:
             asked[ref] += 1
-            return resolve(ref)
+            return resolve(ref, revision)
 
         return ask
 

@@ -10,7 +10,8 @@ first bf16 forward pass dies with "Illegal instruction" (seen on 2026-12-03: the
 job). The permission is per process, kept across fork and dropped by exec, hence a plugin that
 runs in each process rather than one call at the worker's start. PyTorch's ``torch.cpu._init_amx``
 makes that request (it is what its own oneDNN path calls); nothing public does, so it is called
-here, where present, and only on a CPU that reports AMX tiles.
+here, where present, and only on a CPU that reports AMX tiles. vLLM loads every installed plugin
+unless ``VLLM_PLUGINS`` names some: a list without ``runpod_worker`` leaves this one out.
 """
 
 from __future__ import annotations

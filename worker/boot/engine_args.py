@@ -100,13 +100,15 @@ def compilation_config(
     decoded 4.5% and 3.2% slower at 8 and 64 streams (the same at one), past issue 50's bound of 3%;
     and vLLM graphs a draft model or head only in a piecewise mode, so under it a drafter runs
     eagerly (docs/benchmarks.md). Hence vLLM's mode by default; FULL_DECODE_ONLY is a setting.
-    Serverless captures no decode batch larger than its traffic runs: ``MAX_CONCURRENCY``, the
-    jobs a worker takes at once, bounds it, so no graph past it is ever replayed; with speculation a
-    decode step is ``1 + k`` tokens a sequence and vLLM sizes its graphs for that itself, so no cap.
+    Under a mode without piecewise graphs (FULL_DECODE_ONLY, FULL) serverless captures no decode
+    batch larger than its traffic runs: ``MAX_CONCURRENCY``, the jobs a worker takes at once, bounds
+    it, so no graph past it is replayed. vLLM's capture sizes count tokens and serve its piecewise
+    graphs too, so under vLLM's mode the cap would leave larger prompt-carrying steps without a
+    graph: no cap there, nor with speculation (``1 + k`` tokens a sequence, sized by vLLM itself).
     """
     cudagraph_mode = None if settings.cudagraph_mode == "auto" else settings.cudagraph_mode
     capture = settings.max_cudagraph_capture_size
-    if capture is None and mode == "serverless" and spec is None:
+    if capture is None and mode == "serverless" and spec is None and cudagraph_mode in ("FULL_DECODE_ONLY", "FULL"):
         capture = settings.max_concurrency
     config = {"cudagraph_mode": cudagraph_mode, "max_cudagraph_capture_size": capture}
     return {key: value for key, value in config.items() if value is not None} or None

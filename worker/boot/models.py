@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.config import TINY_PREFIX, Settings
+from worker.config import TINY_PREFIX, Settings, drafts_with_model
 from worker.errors import EngineBootError
 
 __all__ = ["ModelRef", "References", "cached_snapshot", "check_local_paths", "resolve_references", "resolver"]
@@ -66,41 +66,50 @@ class References:
 
 
 def resolve_references(settings: Settings, kwargs: dict[str, Any]) -> References:
-    """Resolve every model reference of a boot, each once (the target and its tokenizer may be
-    one): ``model``, ``tokenizer`` and ``speculative_config.model`` in the engine arguments
-    ``kwargs`` (the settings' or ``ENGINE_ARGS``'), and the adapters of ``LORA_MODULES``."""
-    known: dict[str, str] = {}
+    """Resolve every model reference of a boot, each (reference, revision) once: ``model``,
+    ``tokenizer`` and ``speculative_config.model`` in the engine arguments ``kwargs`` (the
+    settings' or ``ENGINE_ARGS``'), each at its own revision as vLLM reads them (``revision``;
+    ``tokenizer_revision``, else ``revision``, as vLLM defaults it; the speculative config's
+    ``revision``), and the adapters of ``LORA_MODULES``. The target and a separate draft model are
+    what the engine arguments name."""
+    known: dict[tuple[str, str | None], str] = {}
     resolve = resolver(settings)
 
-    def once(ref: str) -> str:
-        if ref not in known:
-            known[ref] = resolve(ref)
-        return known[ref]
+    def once(ref: str, revision: str | None) -> str:
+        if (ref, revision) not in known:
+            known[ref, revision] = resolve(ref, revision)
+        return known[ref, revision]
 
     resolved = dict(kwargs)
-    for key in ("model", "tokenizer"):
-        if isinstance(resolved.get(key), str):
-            resolved[key] = once(resolved[key])
-    spec = resolved.get("speculative_config")
+    revision = kwargs.get("revision")
+    named = kwargs["model"]
+    resolved["model"] = once(named, revision)
+    if isinstance(kwargs.get("tokenizer"), str):
+        resolved["tokenizer"] = once(kwargs["tokenizer"], kwargs.get("tokenizer_revision") or revision)
+    spec = kwargs.get("speculative_config")
+    draft = None
     if isinstance(spec, dict) and isinstance(spec.get("model"), str):
-        resolved["speculative_config"] = {**spec, "model": once(spec["model"])}
-    draft_ref = settings.draft_ref
+        path = once(spec["model"], spec.get("revision"))
+        resolved["speculative_config"] = {**spec, "model": path}
+        if drafts_with_model(spec):
+            draft = ModelRef(spec["model"], path, spec.get("revision"))
     return References(
         engine_kwargs=resolved,
-        target=ModelRef(settings.target_ref, resolved["model"], settings.model_revision),
-        draft=None if draft_ref is None else ModelRef(draft_ref, once(draft_ref), settings.draft_revision),
-        lora_paths={module.name: once(module.path) for module in settings.lora_modules},
+        target=ModelRef(named, resolved["model"], revision),
+        draft=draft,
+        lora_paths={module.name: once(module.path, None) for module in settings.lora_modules},
     )
 
 
-def resolver(settings: Settings) -> Callable[[str], str]:
-    """Model references to what vLLM loads: a hub id that RunPod's model cache holds to its local
-    snapshot (no download, no hub access), ``tiny:`` names to the built tiny models (built here,
-    offline, on first use); anything else as it is."""
+def resolver(settings: Settings) -> Callable[[str, str | None], str]:
+    """Model references (at a revision: a commit, branch or tag, else None) to what vLLM loads: a
+    hub id that RunPod's model cache holds to its local snapshot (no download, no hub access),
+    ``tiny:`` names to the built tiny models (built here, offline, on first use); anything else as
+    it is."""
 
-    def resolve(ref: str) -> str:
+    def resolve(ref: str, revision: str | None) -> str:
         if not ref.startswith(TINY_PREFIX):
-            return _cached_or_named(settings, ref)
+            return _cached_or_named(ref, revision, cache_dir=settings.runpod_model_cache_dir)
         from worker.tiny_models import ensure_tiny_model
 
         return str(ensure_tiny_model(settings.worker_cache_dir, ref.removeprefix(TINY_PREFIX)))
@@ -108,12 +117,8 @@ def resolver(settings: Settings) -> Callable[[str], str]:
     return resolve
 
 
-def _cached_or_named(settings: Settings, ref: str) -> str:
-    if ref == settings.model_name:
-        revision = settings.model_revision
-    else:
-        revision = settings.draft_revision if ref == settings.draft_ref else None
-    cached = cached_snapshot(ref, revision=revision, cache_dir=settings.runpod_model_cache_dir)
+def _cached_or_named(ref: str, revision: str | None, *, cache_dir: Path) -> str:
+    cached = cached_snapshot(ref, revision=revision, cache_dir=cache_dir)
     if cached is not None:
         log.info("%s: serving RunPod's cached copy at %s", ref, cached)
         return str(cached)

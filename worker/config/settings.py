@@ -81,8 +81,8 @@ class Settings(BaseSettings):
     max_cudagraph_capture_size: int | None = Field(
         None,
         ge=1,
-        description="vLLM's largest CUDA-graph batch; unset: serverless MAX_CONCURRENCY when set (no step runs more "
-        "sequences; not with speculation), else vLLM's",
+        description="vLLM's largest CUDA-graph batch, in tokens; unset: MAX_CONCURRENCY for serverless under "
+        "FULL_DECODE_ONLY or FULL without speculation (no decode step runs more), else vLLM's",
     )
     vllm_use_v2_model_runner: str | None = Field(
         None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"
@@ -267,7 +267,8 @@ class Settings(BaseSettings):
 
     @property
     def vllm_cache_dir(self) -> Path:
-        """vLLM's cache root as vLLM finds it (:func:`worker.config.host.vllm_cache_root`)."""
+        """vLLM's cache root as vLLM finds it (:func:`worker.config.host.vllm_cache_root`): the one
+        setting that also reads the process environment (``XDG_CACHE_HOME``, as vLLM does)."""
         return host.vllm_cache_root(self)
 
 

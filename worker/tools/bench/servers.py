@@ -56,7 +56,10 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int, api_serv
     """vLLM's own server with the engine arguments our worker builds (speculation excluded), with
     ``api_server_count`` API processes (the pod part gives it the pod's)."""
     # mode="pod": vLLM's own CUDA-graph defaults, not the worker's serverless ones.
-    kwargs = {**build_engine_kwargs(settings, mode="pod"), "model": model_path}
+    kwargs = build_engine_kwargs(settings, mode="pod")
+    for key in ("model", "tokenizer"):  # the target, wherever the settings name it, is the given path
+        if kwargs.get(key) == settings.target_ref:
+            kwargs[key] = model_path
     from worker.openai import server_flags
 
     # Several API processes are ``vllm serve``'s alone (the api_server module runs one); its CLI needs
