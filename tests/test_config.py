@@ -3,6 +3,7 @@ from typing import Any, get_args
 
 import pytest
 
+from worker.boot.plan import build_plan
 from worker.config import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     VLLM_SPECULATIVE_METHODS,
@@ -164,7 +165,9 @@ def test_one_answer_to_is_this_a_draft_model(env: dict[str, str], is_draft: bool
 def test_the_drafts_revision_is_the_one_vllm_reads() -> None:
     spec = '{"model": "org/draft", "revision": "abc123", "num_speculative_tokens": 4}'
     settings = load_settings({"MODEL_NAME": "m", "MODEL_REVISION": "main", "SPECULATIVE_CONFIG": spec})
-    assert settings.draft_ref == "org/draft" and settings.draft_revision == "abc123"
+    draft = build_plan(settings, mode="serverless", is_cpu=True).draft
+    assert settings.draft_ref == "org/draft" and draft is not None
+    assert (draft.label, draft.revision) == ("org/draft", "abc123")
 
 
 def test_a_rule_across_variables_is_stated_once() -> None:

@@ -48,12 +48,12 @@ def num_api_servers(settings: HostSettings, *, num_cpus: int | None = None, has_
     return 2 if has_gpu and num_cpus >= AUTO_API_SERVERS_MIN_CPUS else 1
 
 
-def vllm_cache_root(settings: HostSettings, env: Mapping[str, str] | None = None) -> Path:
+def vllm_cache_root(settings: HostSettings) -> Path:
     """vLLM's cache root as vLLM finds it: ``VLLM_CACHE_ROOT`` (a setting), else
-    ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``."""
+    ``$XDG_CACHE_HOME/vllm`` (the process environment, which vLLM reads), else ``~/.cache/vllm``."""
     if settings.vllm_cache_root:
         return Path(settings.vllm_cache_root).expanduser()
-    xdg = (os.environ if env is None else env).get("XDG_CACHE_HOME") or "~/.cache"
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
     return Path(xdg).expanduser() / "vllm"
 
 

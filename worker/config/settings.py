@@ -256,11 +256,6 @@ class Settings(BaseSettings):
         return speculation.draft_ref(self)
 
     @property
-    def draft_revision(self) -> str | None:
-        """The draft's revision (:func:`worker.config.speculation.draft_revision`)."""
-        return speculation.draft_revision(self)
-
-    @property
     def resolved_speculative_config(self) -> dict[str, Any] | None:
         """vLLM's speculative_config dict, a new one each call (:func:`.speculation.speculative_config`)."""
         return speculation.speculative_config(self)

@@ -19,7 +19,6 @@ __all__ = [
     "SpeculationSettings",
     "check",
     "draft_ref",
-    "draft_revision",
     "drafts_with_model",
     "speculative_config",
 ]
@@ -154,10 +153,3 @@ def draft_ref(settings: SpeculationSettings) -> str | None:
     when speculation drafts with a separate model (:func:`drafts_with_model`)."""
     spec = speculative_config(settings)
     return spec["model"] if spec is not None and drafts_with_model(spec) else None
-
-
-def draft_revision(settings: SpeculationSettings) -> str | None:
-    """The draft's revision: ``SPECULATIVE_CONFIG``'s ``revision`` (the field vLLM reads)."""
-    spec = speculative_config(settings)
-    revision = spec.get("revision") if spec else None
-    return revision if isinstance(revision, str) else None
