@@ -1,0 +1,278 @@
+"""Where a draft model's step goes: vLLM's own engine, in this process, timed pass by pass.
+
+The spec map (``spec_map.py``) measured a 1B-shaped draft costing ~15 ms a step beside an 8B target
+on the H200, even at k = 0, when its size predicts ~1 ms. This part says where that time goes. Each
+configuration runs in a subprocess of its own (one engine on the GPU at a time) with vLLM's engine
+core in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so that hooks on vLLM's classes see the
+steps:
+
+- every drafter pass (``SpecDecodeBaseProposer.propose``), timed between two device
+  synchronisations, with its k and batch size;
+- every drafter forward's batch descriptor: the CUDA-graph mode vLLM dispatched and the padded size;
+- the engine steps (the target's ``execute_model`` calls) and the wall time of each wave;
+- one wave under ``torch.profiler``: the top operators by self CPU and by self device time.
+
+The synchronisations cost the async scheduler its overlap, so the pass times are upper bounds of a
+pass's share of a step; the wave's tok/s is measured in a second wave without the hooks' syncs.
+
+A configuration is ``none`` or ``DRAFT:K:LENGTH`` (``LENGTH`` a synthetic mean acceptance length,
+or ``real``), optionally with ``+key=value`` entries of vLLM's speculative config
+(``+enforce_eager=true``, ``+disable_padded_drafter_batch=true``) or ``+engine.key=value`` engine
+arguments (``+engine.enforce_eager=true``).
+
+    python -m worker.tools.bench.draft_step --model M --out DIR --config none --config M-1b:4:2.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "parse_config"]
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_config(name: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """``(speculative_config or None, more engine arguments)`` for configuration ``name``."""
+    base, *extra = name.split("+")
+    spec: dict[str, Any] | None = None
+    if base != "none":
+        try:
+            draft, k_text, length = base.rsplit(":", 2)
+            spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": int(k_text)}
+            if draft == "ngram":
+                spec.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=1)
+                del spec["model"]
+            if length != "real":
+                spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
+        except ValueError:
+            raise ValueError(f"{name!r} is not none or DRAFT:K:LENGTH[+key=value...]") from None
+    engine: dict[str, Any] = {}
+    for pair in extra:
+        key, sep, value = pair.partition("=")
+        if not (key and sep):
+            raise ValueError(f"{pair!r}: extras are +key=value pairs")
+        if key.startswith("engine."):
+            engine[key.removeprefix("engine.")] = _value(value)
+        elif spec is None:
+            raise ValueError(f"{pair!r}: a speculative setting on a configuration without speculation")
+        else:
+            spec[key] = _value(value)
+    return spec, engine
+
+
+def _hook(records: dict[str, list[Any]]) -> None:
+    """Time vLLM's drafter passes and record their CUDA-graph dispatch (in this process)."""
+    import torch
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    on_gpu = torch.cuda.is_available()
+
+    def sync() -> None:
+        if on_gpu:
+            torch.cuda.synchronize()
+
+    propose = SpecDecodeBaseProposer.propose
+    dispatch = SpecDecodeBaseProposer._determine_batch_execution_and_padding
+    execute = GPUModelRunner.execute_model
+
+    def timed_propose(self: Any, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        if not records["on"]:
+            return propose(self, num_speculative_tokens, *args, **kwargs)
+        sync()
+        start = time.perf_counter()
+        out = propose(self, num_speculative_tokens, *args, **kwargs)
+        sync()
+        records["propose"].append((num_speculative_tokens, (time.perf_counter() - start) * 1e3))
+        return out
+
+    def recorded_dispatch(self: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        out = dispatch(self, num_tokens, *args, **kwargs)
+        if records["on"]:
+            records["dispatch"].append((num_tokens, str(out[0]), int(out[1])))
+        return out
+
+    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        records["steps"].append(1)
+        return execute(self, *args, **kwargs)
+
+    SpecDecodeBaseProposer.propose = timed_propose  # type: ignore[method-assign]
+    SpecDecodeBaseProposer._determine_batch_execution_and_padding = recorded_dispatch  # type: ignore[method-assign]
+    GPUModelRunner.execute_model = counted_execute  # type: ignore[method-assign]
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"n": len(ordered), "median": ordered[len(ordered) // 2], "min": ordered[0], "max": ordered[-1]}
+
+
+def run_one(
+    model: str, name: str, *, concurrency: list[int], max_tokens: int, profile_dir: Path | None
+) -> dict[str, Any]:
+    """One configuration's figures (run in a subprocess of its own: see ``main``)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if profile_dir is not None:
+        os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # vLLM's own record_function scopes
+    records: dict[str, list[Any]] = {"propose": [], "dispatch": [], "steps": [], "on": []}
+    _hook(records)
+    from vllm import LLM, SamplingParams
+
+    spec, engine = parse_config(name)
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "load_format": "dummy",
+        "max_model_len": 2048,
+        "gpu_memory_utilization": 0.85,
+        "max_num_seqs": max(256, max(concurrency)),
+        **engine,
+    }
+    if spec is not None:
+        kwargs["speculative_config"] = spec
+    boot = time.perf_counter()
+    llm = LLM(**kwargs)
+    result: dict[str, Any] = {
+        "config": name,
+        "engine_args": {k: v for k, v in kwargs.items()},
+        "boot_s": time.perf_counter() - boot,
+    }
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    prompt = "the quick brown fox jumps over the lazy dog " * 4
+    llm.generate([prompt], params, use_tqdm=False)  # warm-up
+    rows = []
+    for n in concurrency:
+        prompts = [f"{i} {prompt}" for i in range(n)]
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        del records["steps"][:]
+        records["on"].append(True)
+        del records["propose"][:], records["dispatch"][:]
+        hooked = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        hooked_wall = time.perf_counter() - hooked
+        records["on"].clear()
+        steps = len(records["steps"])
+        row: dict[str, Any] = {
+            "concurrency": n,
+            "tok_s": n * max_tokens / wall,
+            "steps_hooked": steps,
+            "step_ms_hooked": hooked_wall * 1e3 / max(steps, 1),
+            "propose_ms": {},
+            "dispatch": {},
+        }
+        by_k: dict[int, list[float]] = {}
+        for k, ms in records["propose"]:
+            by_k.setdefault(k, []).append(ms)
+        row["propose_ms"] = {str(k): _summary(v) for k, v in sorted(by_k.items())}
+        counts: dict[str, int] = {}
+        for tokens, mode, padded in records["dispatch"]:
+            key = f"{tokens}->{padded} {mode}"
+            counts[key] = counts.get(key, 0) + 1
+        row["dispatch"] = dict(sorted(counts.items(), key=lambda item: -item[1])[:12])
+        rows.append(row)
+        print(
+            f"draft_step {name} c={n}: {row['tok_s']:.0f} tok/s, hooked step {row['step_ms_hooked']:.2f} ms "
+            f"over {steps} steps, propose {row['propose_ms']}, dispatch {row['dispatch']}",
+            flush=True,
+        )
+    result["rows"] = rows
+    if profile_dir is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        prompts = [f"{i} {prompt}" for i in range(concurrency[0])]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        averages = prof.key_averages()
+        slug = name.replace("/", "_").replace(":", "_").replace("+", "_")
+        text = "\n".join(
+            [
+                f"# {name}, concurrency {concurrency[0]}, 32 tokens",
+                averages.table(sort_by="self_cpu_time_total", row_limit=40),
+                averages.table(sort_by="self_cuda_time_total", row_limit=40),
+                averages.table(sort_by="cpu_time_total", row_limit=40),
+            ]
+        )
+        (profile_dir / f"profile-{slug}.txt").write_text(text)
+    del llm
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="the target (a config directory, served with dummy weights)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--config", action="append", dest="configs", help="a configuration (module docstring); repeat for more"
+    )
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--profile", action="store_true", help="a torch.profiler table per configuration")
+    parser.add_argument("--deadline-s", type=float, default=0.0, help="start no configuration after this")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.one:
+        result = run_one(
+            args.model,
+            args.one,
+            concurrency=concurrency,
+            max_tokens=args.max_tokens,
+            profile_dir=args.out if args.profile else None,
+        )
+        print("draft_step_json " + json.dumps(result), flush=True)
+        return 0
+    results = []
+    start = time.monotonic()
+    configs = args.configs or ["none"]
+    for name in configs:
+        parse_config(name)  # a bad name fails before any engine boots
+    for name in configs:
+        if args.deadline_s and time.monotonic() - start > args.deadline_s:
+            print(f"draft_step {name}: not started (past the deadline)", flush=True)
+            continue
+        cmd = [
+            sys.executable,
+            "-m",
+            "worker.tools.bench.draft_step",
+            "--model",
+            args.model,
+            "--out",
+            str(args.out),
+            "--concurrency",
+            args.concurrency,
+            "--max-tokens",
+            str(args.max_tokens),
+            "--one",
+            name,
+        ]
+        if args.profile:
+            cmd.append("--profile")
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+        for line in proc.stdout.splitlines():
+            if line.startswith("draft_step_json "):
+                results.append(json.loads(line.removeprefix("draft_step_json ")))
+            else:
+                print(line, flush=True)
+        if proc.returncode:
+            results.append({"config": name, "error": f"exit {proc.returncode}"})
+        (args.out / "draft_step.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
