@@ -372,7 +372,9 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker.tools.bench.spec_map", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--configs", default="", help="comma-separated: none, DRAFTER:K:LENGTH:CONTROL")
+    parser.add_argument(
+        "--configs", default="", help="comma-separated (or ;-separated): none, DRAFTER:K:LENGTH:CONTROL[+KEY=VALUE...]"
+    )
     parser.add_argument("--render", type=Path, help="print Markdown for a saved spec_map.json (and plot it) and exit")
     parser.add_argument(
         "--controller-cost", action="store_true", help="print the auto controller's CPU time per step and exit"
@@ -400,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(
         bench_spec_map(
             env,
-            configs=args.configs.split(","),
+            # ";" separates configurations whose settings hold commas (+SPECULATIVE_TOKENS_BY_BATCH=1-1:4,2-2:2)
+            configs=args.configs.split(";" if ";" in args.configs else ","),
             concurrencies=concurrencies,
             max_tokens=args.max_tokens,
             repeats=args.repeats,
