@@ -126,6 +126,7 @@ M=/tmp/llama8b
 [ -f $M/config.json ] || python3 -m worker bench --make-llama8b $M
 [ -f $M-awq/config.json ] || python3 -m worker bench --make-llama8b $M-awq --awq
 [ -f $M-1b/config.json ] || python3 -m worker bench --make-llama8b $M-1b --shape llama-3.2-1b
+[ -f $M-eagle3/config.json ] || python3 -m worker bench --make-llama8b $M-eagle3 --shape eagle3-llama-3-8b
 # Real-size random weights (16 GB) for the cold-start stages; stages running side by side must not
 # both write them, so a first call without stages makes them: REAL_WEIGHTS=1 scripts/gpu_bench.sh
 R=/tmp/llama8b-real

@@ -9,11 +9,22 @@ from typing import Any
 from worker.tools.bench.timing import PROMPT
 from worker.tools.fit import PRESETS
 
-LLAMA3_SHAPES = ("llama-3-8b", "llama-3.2-1b", "llama-3-70b")
+LLAMA3_SHAPES = ("llama-3-8b", "llama-3.2-1b", "llama-3-70b", "eagle3-llama-3-8b")
 
 
 def llama3_config(shape: str = "llama-3-8b") -> dict[str, Any]:
-    """A Llama-3 ``config.json`` for one of the planner's presets (all share one vocabulary)."""
+    """A Llama-3 ``config.json`` for one of the planner's presets (all share one vocabulary), or
+    ``eagle3-llama-3-8b``: an EAGLE-3 head for the 8B shape, as the published ones for
+    Llama-3.1-8B are (one decoder layer at the target's width, a 32,000-token draft vocabulary;
+    vLLM's ``LlamaForCausalLMEagle3``). With dummy weights its draft-to-target map stays zero (the
+    dummy loader fills only floating-point tensors): draft token i is target token i."""
+    if shape == "eagle3-llama-3-8b":
+        return {
+            **llama3_config("llama-3-8b"),
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "num_hidden_layers": 1,
+            "draft_vocab_size": 32000,
+        }
     return {
         **PRESETS[shape],
         "architectures": ["LlamaForCausalLM"],

@@ -7,7 +7,8 @@ engine in turn (the order rotated per repeat) decodes one wave of ``concurrency`
 
 A configuration is ``none`` or ``DRAFTER:K:LENGTH:CONTROL``:
 
-- ``DRAFTER``: ``ngram`` or a draft model (a path or ``tiny:`` name);
+- ``DRAFTER``: ``ngram`` or a draft model (a path or ``tiny:`` name; an EAGLE-3 head's path runs as
+  vLLM's ``eagle3``);
 - ``K``: ``NUM_SPECULATIVE_TOKENS``;
 - ``LENGTH``: the mean acceptance length vLLM's synthetic rejection sampler holds the drafts to
   (``rejection_sample_method="synthetic"``: the draft and the target run for real, acceptance
@@ -44,6 +45,14 @@ from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurr
 __all__ = ["bench_spec_map", "config_env", "controller_step_us", "fit_step_cost", "main", "render"]
 
 
+def _draft_method(drafter: str) -> str:
+    """``eagle3`` for a checkpoint whose architecture is an EAGLE-3 head, else ``draft_model``."""
+    config = Path(drafter) / "config.json"
+    if config.is_file() and any("Eagle3" in arch for arch in json.loads(config.read_text()).get("architectures", [])):
+        return "eagle3"
+    return "draft_model"
+
+
 def config_env(base: dict[str, str], name: str) -> dict[str, str]:
     """The worker's environment for configuration ``name`` (module docstring)."""
     env = {key: value for key, value in base.items() if "SPECULATI" not in key}
@@ -66,7 +75,7 @@ def config_env(base: dict[str, str], name: str) -> dict[str, str]:
     if drafter == "ngram":
         spec.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=1)
     else:
-        spec.update(method="draft_model", model=drafter)
+        spec.update(method=_draft_method(drafter), model=drafter)
     if length != "real":
         spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
     if control == "stock":
