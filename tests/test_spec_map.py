@@ -11,6 +11,7 @@ import pytest
 from tests.helpers import CACHE_DIR
 from worker.config import load_settings
 from worker.tiny_models import TinyModels
+from worker.tools.bench.shapes import llama3_config
 from worker.tools.bench.spec_map import bench_spec_map, config_env, controller_step_us, render
 
 
@@ -39,6 +40,22 @@ def test_a_configuration_names_drafter_k_synthetic_length_and_control() -> None:
         config_env(base, "ngram:4:2.5:dynamic")
     with pytest.raises(ValueError, match="DRAFTER:K:LENGTH:CONTROL"):
         config_env(base, "ngram:four:2.5:auto")
+
+
+def test_an_eagle3_head_runs_as_vllms_eagle3_and_a_schedule_rides_along(tmp_path: Path) -> None:
+    head = tmp_path / "head"
+    head.mkdir()
+    config = llama3_config("eagle3-llama-3-8b")
+    assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == 32000
+    (head / "config.json").write_text(json.dumps(config))
+    spec = json.loads(config_env({}, f"{head}:4:2.5:static")["SPECULATIVE_CONFIG"])
+    assert spec["method"] == "eagle3" and spec["model"] == str(head)
+    # A plain Llama checkpoint is a draft model; so is a name with no config here.
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(llama3_config("llama-3.2-1b")))
+    assert json.loads(config_env({}, f"{tmp_path}/draft:4:2.5:static")["SPECULATIVE_CONFIG"])["method"] == "draft_model"
+    env = config_env({}, "ngram:4:2.5:auto+MODEL_RUNNER=v2+SPECULATIVE_TOKENS_BY_BATCH=1-1:4,2-2:2")
+    assert load_settings({"MODEL_NAME": "m", **env}).speculative_tokens_by_batch == [(1, 1, 4), (2, 2, 2)]
 
 
 def test_the_report_reads_the_saved_map() -> None:
