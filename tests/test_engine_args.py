@@ -8,6 +8,7 @@ from tests.helpers import CACHE_DIR
 from worker.boot.engine_args import (
     TINY_KV_CACHE_BYTES,
     TINY_MAX_MODEL_LEN,
+    auto_schedule,
     build_engine_kwargs,
     engine_environment,
     lora_slots,
@@ -180,6 +181,12 @@ def test_engine_environment_picks_the_model_runner_per_mode_and_speculation() ->
     # Under auto, vLLM's own variable set by the user is kept; MODEL_RUNNER set explicitly wins.
     assert flag("serverless", **real, VLLM_USE_V2_MODEL_RUNNER="1") == "1"
     assert flag("pod", **real, VLLM_USE_V2_MODEL_RUNNER="0", MODEL_RUNNER="v2") == "1"
+    # n-gram under SPECULATION_CONTROL=auto: V2, which keeps the target's full CUDA graphs under a
+    # batch-size schedule (V1 turns them piecewise); a draft model stays on V1 even so.
+    ngram = {**real, "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4", "SPECULATION_CONTROL": "auto"}
+    assert flag("serverless", **ngram) == "1" and flag("pod", **ngram) == "1"
+    assert flag("serverless", **ngram, MODEL_RUNNER="v1") == "0"
+    assert flag("serverless", **draft, SPECULATION_CONTROL="auto") == "0"
 
 
 def test_engine_environment_spawns_the_pods_engine_core_unless_told() -> None:
@@ -270,6 +277,13 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
         return build_engine_kwargs(load_settings(env))["speculative_config"]
 
     assert spec_for(SPECULATION_CONTROL="auto")["num_speculative_tokens_per_batch_size"] == [[1, 1, 3]]
+    # On the V2 runner (n-gram under auto) graphs exist only for the schedule's k values: a ladder.
+    ngram = {"MODEL_NAME": "org/m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
+    on_v2 = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=False)
+    assert on_v2["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 128, 4], [129, 129, 2]]
+    on_cpu = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=True)
+    assert on_cpu["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
+    assert auto_schedule(2, on_v2=True) == [[1, 128, 2], [129, 129, 1]] and auto_schedule(1, on_v2=True) == [[1, 1, 1]]
     assert "num_speculative_tokens_per_batch_size" not in spec_for(SPECULATION_CONTROL="static")
     given = spec_for(SPECULATION_CONTROL="auto", SPECULATIVE_TOKENS_BY_BATCH="1-4:3,5-256:1")
     assert given["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 256, 1]]

@@ -16,6 +16,7 @@ __all__ = [
     "PUBLIC_MEDIA_CONNECTOR",
     "TINY_KV_CACHE_BYTES",
     "TINY_MAX_MODEL_LEN",
+    "auto_schedule",
     "build_engine_kwargs",
     "compilation_config",
     "engine_environment",
@@ -78,14 +79,31 @@ def build_engine_kwargs(
     if spec is not None:
         k = spec.get("num_speculative_tokens")
         if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
-            # vLLM's batch-size schedule is what lets k change per step: one range carried to every
-            # batch size; the worker's scheduler then answers its lookups (worker/spec_control.py).
-            spec.setdefault("num_speculative_tokens_per_batch_size", [[1, 1, k]])
+            # vLLM's batch-size schedule is what lets k change per step; the worker's scheduler then
+            # answers its lookups (worker/spec_control.py), never above the schedule's k.
+            on_v2 = not is_cpu and _model_runner_flag(settings, mode=mode) == "1"
+            spec.setdefault("num_speculative_tokens_per_batch_size", auto_schedule(k, on_v2=on_v2))
         kwargs["speculative_config"] = spec
         kwargs["per_request_spec_decode_metrics"] = settings.per_request_spec_decode_metrics
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot).
     return {**kwargs, **(settings.engine_args or {})}
+
+
+def auto_schedule(k: int, *, on_v2: bool) -> list[list[int]]:
+    """The batch-size schedule ``SPECULATION_CONTROL=auto`` gives vLLM when the user gave none.
+
+    vLLM's V1 runner runs any k up to the configured one under a schedule (piecewise graphs): one
+    range, k, carried to every batch size. The V2 runner keeps its full CUDA graphs and captures
+    them only for the schedule's k values, so the controller chooses among those and 0: k up to
+    128 sequences, about half of it from 129 on. Under the H200 map's cost figures
+    (``worker.spec_cost``) the best k is 0 or the configured one at most points, a smaller one
+    where acceptance falls off along the drafts; the cap past 128 sequences binds only where each
+    draft is accepted ~90% of the time (docs/benchmarks.md).
+    """
+    if not on_v2 or k == 1:
+        return [[1, 1, k]]
+    return [[1, 128, k], [129, 129, max(1, k // 2)]]
 
 
 def compilation_config(
@@ -217,6 +235,16 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode) -> str | Non
         return "1" if settings.model_runner == "v2" else "0"
     if settings.vllm_use_v2_model_runner is not None:
         return settings.vllm_use_v2_model_runner  # the user's own choice, through vLLM's variable
-    if mode == "serverless" or settings.draft_ref is not None:
+    if settings.draft_ref is not None:
+        return "0"
+    spec = settings.resolved_speculative_config
+    if settings.speculation_control == "auto" and spec is not None and spec.get("method") == "ngram":
+        # Under a batch-size schedule the V1 runner turns the target's full CUDA graphs piecewise
+        # ("for reliability"); V2 keeps them. On an H200 (8B, n-gram k = 4, synthetic acceptance
+        # 2.5) auto on V2 ran 1.77x / 1.38x / 1.22x / 0.90x no speculation at 1 / 8 / 64 / 256
+        # streams, against 1.14x / 1.06x / 0.99x / 0.74x on V1 (docs/benchmarks.md). Measured for
+        # n-gram only; an EAGLE head under auto keeps the serverless default.
+        return "1"
+    if mode == "serverless":
         return "0"
     return None
