@@ -1,5 +1,5 @@
 """The draft-step bench part (worker/tools/bench/draft_step.py): its configurations, and one run on
-the CPU engine with the tiny target and its noisy draft (vLLM's own engine, in-process)."""
+the CPU engine with the tiny target and an EAGLE-3 head for it (vLLM's own engine, in-process)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from worker.tiny_models import TinyModels
 from worker.tools.bench.draft_step import main, parse_config
+from worker.tools.bench.shapes import eagle3_head_config
 
 
 def test_a_configuration_names_draft_k_length_and_settings() -> None:
@@ -43,17 +44,24 @@ def test_a_configuration_names_draft_k_length_and_settings() -> None:
 
 @pytest.mark.slow
 def test_the_drafters_passes_are_timed_on_the_cpu_engine(tmp_path: Path, tiny_models: TinyModels) -> None:
-    target, noisy = tiny_models.path("target"), tiny_models.path("noisy")
+    # An EAGLE-3 head for the tiny target, on dummy weights like the GPU runs' 8B head: vLLM 0.32
+    # loads it and drafts with it (the spec map's EAGLE-3 configuration rests on that).
+    target = tiny_models.path("target")
+    head = tmp_path / "eagle3"
+    head.mkdir()
+    config = eagle3_head_config(json.loads((target / "config.json").read_text()), draft_vocab_size=64)
+    (head / "config.json").write_text(json.dumps(config))
     # One engine: k = 3 at one stream, held at k = 0 from two streams (vLLM's batch-size schedule).
     schedule = "[[1,1,3],[2,64,0]]"
     main([
         "--model", str(target), "--out", str(tmp_path), "--concurrency", "1,2", "--max-tokens", "16",
-        "--config", f"{noisy}:3:real+num_speculative_tokens_per_batch_size={schedule}",
+        "--config", f"{head}:3:real+method=eagle3+num_speculative_tokens_per_batch_size={schedule}",
     ])  # fmt: skip
     (result,) = json.loads((tmp_path / "draft_step.json").read_text())
+    assert result["engine_args"]["speculative_config"]["method"] == "eagle3"
     one, two = result["rows"]
     assert set(one["propose_ms"]) == {"3"} and set(two["propose_ms"]) == {"0"}
-    # Held at k = 0 the draft still runs one pass every step (its KV sync), prefill included.
+    # Held at k = 0 the drafter still runs one pass every step (its KV sync), prefill included.
     assert two["propose_ms"]["0"]["n"] == two["steps_hooked"] == 16
     assert one["propose_ms"]["3"]["n"] == one["steps_hooked"] <= 16 and one["tok_s"] > 0
     # Each drafting step dispatches twice: its first pass, and once for the k - 1 passes after it

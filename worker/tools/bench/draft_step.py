@@ -128,17 +128,23 @@ def run_one(
         os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # vLLM's own record_function scopes
     records: dict[str, list[Any]] = {"propose": [], "dispatch": [], "steps": [], "on": []}
     _hook(records)
+    import torch
     from vllm import LLM, SamplingParams
+
+    from worker.boot.engine_args import TINY_KV_CACHE_BYTES
 
     spec, engine = parse_config(name)
     kwargs: dict[str, Any] = {
         "model": model,
         "load_format": "dummy",
         "max_model_len": 2048,
-        "gpu_memory_utilization": 0.85,
         "max_num_seqs": max(256, max(concurrency)),
         **engine,
     }
+    if torch.cuda.is_available():
+        kwargs.setdefault("gpu_memory_utilization", 0.85)
+    else:  # vLLM's CPU build reads the utilisation as a share of RAM: a small cache for tiny models
+        kwargs.setdefault("kv_cache_memory_bytes", TINY_KV_CACHE_BYTES)
     if spec is not None:
         kwargs["speculative_config"] = spec
     boot = time.perf_counter()

@@ -15,16 +15,9 @@ LLAMA3_SHAPES = ("llama-3-8b", "llama-3.2-1b", "llama-3-70b", "eagle3-llama-3-8b
 def llama3_config(shape: str = "llama-3-8b") -> dict[str, Any]:
     """A Llama-3 ``config.json`` for one of the planner's presets (all share one vocabulary), or
     ``eagle3-llama-3-8b``: an EAGLE-3 head for the 8B shape, as the published ones for
-    Llama-3.1-8B are (one decoder layer at the target's width, a 32,000-token draft vocabulary;
-    vLLM's ``LlamaForCausalLMEagle3``). With dummy weights its draft-to-target map stays zero (the
-    dummy loader fills only floating-point tensors): draft token i is target token i."""
+    Llama-3.1-8B are (:func:`eagle3_head_config`, a 32,000-token draft vocabulary)."""
     if shape == "eagle3-llama-3-8b":
-        return {
-            **llama3_config("llama-3-8b"),
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "num_hidden_layers": 1,
-            "draft_vocab_size": 32000,
-        }
+        return eagle3_head_config(llama3_config("llama-3-8b"), draft_vocab_size=32000)
     return {
         **PRESETS[shape],
         "architectures": ["LlamaForCausalLM"],
@@ -38,6 +31,20 @@ def llama3_config(shape: str = "llama-3-8b") -> dict[str, Any]:
         "eos_token_id": 128001,
         "tie_word_embeddings": bool(PRESETS[shape].get("tie_word_embeddings", False)),
     }
+
+
+def eagle3_head_config(target: dict[str, Any], *, draft_vocab_size: int) -> dict[str, Any]:
+    """An EAGLE-3 head's ``config.json`` for a Llama ``target`` config: one decoder layer at the
+    target's width (vLLM's ``LlamaForCausalLMEagle3``) over three of the target's hidden states,
+    vLLM's default layers (2, half way, 3 from the end) or, for a target too shallow for those to
+    differ, its first three. With dummy weights its draft-to-target map stays zero (vLLM's dummy
+    loader fills only floating-point tensors): draft token i is target token i."""
+    config = {**target, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1}
+    config["draft_vocab_size"] = draft_vocab_size
+    num_layers = int(target["num_hidden_layers"])
+    if len({2, num_layers // 2, num_layers - 3}) < 3:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    return config
 
 
 def make_shape_model(path: Path, *, awq: bool = False, shape: str = "llama-3-8b") -> None:
