@@ -187,6 +187,16 @@ def test_engine_environment_picks_the_model_runner_per_mode_and_speculation() ->
     assert flag("serverless", **ngram) == "1" and flag("pod", **ngram) == "1"
     assert flag("serverless", **ngram, MODEL_RUNNER="v1") == "0"
     assert flag("serverless", **draft, SPECULATION_CONTROL="auto") == "0"
+    # n-gram as vLLM infers it (no method, the model "ngram"), and its GPU variant: the same.
+    for config in (
+        '{"model": "ngram", "num_speculative_tokens": 4}',
+        '{"method": "ngram_gpu", "num_speculative_tokens": 4}',
+    ):
+        assert flag("serverless", **real, SPECULATIVE_CONFIG=config, SPECULATION_CONTROL="auto") == "1"
+    # Not on the CPU build (its V2 runner needs Triton), nor eager (no graphs to keep).
+    on_cpu = engine_environment(load_settings(ngram), mode="serverless", is_cpu=True)["VLLM_USE_V2_MODEL_RUNNER"]
+    assert on_cpu == "0"
+    assert flag("serverless", **ngram, ENFORCE_EAGER="true") == "0"
 
 
 def test_engine_environment_spawns_the_pods_engine_core_unless_told() -> None:
@@ -277,13 +287,20 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
         return build_engine_kwargs(load_settings(env))["speculative_config"]
 
     assert spec_for(SPECULATION_CONTROL="auto")["num_speculative_tokens_per_batch_size"] == [[1, 1, 3]]
-    # On the V2 runner (n-gram under auto) graphs exist only for the schedule's k values: a ladder.
+    # On the V2 runner (n-gram under auto; vLLM's own choice on a GPU) graphs exist only for the
+    # schedule's k values: the ladder the H200 map measured.
     ngram = {"MODEL_NAME": "org/m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
     on_v2 = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=False)
-    assert on_v2["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 128, 4], [129, 129, 2]]
+    ladder = [[1, 1, 4], [2, 2, 3], [3, 3, 2], [4, 4, 1]]
+    assert on_v2["speculative_config"]["num_speculative_tokens_per_batch_size"] == ladder
     on_cpu = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=True)
     assert on_cpu["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
-    assert auto_schedule(2, on_v2=True) == [[1, 128, 2], [129, 129, 1]] and auto_schedule(1, on_v2=True) == [[1, 1, 1]]
+    eagle = '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 2}'
+    pod = build_engine_kwargs(
+        load_settings({"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": eagle, "SPECULATION_CONTROL": "auto"}), mode="pod"
+    )
+    assert pod["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 2, 1]]
+    assert auto_schedule(1, on_v2=True) == [[1, 1, 1]] and auto_schedule(3, on_v2=False) == [[1, 1, 3]]
     assert "num_speculative_tokens_per_batch_size" not in spec_for(SPECULATION_CONTROL="static")
     given = spec_for(SPECULATION_CONTROL="auto", SPECULATIVE_TOKENS_BY_BATCH="1-4:3,5-256:1")
     assert given["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 256, 1]]

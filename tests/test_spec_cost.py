@@ -18,19 +18,12 @@ def test_expected_tokens_counts_the_targets_token_and_each_draft_reached() -> No
     assert expected_tokens([0.0, 1.0], 2) == 1.0  # nothing past a rejected position
 
 
-def test_the_figures_reproduce_the_points_they_were_read_from() -> None:
+def test_the_provisional_figures_reproduce_the_points_they_were_read_from() -> None:
     # 1B-shaped draft, k = 4, 0% acceptance, one stream: 0.36x no speculation.
     no_spec = 1 / step_ms(StepCost(4.85, 0, 0, 512, 0, 0, 0, False), batch_size=1, k=0)
     assert tokens_per_ms(DRAFT, batch_size=1, k=4, rates=[0.0] * 4) / no_spec == pytest.approx(0.36, abs=0.02)
-    # n-gram: the H200 map's engine steps (ms) by (streams, k), each within 6%.
-    measured = {(1, 0): 4.84, (8, 0): 4.92, (64, 0): 5.85, (256, 0): 10.46, (1, 4): 7.34, (8, 4): 8.24}
-    measured |= {(64, 4): 14.61, (256, 4): 42.87, (8, 1): 7.05, (64, 1): 9.56, (256, 1): 23.18}
-    for (batch_size, k), ms in measured.items():
-        assert step_ms(NGRAM, batch_size=batch_size, k=k) == pytest.approx(ms, rel=0.06), (batch_size, k)
-    # And so its choices there: at synthetic length 2.5 (per position 1, 0.5, 0, 0) two drafts pay
-    # up to 64 streams, none at 256, where the map measured k = 1 at 0.90x no speculation.
-    rates = [1.0, 0.5, 0.0, 0.0]
-    assert [best_k(NGRAM, batch_size=b, rates=rates, allowed_ks=ALL_KS) for b in (1, 8, 64, 256)] == [2, 2, 2, 0]
+    # n-gram, k = 4, every draft accepted, one stream: 3.50x.
+    assert tokens_per_ms(NGRAM, batch_size=1, k=4, rates=[1.0] * 4) / no_spec == pytest.approx(3.5, abs=0.05)
 
 
 def test_a_draft_model_pays_its_kv_sync_pass_at_k_zero_and_ngram_pays_nothing() -> None:

@@ -54,6 +54,7 @@ def test_an_eagle3_head_runs_as_vllms_eagle3_and_a_schedule_rides_along(tmp_path
     (tmp_path / "draft").mkdir()
     (tmp_path / "draft" / "config.json").write_text(json.dumps(llama3_config("llama-3.2-1b")))
     assert json.loads(config_env({}, f"{tmp_path}/draft:4:2.5:static")["SPECULATIVE_CONFIG"])["method"] == "draft_model"
+    assert json.loads(config_env({}, "tiny:noisy:4:2.5:static")["SPECULATIVE_CONFIG"])["method"] == "draft_model"
     env = config_env({}, "ngram:4:2.5:auto+MODEL_RUNNER=v2+SPECULATIVE_TOKENS_BY_BATCH=1-1:4,2-2:2")
     assert load_settings({"MODEL_NAME": "m", **env}).speculative_tokens_by_batch == [(1, 1, 4), (2, 2, 2)]
 

@@ -7,7 +7,8 @@ runs the draft's first pass over the step's tokens (``llm_base_proposer.propose`
 drafter KV cache in sync"), so after a period without drafting its KV cache is whole: the
 collapse TensorRT-LLM and vLLM V0 once had on re-enabling cannot happen here. On the GPU the V1
 runner then runs piecewise CUDA graphs (any k up to the configured one works); the V2 runner
-captures full graphs only for the query lengths of the schedule's k values.
+captures full graphs only for the query lengths of the schedule's k values (k = 0 included only
+where the schedule holds it).
 
 :class:`SpeculationController` replaces that table with an object that answers each lookup with
 the k of most tokens per millisecond under the cost model (:mod:`worker.spec_cost`), given the

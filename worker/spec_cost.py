@@ -6,13 +6,12 @@ and the drafter: a draft model one pass per drafted position (vLLM 0.32 runs its
 What a step yields per sequence is ``1 + sum_i prod_{m <= i} p_m`` tokens for the conditional
 acceptance ``p_i`` of each draft position. The best k maximises tokens per millisecond.
 
-Parameters are per GPU, model and drafter (:data:`PROVISIONAL`, 8B shape in bf16 on one H200).
-The n-gram figures are fitted to the H200 map's engine steps (``worker/tools/bench/spec_map.py``,
-docs/benchmarks.md). The draft-model figures stay provisional: read off the single-stream points
-(4.85 ms per step without speculation; a 1B-shaped draft at k = 4 and 0% acceptance 0.36x) and a
-roofline knee at 512 tokens. The map found that draft's passes bound by host time, not by the
-GPU (~3 ms a pass of a 16-layer draft on vLLM 0.32's piecewise graphs), which this model's
-per-pass term describes but no fit to it has been made.
+Parameters are per GPU, model and drafter (:data:`PROVISIONAL`). The H200 map
+(``python -m worker bench --parts spec_map``, docs/benchmarks.md) measures them; until it has, the
+figures below are PROVISIONAL: read off the single-stream H200 points that existed (8B shape, bf16,
+4.85 ms per step without speculation; a 1B-shaped draft at k = 4 and 0% acceptance 0.36x; n-gram
+k = 4 at full acceptance 3.50x) and a roofline for the compute knee (an 8B step turns compute-bound
+near 512 tokens on an H200).
 """
 
 from __future__ import annotations
@@ -56,18 +55,15 @@ PROVISIONAL: dict[str, StepCost] = {
         draft_per_seq_ms=0.004,
         is_synced_at_zero=True,
     ),
-    # Fitted to the H200 map's engine steps (2026-12-03, third run, docs/benchmarks.md): no
-    # speculation at 1 / 8 / 64 / 256 streams (4.84 / 4.92 / 5.85 / 10.46 ms), n-gram at static
-    # k = 4 (7.34 / 8.24 / 14.61 / 42.87 ms) and at k = 1 (8 / 64 / 256: 7.05 / 9.56 / 23.18 ms),
-    # least squares over the knee, every point within 6%.
+    # 3.50x at k=4 with every draft accepted, b=1: 5 tokens in 6.9 ms (2.16x at k=2 follows).
     "ngram": StepCost(
-        base_ms=4.78,
-        per_seq_ms=0.0162,
-        per_token_ms=0.013,
-        knee_tokens=128,
-        verify_ms=2.34,
+        base_ms=4.85,
+        per_seq_ms=0.03,
+        per_token_ms=0.025,
+        knee_tokens=512,
+        verify_ms=2.0,
         draft_pass_ms=0.0,
-        draft_per_seq_ms=0.013,
+        draft_per_seq_ms=0.02,
         is_synced_at_zero=False,
     ),
 }

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
+from worker.config.speculation import drafts_by_ngram
 
 __all__ = [
     "PUBLIC_MEDIA_CONNECTOR",
@@ -81,7 +82,7 @@ def build_engine_kwargs(
         if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
             # vLLM's batch-size schedule is what lets k change per step; the worker's scheduler then
             # answers its lookups (worker/spec_control.py), never above the schedule's k.
-            on_v2 = not is_cpu and _model_runner_flag(settings, mode=mode) == "1"
+            on_v2 = not is_cpu and _model_runner_flag(settings, mode=mode) in ("1", None)  # None: vLLM's V2
             spec.setdefault("num_speculative_tokens_per_batch_size", auto_schedule(k, on_v2=on_v2))
         kwargs["speculative_config"] = spec
         kwargs["per_request_spec_decode_metrics"] = settings.per_request_spec_decode_metrics
@@ -90,20 +91,24 @@ def build_engine_kwargs(
     return {**kwargs, **(settings.engine_args or {})}
 
 
+def _is_ngram_under_auto(settings: Settings) -> bool:
+    return settings.speculation_control == "auto" and drafts_by_ngram(settings.resolved_speculative_config)
+
+
 def auto_schedule(k: int, *, on_v2: bool) -> list[list[int]]:
     """The batch-size schedule ``SPECULATION_CONTROL=auto`` gives vLLM when the user gave none.
 
     vLLM's V1 runner runs any k up to the configured one under a schedule (piecewise graphs): one
     range, k, carried to every batch size. The V2 runner keeps its full CUDA graphs and captures
-    them only for the schedule's k values, so the controller chooses among those and 0: k up to
-    128 sequences, about half of it from 129 on. Under the H200 map's cost figures
-    (``worker.spec_cost``) the best k is 0 or the configured one at most points, a smaller one
-    where acceptance falls off along the drafts; the cap past 128 sequences binds only where each
-    draft is accepted ~90% of the time (docs/benchmarks.md).
+    them only for the schedule's k values, so the controller can choose only among those (and 0,
+    which then runs without a full graph). On V2: k at one sequence, one less for each sequence
+    more, 1 from k sequences on (``1-1:4,2-2:3,3-3:2,4+:1`` for k = 4). That is the schedule the
+    H200 map measured (docs/benchmarks.md: 1.77x no speculation at one stream, 1.22x at 64),
+    caps included: at 8 streams it held k to 1 where static k = 4 ran 7% faster.
     """
     if not on_v2 or k == 1:
         return [[1, 1, k]]
-    return [[1, 128, k], [129, 129, max(1, k // 2)]]
+    return [[i, i, k + 1 - i] for i in range(1, k)] + [[k, k, 1]]
 
 
 def compilation_config(
@@ -151,7 +156,7 @@ def lora_slots(settings: Settings, *, is_cpu: bool) -> int | None:
     return max(settings.max_loras or 1, len(settings.lora_modules)) + 1
 
 
-def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str, str | None]:
+def engine_environment(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> dict[str, str | None]:
     """Process environment vLLM must see before the engine starts (``None``: unset it); the
     engine-core process inherits it. Applied by ``worker.runtime.boot_engine``.
 
@@ -168,7 +173,7 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode) -> dict[str,
         disabled.append("MacheteLinearKernel")
     return {
         "VLLM_DISABLED_KERNELS": ",".join(disabled) or None,
-        "VLLM_USE_V2_MODEL_RUNNER": _model_runner_flag(settings, mode=mode),
+        "VLLM_USE_V2_MODEL_RUNNER": _model_runner_flag(settings, mode=mode, is_cpu=is_cpu),
         "VLLM_WORKER_MULTIPROC_METHOD": start_method(settings, mode=mode),
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
         # vLLM's startup plan (off in vLLM, on here): a boot keeps the memory profile's result under
@@ -217,7 +222,7 @@ def _triton_cache_dir(settings: Settings) -> str | None:
     return os.path.join(os.path.expanduser(settings.vllm_cache_root), "triton_cache")
 
 
-def _model_runner_flag(settings: Settings, *, mode: DeploymentMode) -> str | None:
+def _model_runner_flag(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> str | None:
     """vLLM's ``VLLM_USE_V2_MODEL_RUNNER`` for ``MODEL_RUNNER`` (unset: vLLM decides, V2 on a GPU).
 
     Measured on an H200 with vLLM 0.32, 8B shape (docs/benchmarks.md): the V1 runner booted to the
@@ -229,7 +234,8 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode) -> str | Non
     n-gram stays on V2 in pods: on output that loops, V2's GPU proposer (drafting from the latest
     earlier match) drafted only the loop's period and decoded 1.4-1.6x slower than V1 (drafting from
     the earliest), but where a span occurs once earlier both draft the same and V2's step was ~7%
-    cheaper at 256 streams; ``MODEL_RUNNER=v1`` is the setting for looping output.
+    cheaper at 256 streams; ``MODEL_RUNNER=v1`` is the setting for looping output. n-gram under
+    ``SPECULATION_CONTROL=auto`` runs on V2 in both modes, on a GPU with CUDA graphs (below).
     """
     if settings.model_runner != "auto":
         return "1" if settings.model_runner == "v2" else "0"
@@ -237,13 +243,13 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode) -> str | Non
         return settings.vllm_use_v2_model_runner  # the user's own choice, through vLLM's variable
     if settings.draft_ref is not None:
         return "0"
-    spec = settings.resolved_speculative_config
-    if settings.speculation_control == "auto" and spec is not None and spec.get("method") == "ngram":
+    if not is_cpu and not settings.enforce_eager and _is_ngram_under_auto(settings):
         # Under a batch-size schedule the V1 runner turns the target's full CUDA graphs piecewise
         # ("for reliability"); V2 keeps them. On an H200 (8B, n-gram k = 4, synthetic acceptance
-        # 2.5) auto on V2 ran 1.77x / 1.38x / 1.22x / 0.90x no speculation at 1 / 8 / 64 / 256
-        # streams, against 1.14x / 1.06x / 0.99x / 0.74x on V1 (docs/benchmarks.md). Measured for
-        # n-gram only; an EAGLE head under auto keeps the serverless default.
+        # 2.5, the schedule of ``auto_schedule``) auto on V2 ran 1.77x / 1.38x / 1.22x / 0.90x no
+        # speculation at 1 / 8 / 64 / 256 streams; on V1 (another run) 1.14x / 1.06x / 0.99x /
+        # 0.74x (docs/benchmarks.md). Measured for n-gram only. V2's costs stay: its kernel
+        # warm-up at every boot, and its n-gram proposer's shorter drafts on looping output.
         return "1"
     if mode == "serverless":
         return "0"

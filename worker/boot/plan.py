@@ -71,7 +71,7 @@ def build_plan(settings: Settings, *, mode: DeploymentMode, is_cpu: bool | None 
         and settings.per_request_spec_decode_metrics != "none"
         and "scheduler_cls" not in (settings.engine_args or {})
     )
-    environment = engine_environment(settings, mode=mode)
+    environment = engine_environment(settings, mode=mode, is_cpu=is_cpu)
     method = start_method(settings, mode=mode)
     model_info_dir = settings.vllm_cache_dir / "modelinfos"
     references = resolve_references(settings, named)

@@ -71,7 +71,8 @@ class Settings(BaseSettings):
     )
     model_runner: Literal["auto", "v1", "v2"] = Field(
         "auto",
-        description="vLLM's GPU model runner; auto: v1 for serverless and draft models, else vLLM's (v2)",
+        description="vLLM's GPU model runner; auto: v1 for serverless and draft models, else vLLM's (v2); "
+        "v2 for n-gram under SPECULATION_CONTROL=auto",
     )
     cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
         "auto",

@@ -19,6 +19,7 @@ __all__ = [
     "SpeculationSettings",
     "check",
     "draft_ref",
+    "drafts_by_ngram",
     "drafts_with_model",
     "speculative_config",
 ]
@@ -80,6 +81,17 @@ def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
             return False
         method = "draft_model"
     return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
+
+
+def drafts_by_ngram(spec: Mapping[str, Any] | None) -> bool:
+    """Whether vLLM runs this speculative config as n-gram matching: method ``ngram`` or
+    ``ngram_gpu``, or (vLLM's inference) no method and the model ``ngram``."""
+    if not spec:
+        return False
+    method = spec.get("method")
+    if method is None:
+        return spec.get("model") in ("ngram", "[ngram]")
+    return method in ("ngram", "ngram_gpu")
 
 
 def check(settings: SpeculationSettings) -> None:

@@ -41,7 +41,8 @@ class ControlledScheduling(_SchedulerBase):
         spec = self.vllm_config.speculative_config
         cost = PROVISIONAL["ngram" if spec is not None and spec.method == "ngram" else "draft_model"]
         # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
-        # captures full graphs for the query lengths of the schedule's k values (and 1): only those.
+        # captures full graphs for the query lengths of the schedule's k values only: the controller
+        # chooses among those, and 0 (speculation off), which runs piecewise unless the schedule holds it.
         allowed = set(schedule[1:]) | {0} if getattr(self, "use_v2_model_runner", False) else None
         self.controller = SpeculationController(
             num_spec_tokens=self.num_spec_tokens, cost=cost, schedule=schedule, allowed_ks=allowed

@@ -38,6 +38,7 @@ __all__ = ["main", "parse_config"]
 
 
 def _value(text: str) -> Any:
+    """A ``+key=value`` value: JSON where it parses (numbers, booleans, lists), else the text."""
     try:
         return json.loads(text)
     except ValueError:
@@ -73,7 +74,18 @@ def parse_config(name: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     return spec, engine
 
 
-def _hook(records: dict[str, list[Any]]) -> None:
+class _Records:
+    """What the hooks saw while ``is_on``: drafter passes ``(k, ms)``, dispatches ``(tokens,
+    mode, padded)``, and engine steps (counted always: the wave's steps)."""
+
+    def __init__(self) -> None:
+        self.is_on = False
+        self.propose: list[tuple[int, float]] = []
+        self.dispatch: list[tuple[int, str, int]] = []
+        self.num_steps = 0
+
+
+def _hook(records: _Records) -> None:
     """Time vLLM's drafter passes and record their CUDA-graph dispatch (in this process)."""
     import torch
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
@@ -90,23 +102,23 @@ def _hook(records: dict[str, list[Any]]) -> None:
     execute = GPUModelRunner.execute_model
 
     def timed_propose(self: Any, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> Any:
-        if not records["on"]:
+        if not records.is_on:
             return propose(self, num_speculative_tokens, *args, **kwargs)
         sync()
         start = time.perf_counter()
         out = propose(self, num_speculative_tokens, *args, **kwargs)
         sync()
-        records["propose"].append((num_speculative_tokens, (time.perf_counter() - start) * 1e3))
+        records.propose.append((num_speculative_tokens, (time.perf_counter() - start) * 1e3))
         return out
 
     def recorded_dispatch(self: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
         out = dispatch(self, num_tokens, *args, **kwargs)
-        if records["on"]:
-            records["dispatch"].append((num_tokens, str(out[0]), int(out[1])))
+        if records.is_on:
+            records.dispatch.append((num_tokens, str(out[0]), int(out[1])))
         return out
 
     def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        records["steps"].append(1)
+        records.num_steps += 1
         return execute(self, *args, **kwargs)
 
     SpecDecodeBaseProposer.propose = timed_propose  # type: ignore[method-assign]
@@ -115,6 +127,7 @@ def _hook(records: dict[str, list[Any]]) -> None:
 
 
 def _summary(values: list[float]) -> dict[str, float]:
+    """Count, median, min and max of a list of milliseconds."""
     ordered = sorted(values)
     return {"n": len(ordered), "median": ordered[len(ordered) // 2], "min": ordered[0], "max": ordered[-1]}
 
@@ -126,7 +139,7 @@ def run_one(
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if profile_dir is not None:
         os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # vLLM's own record_function scopes
-    records: dict[str, list[Any]] = {"propose": [], "dispatch": [], "steps": [], "on": []}
+    records = _Records()
     _hook(records)
     import torch
     from vllm import LLM, SamplingParams
@@ -151,7 +164,7 @@ def run_one(
     llm = LLM(**kwargs)
     result: dict[str, Any] = {
         "config": name,
-        "engine_args": {k: v for k, v in kwargs.items()},
+        "engine_args": dict(kwargs),
         "boot_s": time.perf_counter() - boot,
     }
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -163,35 +176,37 @@ def run_one(
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
-        del records["steps"][:]
-        records["on"].append(True)
-        del records["propose"][:], records["dispatch"][:]
+        records.num_steps = 0
+        records.propose.clear()
+        records.dispatch.clear()
+        records.is_on = True
         hooked = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         hooked_wall = time.perf_counter() - hooked
-        records["on"].clear()
-        steps = len(records["steps"])
+        records.is_on = False
+        steps = records.num_steps  # 0 on vLLM's V2 runner: the hooks are on V1's classes
         row: dict[str, Any] = {
             "concurrency": n,
             "tok_s": n * max_tokens / wall,
             "steps_hooked": steps,
-            "step_ms_hooked": hooked_wall * 1e3 / max(steps, 1),
+            "step_ms_hooked": hooked_wall * 1e3 / steps if steps else None,
             "propose_ms": {},
             "dispatch": {},
         }
         by_k: dict[int, list[float]] = {}
-        for k, ms in records["propose"]:
+        for k, ms in records.propose:
             by_k.setdefault(k, []).append(ms)
         row["propose_ms"] = {str(k): _summary(v) for k, v in sorted(by_k.items())}
         counts: dict[str, int] = {}
-        for tokens, mode, padded in records["dispatch"]:
+        for tokens, mode, padded in records.dispatch:
             key = f"{tokens}->{padded} {mode}"
             counts[key] = counts.get(key, 0) + 1
         row["dispatch"] = dict(sorted(counts.items(), key=lambda item: -item[1])[:12])
         rows.append(row)
+        step = "no V1 steps seen" if row["step_ms_hooked"] is None else f"{row['step_ms_hooked']:.2f} ms"
         print(
-            f"draft_step {name} c={n}: {row['tok_s']:.0f} tok/s, hooked step {row['step_ms_hooked']:.2f} ms "
-            f"over {steps} steps, propose {row['propose_ms']}, dispatch {row['dispatch']}",
+            f"draft_step {name} c={n}: {row['tok_s']:.0f} tok/s, hooked step {step} over {steps} steps, "
+            f"propose {row['propose_ms']}, dispatch {row['dispatch']}",
             flush=True,
         )
     result["rows"] = rows
@@ -218,7 +233,9 @@ def run_one(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.tools.bench.draft_step", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--model", required=True, help="the target (a config directory, served with dummy weights)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(

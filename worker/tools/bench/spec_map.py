@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_spec_map(
             env,
             # ";" separates configurations whose settings hold commas (+SPECULATIVE_TOKENS_BY_BATCH=1-1:4,2-2:2)
-            configs=args.configs.split(";" if ";" in args.configs else ","),
+            configs=[name for name in args.configs.split(";" if ";" in args.configs else ",") if name],
             concurrencies=concurrencies,
             max_tokens=args.max_tokens,
             repeats=args.repeats,
