@@ -12,7 +12,6 @@ from worker.boot.engine_args import (
     build_engine_kwargs,
     engine_environment,
     lora_slots,
-    with_k0_graphs,
 )
 from worker.boot.models import cached_snapshot, resolver
 from worker.boot.plan import BootPlan, build_plan
@@ -305,20 +304,6 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
     assert "num_speculative_tokens_per_batch_size" not in spec_for(SPECULATION_CONTROL="static")
     given = spec_for(SPECULATION_CONTROL="auto", SPECULATIVE_TOKENS_BY_BATCH="1-4:3,5-256:1")
     assert given["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 256, 1]]
-
-
-def test_the_v2_schedule_gets_k_zero_graphs_at_the_full_batch_once_vllm_settles_it() -> None:
-    ladder = [(1, 1, 4), (2, 2, 3), (3, 3, 2), (4, 4, 1)]  # as vLLM's config holds it: tuples
-    assert with_k0_graphs(ladder, k=4, max_num_seqs=128) == [[1, 1, 4], [2, 2, 3], [3, 3, 2], [4, 4, 1], [128, 128, 0]]
-    # The user's own schedule, or a batch too small for the ladder: left as it is.
-    assert with_k0_graphs([(1, 8, 4), (9, 256, 1)], k=4, max_num_seqs=256) is None
-    assert with_k0_graphs(ladder, k=4, max_num_seqs=4) is None
-    # What vLLM builds from it (its own dense table): 0 only at the full batch.
-    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
-    full = with_k0_graphs(ladder, k=4, max_num_seqs=16)
-    dense = build_dynamic_sd_schedule_lookup(full, vllm_max_batch_size=16, vllm_num_speculative_tokens=4)
-    assert dense[1:5] == [4, 3, 2, 1] and dense[5:16] == [1] * 11 and dense[16] == 0
 
 
 def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:

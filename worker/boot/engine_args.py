@@ -7,7 +7,6 @@ embedded tiny model, hub ids, paths); the boot plan resolves them after (``worke
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
@@ -24,7 +23,6 @@ __all__ = [
     "engine_environment",
     "lora_slots",
     "start_method",
-    "with_k0_graphs",
 ]
 
 TINY_MAX_MODEL_LEN = 1024
@@ -111,23 +109,6 @@ def auto_schedule(k: int, *, on_v2: bool) -> list[list[int]]:
     if not on_v2 or k == 1:
         return [[1, 1, k]]
     return [[i, i, k + 1 - i] for i in range(1, k)] + [[k, k, 1]]
-
-
-def with_k0_graphs(schedule: Sequence[Sequence[int]], *, k: int, max_num_seqs: int) -> list[list[int]] | None:
-    """The worker's V2 schedule (:func:`auto_schedule`) with k = 0 at the full batch, once vLLM has
-    settled ``max_num_seqs`` (its default depends on the GPU and the deployment); ``None`` for any
-    other schedule, the user's own included, or a batch too small to hold the ladder.
-
-    V2 captures full graphs for the query lengths of the schedule's values only, so without a 0
-    in it a step with speculation off (the controller's k = 0: a bad draft, or a load where
-    verifying costs more than it yields) runs piecewise graphs, which V1's target showed costing
-    ~3.6 ms a step at one stream. Holding 0 at the full batch alone caps nothing below it.
-    Not yet measured on a GPU.
-    """
-    ladder = auto_schedule(k, on_v2=True)
-    if [list(entry) for entry in schedule] != ladder or max_num_seqs <= ladder[-1][1]:
-        return None
-    return [*ladder, [max_num_seqs, max_num_seqs, 0]]
 
 
 def compilation_config(

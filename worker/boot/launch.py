@@ -34,7 +34,6 @@ from vllm.v1.engine.async_llm import AsyncLLM
 import worker.media  # noqa: F401  (registers the media connector engine_environment selects)
 from worker.boot import modelinfo
 from worker.boot.draft_check import check_draft_compatible
-from worker.boot.engine_args import with_k0_graphs
 from worker.boot.models import check_local_paths
 from worker.boot.output_tail import OutputTail
 from worker.boot.plan import BootPlan
@@ -143,11 +142,6 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
         # vLLM turns async scheduling off for n-gram drafts and keeps it for draft models.
         sched = vllm_config.scheduler_config
         sched.scheduler_cls = SCHEDULER_CLASSES[is_controlled, bool(sched.async_scheduling)]
-        if is_controlled and spec is not None and vllm_config.use_v2_model_runner:
-            schedule = spec.num_speculative_tokens_per_batch_size or []
-            full = with_k0_graphs(schedule, k=spec.num_speculative_tokens or 0, max_num_seqs=sched.max_num_seqs)
-            if full is not None:
-                spec.num_speculative_tokens_per_batch_size = [(start, end, k) for start, end, k in full]
     return vllm_config
 
 
