@@ -197,6 +197,10 @@ def test_engine_environment_picks_the_model_runner_per_mode_and_speculation() ->
     on_cpu = engine_environment(load_settings(ngram), mode="serverless", is_cpu=True)["VLLM_USE_V2_MODEL_RUNNER"]
     assert on_cpu == "0"
     assert flag("serverless", **ngram, ENFORCE_EAGER="true") == "0"
+    assert flag("serverless", **ngram, CUDAGRAPH_MODE="PIECEWISE") == "0"
+    assert flag("serverless", **ngram, ENGINE_ARGS='{"enforce_eager": true}') == "0"
+    tiny = {"SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4", "SPECULATION_CONTROL": "auto"}
+    assert flag("serverless", **tiny) == "0"  # the tiny default runs eager
 
 
 def test_engine_environment_spawns_the_pods_engine_core_unless_told() -> None:
@@ -287,8 +291,8 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
         return build_engine_kwargs(load_settings(env))["speculative_config"]
 
     assert spec_for(SPECULATION_CONTROL="auto")["num_speculative_tokens_per_batch_size"] == [[1, 1, 3]]
-    # On the V2 runner (n-gram under auto; vLLM's own choice on a GPU) graphs exist only for the
-    # schedule's k values: the ladder the H200 map measured.
+    # On the V2 runner the worker chose (n-gram under auto) graphs exist only for the schedule's k
+    # values: the ladder the H200 map measured.
     ngram = {"MODEL_NAME": "org/m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
     on_v2 = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=False)
     ladder = [[1, 1, 4], [2, 2, 3], [3, 3, 2], [4, 4, 1]]
@@ -299,7 +303,7 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
     pod = build_engine_kwargs(
         load_settings({"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": eagle, "SPECULATION_CONTROL": "auto"}), mode="pod"
     )
-    assert pod["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 2, 1]]
+    assert pod["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 2]]  # vLLM's V2: one k
     assert auto_schedule(1, on_v2=True) == [[1, 1, 1]] and auto_schedule(3, on_v2=False) == [[1, 1, 3]]
     assert "num_speculative_tokens_per_batch_size" not in spec_for(SPECULATION_CONTROL="static")
     given = spec_for(SPECULATION_CONTROL="auto", SPECULATIVE_TOKENS_BY_BATCH="1-4:3,5-256:1")

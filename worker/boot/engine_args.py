@@ -82,13 +82,23 @@ def build_engine_kwargs(
         if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
             # vLLM's batch-size schedule is what lets k change per step; the worker's scheduler then
             # answers its lookups (worker/spec_control.py), never above the schedule's k.
-            on_v2 = not is_cpu and _model_runner_flag(settings, mode=mode) in ("1", None)  # None: vLLM's V2
+            # The ladder where the worker chose V2 (n-gram under auto) or the user did: vLLM's own choice
+            # of V2 (a pod) keeps one k, as before, since vLLM may fall back to V1 for some drafters.
+            on_v2 = _model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"
             spec.setdefault("num_speculative_tokens_per_batch_size", auto_schedule(k, on_v2=on_v2))
         kwargs["speculative_config"] = spec
         kwargs["per_request_spec_decode_metrics"] = settings.per_request_spec_decode_metrics
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot).
     return {**kwargs, **(settings.engine_args or {})}
+
+
+def _keeps_full_graphs(settings: Settings, *, is_cpu: bool) -> bool:
+    """Whether the target runs full CUDA graphs, which V2 keeps under a schedule: a GPU, and
+    neither eager mode (asked for, through ENGINE_ARGS, or the tiny model's) nor a graph mode
+    without full graphs."""
+    is_eager = settings.enforce_eager or settings.is_tiny_default or (settings.engine_args or {}).get("enforce_eager")
+    return not is_cpu and not is_eager and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
 
 
 def _is_ngram_under_auto(settings: Settings) -> bool:
@@ -243,7 +253,7 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode, is_cpu: bool
         return settings.vllm_use_v2_model_runner  # the user's own choice, through vLLM's variable
     if settings.draft_ref is not None:
         return "0"
-    if not is_cpu and not settings.enforce_eager and _is_ngram_under_auto(settings):
+    if _keeps_full_graphs(settings, is_cpu=is_cpu) and _is_ngram_under_auto(settings):
         # Under a batch-size schedule the V1 runner turns the target's full CUDA graphs piecewise
         # ("for reliability"); V2 keeps them. On an H200 (8B, n-gram k = 4, synthetic acceptance
         # 2.5, the schedule of ``auto_schedule``) auto on V2 ran 1.77x / 1.38x / 1.22x / 0.90x no
