@@ -37,6 +37,7 @@ def build_engine_kwargs(
     vLLM's defaults. ``is_cpu``: the engine runs on vLLM's CPU build (``lora_slots``,
     ``compilation_config``)."""
     is_tiny = settings.is_tiny_default
+    is_eager = _is_eager(settings)
     spec = settings.resolved_speculative_config
     kwargs: dict[str, Any] = {
         "model": settings.target_ref,
@@ -54,8 +55,7 @@ def build_engine_kwargs(
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "enable_prefix_caching": settings.enable_prefix_caching,
         "tensor_parallel_size": settings.tensor_parallel_size,
-        # The tiny model boots in seconds in eager mode; compiling it would take longer than it runs.
-        "enforce_eager": settings.enforce_eager or is_tiny,
+        "enforce_eager": is_eager,
         "seed": settings.seed,
         "max_model_len": settings.max_model_len or (TINY_MAX_MODEL_LEN if is_tiny else None),
         "kv_cache_memory_bytes": settings.kv_cache_memory_bytes or (TINY_KV_CACHE_BYTES if is_tiny else None),
@@ -73,9 +73,7 @@ def build_engine_kwargs(
         "max_lora_rank": settings.max_lora_rank,
         "allowed_media_domains": settings.allowed_media_domains,
         # Eager engines (the CPU build, the tiny models) capture no CUDA graphs.
-        "compilation_config": None
-        if is_cpu or is_tiny or settings.enforce_eager
-        else compilation_config(settings, spec, mode=mode),
+        "compilation_config": None if is_cpu or is_eager else compilation_config(settings, spec, mode=mode),
     }
     if spec is not None:
         k = spec.get("num_speculative_tokens")
@@ -93,11 +91,16 @@ def build_engine_kwargs(
     return {**kwargs, **(settings.engine_args or {})}
 
 
+def _is_eager(settings: Settings) -> bool:
+    """Eager mode, asked for or the tiny model's (it boots in seconds; compiling would take longer)."""
+    return settings.enforce_eager or settings.is_tiny_default
+
+
 def _keeps_full_graphs(settings: Settings, *, is_cpu: bool) -> bool:
     """Whether the target runs full CUDA graphs, which V2 keeps under a schedule: a GPU, and
-    neither eager mode (asked for, through ENGINE_ARGS, or the tiny model's) nor a graph mode
-    without full graphs."""
-    is_eager = settings.enforce_eager or settings.is_tiny_default or (settings.engine_args or {}).get("enforce_eager")
+    neither eager mode (:func:`_is_eager`, or through ENGINE_ARGS) nor a graph mode without full
+    graphs."""
+    is_eager = _is_eager(settings) or bool((settings.engine_args or {}).get("enforce_eager"))
     return not is_cpu and not is_eager and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_NUM_SPECULATIVE_TOKENS",
+    "NGRAM_METHODS",
     "TINY_PREFIX",
     "VLLM_SPECULATIVE_METHODS",
     "SpeculationSettings",
@@ -83,6 +84,10 @@ def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
     return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
 
 
+# vLLM's n-gram methods (its config's ``use_ngram``): matching on the CPU, or on the GPU.
+NGRAM_METHODS = ("ngram", "ngram_gpu")
+
+
 def drafts_by_ngram(spec: Mapping[str, Any] | None) -> bool:
     """Whether vLLM runs this speculative config as n-gram matching: method ``ngram`` or
     ``ngram_gpu``, or (vLLM's inference) no method and the model ``ngram``."""
@@ -91,7 +96,7 @@ def drafts_by_ngram(spec: Mapping[str, Any] | None) -> bool:
     method = spec.get("method")
     if method is None:
         return spec.get("model") in ("ngram", "[ngram]")
-    return method in ("ngram", "ngram_gpu")
+    return method in NGRAM_METHODS
 
 
 def check(settings: SpeculationSettings) -> None:

@@ -9,6 +9,7 @@ import collections
 import itertools
 from typing import TYPE_CHECKING, Any, cast
 
+from worker.config.speculation import NGRAM_METHODS
 from worker.spec_control import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
 from worker.spec_cost import PROVISIONAL
 
@@ -39,7 +40,7 @@ class ControlledScheduling(_SchedulerBase):
         if schedule is None:
             raise ValueError("SPECULATION_CONTROL=auto needs vLLM's batch-size schedule (engine_args adds one)")
         spec = self.vllm_config.speculative_config
-        cost = PROVISIONAL["ngram" if spec is not None and spec.method in ("ngram", "ngram_gpu") else "draft_model"]
+        cost = PROVISIONAL["ngram" if spec is not None and spec.method in NGRAM_METHODS else "draft_model"]
         # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
         # captures full graphs for the query lengths of the schedule's k values only: the controller
         # chooses among those, and 0 (speculation off), which runs piecewise unless the schedule holds it.
