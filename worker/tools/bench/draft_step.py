@@ -15,10 +15,12 @@ steps:
 The synchronisations cost the async scheduler its overlap, so the pass times are upper bounds of a
 pass's share of a step; the wave's tok/s is measured in a second wave without the hooks' syncs.
 
-A configuration is ``none`` or ``DRAFT:K:LENGTH`` (``LENGTH`` a synthetic mean acceptance length,
-or ``real``), optionally with ``+key=value`` entries of vLLM's speculative config
-(``+enforce_eager=true``, ``+disable_padded_drafter_batch=true``) or ``+engine.key=value`` engine
-arguments (``+engine.enforce_eager=true``).
+A configuration is ``none`` or ``DRAFT:K:LENGTH``, read as the spec map reads them
+(``spec_map.speculative_config``: ``ngram``, a draft model, or an EAGLE-3 head's path run as vLLM's
+``eagle3``; ``LENGTH`` a synthetic mean acceptance length, or ``real``), optionally with
+``+key=value`` entries of vLLM's speculative config (``+enforce_eager=true``,
+``+disable_padded_drafter_batch=true``) or ``+engine.key=value`` engine arguments
+(``+engine.enforce_eager=true``).
 
     python -m worker.tools.bench.draft_step --model M --out DIR --config none --config M-1b:4:2.5
 """
@@ -33,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from worker.tools.bench.spec_map import speculative_config
 
 __all__ = ["main", "parse_config"]
 
@@ -52,12 +56,7 @@ def parse_config(name: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     if base != "none":
         try:
             draft, k_text, length = base.rsplit(":", 2)
-            spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": int(k_text)}
-            if draft == "ngram":
-                spec.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=1)
-                del spec["model"]
-            if length != "real":
-                spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
+            spec = speculative_config(draft, int(k_text), length)
         except ValueError:
             raise ValueError(f"{name!r} is not none or DRAFT:K:LENGTH[+key=value...]") from None
     engine: dict[str, Any] = {}

@@ -42,7 +42,15 @@ from typing import Any
 from worker.config import load_settings
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
 
-__all__ = ["bench_spec_map", "config_env", "controller_step_us", "fit_step_cost", "main", "render"]
+__all__ = [
+    "bench_spec_map",
+    "config_env",
+    "controller_step_us",
+    "fit_step_cost",
+    "main",
+    "render",
+    "speculative_config",
+]
 
 
 def _draft_method(drafter: str) -> str:
@@ -51,6 +59,18 @@ def _draft_method(drafter: str) -> str:
     if config.is_file() and any("Eagle3" in arch for arch in json.loads(config.read_text()).get("architectures", [])):
         return "eagle3"
     return "draft_model"
+
+
+def speculative_config(drafter: str, k: int, length: str) -> dict[str, Any]:
+    """vLLM's speculative config for ``DRAFTER``, ``K`` and ``LENGTH`` (module docstring)."""
+    spec: dict[str, Any] = {"num_speculative_tokens": k}
+    if drafter == "ngram":
+        spec.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=1)
+    else:
+        spec.update(method=_draft_method(drafter), model=drafter)
+    if length != "real":
+        spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
+    return spec
 
 
 def config_env(base: dict[str, str], name: str) -> dict[str, str]:
@@ -71,13 +91,7 @@ def config_env(base: dict[str, str], name: str) -> dict[str, str]:
             raise ValueError(control)
     except ValueError:
         raise ValueError(f"{name!r} is not none or DRAFTER:K:LENGTH:CONTROL") from None
-    spec: dict[str, Any] = {"num_speculative_tokens": k}
-    if drafter == "ngram":
-        spec.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=1)
-    else:
-        spec.update(method=_draft_method(drafter), model=drafter)
-    if length != "real":
-        spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
+    spec = speculative_config(drafter, k, length)
     if control == "stock":
         return {**env, "SPECULATIVE_CONFIG": json.dumps(spec), "PER_REQUEST_SPEC_DECODE_METRICS": "none"}
     return {**env, "SPECULATIVE_CONFIG": json.dumps(spec), "SPECULATION_CONTROL": control}
