@@ -8,7 +8,6 @@ from tests.helpers import CACHE_DIR
 from worker.boot.engine_args import (
     TINY_KV_CACHE_BYTES,
     TINY_MAX_MODEL_LEN,
-    auto_schedule,
     build_engine_kwargs,
     engine_environment,
     lora_slots,
@@ -16,6 +15,7 @@ from worker.boot.engine_args import (
 from worker.boot.models import cached_snapshot, resolver
 from worker.boot.plan import BootPlan, build_plan
 from worker.config import DeploymentMode, load_settings
+from worker.config.speculation import auto_schedule, is_graph_schedule
 from worker.errors import ConfigError
 from worker.tiny_models import TinyModels
 
@@ -292,11 +292,13 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
 
     assert spec_for(SPECULATION_CONTROL="auto")["num_speculative_tokens_per_batch_size"] == [[1, 1, 3]]
     # On the V2 runner the worker chose (n-gram under auto) graphs exist only for the schedule's k
-    # values: the ladder the H200 map measured.
+    # values: every k from the configured one to 0, which the controller reads as a list, not a ceiling.
     ngram = {"MODEL_NAME": "org/m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
     on_v2 = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=False)
-    ladder = [[1, 1, 4], [2, 2, 3], [3, 3, 2], [4, 4, 1]]
-    assert on_v2["speculative_config"]["num_speculative_tokens_per_batch_size"] == ladder
+    every_k = [[1, 1, 4], [2, 2, 3], [3, 3, 2], [4, 4, 1], [5, 5, 0]]
+    assert on_v2["speculative_config"]["num_speculative_tokens_per_batch_size"] == every_k
+    assert is_graph_schedule(every_k, 4) and is_graph_schedule([tuple(e) for e in every_k], 4)
+    assert not is_graph_schedule(every_k, 3) and not is_graph_schedule([[1, 4, 3], [5, 256, 1]], 3)
     on_cpu = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=True)
     assert on_cpu["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
     eagle = '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 2}'
@@ -304,7 +306,7 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
         load_settings({"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": eagle, "SPECULATION_CONTROL": "auto"}), mode="pod"
     )
     assert pod["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 2]]  # vLLM's V2: one k
-    assert auto_schedule(1, on_v2=True) == [[1, 1, 1]] and auto_schedule(3, on_v2=False) == [[1, 1, 3]]
+    assert auto_schedule(1, on_v2=True) == [[1, 1, 1], [2, 2, 0]] and auto_schedule(3, on_v2=False) == [[1, 1, 3]]
     assert "num_speculative_tokens_per_batch_size" not in spec_for(SPECULATION_CONTROL="static")
     given = spec_for(SPECULATION_CONTROL="auto", SPECULATIVE_TOKENS_BY_BATCH="1-4:3,5-256:1")
     assert given["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 256, 1]]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from tests.helpers import boot_engine
+from worker.config.speculation import auto_schedule
 from worker.schema import SpecDecodeStats, parse_request
 from worker.spec_control import (
     PROBE_EVERY_STEPS,
@@ -19,13 +21,18 @@ from worker.spec_control import (
     SpeculationController,
     geometric_rate,
 )
-from worker.spec_cost import PROVISIONAL
+from worker.spec_cost import STEP_COSTS
+from worker.spec_stats.control import ControlledScheduling
+from worker.spec_stats.stand_in import StandInScheduler
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 K = 4
 
 
 def controller(**kwargs: Any) -> SpeculationController:
-    return SpeculationController(num_spec_tokens=K, cost=PROVISIONAL["ngram"], **kwargs)
+    return SpeculationController(num_spec_tokens=K, cost=STEP_COSTS["ngram"], **kwargs)
 
 
 def run_steps(c: SpeculationController, *, steps: int, batch_size: int, accept: float) -> list[int]:
@@ -80,6 +87,46 @@ def test_the_schedule_and_the_engines_ks_bound_the_choice() -> None:
     assert set(run_steps(c, steps=50, batch_size=20, accept=1.0)) == {0}  # the schedule's 0: no probes either
     assert c.num_probes == 0
     assert set(run_steps(c, steps=50, batch_size=100, accept=1.0)) == {0}  # beyond the table: its last entry
+
+
+def test_on_v2_no_k_runs_past_the_largest_full_cuda_graph() -> None:
+    # V2 replays a full graph for a step of b sequences at k only up to its largest capture size in
+    # tokens: 512 holds k = 4 up to 102 sequences, k = 1 up to 256, and only k = 0 beyond.
+    c = controller(allowed_ks=range(K + 1), graph_tokens=512)
+    assert [c.highest_k(b) for b in (1, 102, 103, 128, 170, 171, 256, 257)] == [4, 4, 3, 3, 2, 1, 1, 0]
+    assert set(run_steps(c, steps=50, batch_size=300, accept=1.0)) == {0}
+    assert c.num_probes == 0  # off for want of a graph, not for acceptance: no probes
+
+
+class _V2GraphsStandIn(StandInScheduler):
+    """A fake: the stand-in of vLLM's scheduler configured as a GPU engine on the V2 runner with full
+    CUDA graphs up to 512 tokens would be (the CPU build runs V1 and no graphs)."""
+
+    def __init__(self, *, schedule: list[list[int]], **kwargs: Any) -> None:
+        from vllm.config import CompilationConfig, CUDAGraphMode
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        super().__init__(num_spec_tokens=K, method="ngram", max_batch_size=256, **kwargs)
+        self.use_v2_model_runner = True
+        self.dynamic_sd_lookup = build_dynamic_sd_schedule_lookup(schedule, 256, K)
+        compilation = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, max_cudagraph_capture_size=512)
+        spec = SimpleNamespace(method="ngram", num_speculative_tokens_per_batch_size=schedule)
+        model = SimpleNamespace(enforce_eager=False)
+        config = SimpleNamespace(speculative_config=spec, compilation_config=compilation, model_config=model)
+        self.vllm_config = cast("VllmConfig", config)
+
+
+class _ControlledV2(ControlledScheduling, _V2GraphsStandIn):
+    pass
+
+
+def test_on_v2_the_workers_schedule_lists_graphs_and_a_users_schedule_is_a_ceiling() -> None:
+    own = _ControlledV2(schedule=auto_schedule(K, on_v2=True)).controller
+    assert own.schedule is None and own.graph_tokens == 512 and own.allowed_ks == [0, 1, 2, 3, 4]
+    # Its one batch size per k is for vLLM's graphs only: k = 4 at 8 sequences, 1 at 256 (the graphs' bound).
+    assert [own.highest_k(b) for b in (1, 8, 64, 256)] == [4, 4, 4, 1]
+    users = _ControlledV2(schedule=[[1, 8, 4], [9, 256, 2]]).controller
+    assert users.allowed_ks == [0, 2, 4] and [users.highest_k(b) for b in (8, 9, 200)] == [4, 2, 1]
 
 
 def test_a_request_that_accepts_far_less_than_the_batch_is_capped() -> None:

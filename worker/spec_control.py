@@ -14,7 +14,8 @@ where the schedule holds it).
 the k of most tokens per millisecond under the cost model (:mod:`worker.spec_cost`), given the
 acceptance the step outputs show, per draft position:
 
-- it never exceeds the configured schedule (``SPECULATIVE_TOKENS_BY_BATCH``) nor the configured k;
+- it never exceeds the configured schedule (``SPECULATIVE_TOKENS_BY_BATCH``) nor the configured k,
+  and on V2 no k whose step would carry more tokens than a full CUDA graph holds (``graph_tokens``);
 - below break-even it returns 0, and one step in ``probe_every`` it drafts the smallest k again
   (a probe), so that it notices when acceptance recovers;
 - per request, where a request's own acceptance is far below the batch's, it caps how many of
@@ -116,7 +117,9 @@ class SpeculationController:
 
     ``schedule``: vLLM's dense table of the highest k per batch size (index = batch size), or None
     for ``num_spec_tokens`` at every size. ``allowed_ks``: the k values the engine can run (all of
-    0..num_spec_tokens on vLLM's V1 runner)."""
+    0..num_spec_tokens on vLLM's V1 runner). ``graph_tokens``: the most tokens a step can carry and
+    replay a full CUDA graph (vLLM's ``max_cudagraph_capture_size`` on V2), or None: a batch of
+    ``b`` sequences then runs a k only where ``b * (k + 1)`` fits (0 always runs)."""
 
     def __init__(
         self,
@@ -125,11 +128,13 @@ class SpeculationController:
         cost: StepCost,
         schedule: Sequence[int] | None = None,
         allowed_ks: Iterable[int] | None = None,
+        graph_tokens: int | None = None,
         probe_every: int = PROBE_EVERY_STEPS,
     ) -> None:
         self.num_spec_tokens = num_spec_tokens
         self.cost = cost
         self.schedule = schedule
+        self.graph_tokens = graph_tokens
         ks = range(num_spec_tokens + 1) if allowed_ks is None else allowed_ks
         self.allowed_ks = sorted({k for k in ks if 0 <= k <= num_spec_tokens} | {0})
         self.probe_every = probe_every
@@ -156,7 +161,9 @@ class SpeculationController:
         top = self.num_spec_tokens
         if schedule is not None:
             top = schedule[min(batch_size, len(schedule) - 1)]
-        return min(top, self.draft_cap)
+        if self.graph_tokens is not None:
+            top = min(top, self.graph_tokens // max(1, batch_size) - 1)
+        return max(0, min(top, self.draft_cap))
 
     def choose(self, batch_size: int) -> int:
         top = self.highest_k(batch_size)

@@ -6,12 +6,15 @@ and the drafter: a draft model one pass per drafted position (vLLM 0.32 runs its
 What a step yields per sequence is ``1 + sum_i prod_{m <= i} p_m`` tokens for the conditional
 acceptance ``p_i`` of each draft position. The best k maximises tokens per millisecond.
 
-Parameters are per GPU, model and drafter (:data:`PROVISIONAL`). The H200 map
-(``python -m worker bench --parts spec_map``, docs/benchmarks.md) measures them; until it has, the
-figures below are PROVISIONAL: read off the single-stream H200 points that existed (8B shape, bf16,
-4.85 ms per step without speculation; a 1B-shaped draft at k = 4 and 0% acceptance 0.36x; n-gram
-k = 4 at full acceptance 3.50x) and a roofline for the compute knee (an 8B step turns compute-bound
-near 512 tokens on an H200).
+Parameters are per GPU, model and drafter (:data:`STEP_COSTS`), for an 8B bf16 target on one H200:
+
+- n-gram: fitted (least squares) to the engine steps of the H200 map's fourth run
+  (``python -m worker bench --parts spec_map``, docs/benchmarks.md: no speculation, static k = 4
+  and ``auto`` on V2 at 1 / 8 / 64 / 256 streams, synthetic acceptance; every step within 6%);
+- a draft model: provisional, read off the single-stream H200 points (4.85 ms per step without
+  speculation; a 1B-shaped draft at k = 4 and 0% acceptance 0.36x) and a roofline for the compute
+  knee (an 8B step turns compute-bound near 512 tokens on an H200). vLLM 0.32 runs such a draft's
+  passes without full CUDA graphs, so that its cost is host time (the draft-step run).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-__all__ = ["PROVISIONAL", "StepCost", "best_k", "expected_tokens", "step_ms", "tokens_per_ms"]
+__all__ = ["STEP_COSTS", "StepCost", "best_k", "expected_tokens", "step_ms", "tokens_per_ms"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,9 +45,9 @@ class StepCost:
     is_synced_at_zero: bool
 
 
-# PROVISIONAL until the H200 map (module docstring): 8B bf16 target on one H200.
-PROVISIONAL: dict[str, StepCost] = {
-    # 0.36x at k=4, 0% acceptance, b=1: 4.85 / 0.36 = 13.5 ms a step, ~2 ms per 1B pass.
+# 8B bf16 target on one H200 (module docstring).
+STEP_COSTS: dict[str, StepCost] = {
+    # Provisional: 0.36x at k=4, 0% acceptance, b=1: 4.85 / 0.36 = 13.5 ms a step, ~2 ms per 1B pass.
     "draft_model": StepCost(
         base_ms=4.85,
         per_seq_ms=0.03,
@@ -55,15 +58,17 @@ PROVISIONAL: dict[str, StepCost] = {
         draft_per_seq_ms=0.004,
         is_synced_at_zero=True,
     ),
-    # 3.50x at k=4 with every draft accepted, b=1: 5 tokens in 6.9 ms (2.16x at k=2 follows).
+    # Fitted to the map's steps (no speculation 4.84 / 4.92 / 5.85 / 10.46 ms at 1 / 8 / 64 / 256
+    # streams; static k = 4 and auto on V2 beside them). They give 3.33x at k = 4 with every draft
+    # accepted at one stream, where a run with real acceptance measured 3.50x.
     "ngram": StepCost(
-        base_ms=4.85,
-        per_seq_ms=0.03,
-        per_token_ms=0.025,
-        knee_tokens=512,
-        verify_ms=2.0,
+        base_ms=4.78,
+        per_seq_ms=0.0162,
+        per_token_ms=0.013,
+        knee_tokens=128,
+        verify_ms=2.34,
         draft_pass_ms=0.0,
-        draft_per_seq_ms=0.02,
+        draft_per_seq_ms=0.013,
         is_synced_at_zero=False,
     ),
 }

@@ -11,13 +11,12 @@ from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
-from worker.config.speculation import drafts_by_ngram
+from worker.config.speculation import auto_schedule, drafts_by_ngram
 
 __all__ = [
     "PUBLIC_MEDIA_CONNECTOR",
     "TINY_KV_CACHE_BYTES",
     "TINY_MAX_MODEL_LEN",
-    "auto_schedule",
     "build_engine_kwargs",
     "compilation_config",
     "engine_environment",
@@ -79,9 +78,10 @@ def build_engine_kwargs(
         k = spec.get("num_speculative_tokens")
         if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
             # vLLM's batch-size schedule is what lets k change per step; the worker's scheduler then
-            # answers its lookups (worker/spec_control.py), never above the schedule's k.
-            # The ladder where the worker chose V2 (n-gram under auto) or the user did: vLLM's own choice
-            # of V2 (a pod) keeps one k, as before, since vLLM may fall back to V1 for some drafters.
+            # answers its lookups (worker/spec_control.py). On V1: one range, the configured k. Where the
+            # worker chose V2 (n-gram under auto) or the user did: every k from the configured one to 0,
+            # so that V2 captures full graphs for each. vLLM's own choice of V2 (a pod) keeps one k, as
+            # before, since vLLM may fall back to V1 for some drafters.
             on_v2 = _model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"
             spec.setdefault("num_speculative_tokens_per_batch_size", auto_schedule(k, on_v2=on_v2))
         kwargs["speculative_config"] = spec
@@ -106,22 +106,6 @@ def _keeps_full_graphs(settings: Settings, *, is_cpu: bool) -> bool:
 
 def _is_ngram_under_auto(settings: Settings) -> bool:
     return settings.speculation_control == "auto" and drafts_by_ngram(settings.resolved_speculative_config)
-
-
-def auto_schedule(k: int, *, on_v2: bool) -> list[list[int]]:
-    """The batch-size schedule ``SPECULATION_CONTROL=auto`` gives vLLM when the user gave none.
-
-    vLLM's V1 runner runs any k up to the configured one under a schedule (piecewise graphs): one
-    range, k, carried to every batch size. The V2 runner keeps its full CUDA graphs and captures
-    them only for the schedule's k values, so the controller can choose only among those (and 0,
-    which then runs without a full graph). On V2: k at one sequence, one less for each sequence
-    more, 1 from k sequences on (``1-1:4,2-2:3,3-3:2,4+:1`` for k = 4). That is the schedule the
-    H200 map measured (docs/benchmarks.md: 1.77x no speculation at one stream, 1.22x at 64),
-    caps included: at 8 streams it held k to 1 where static k = 4 ran 7% faster.
-    """
-    if not on_v2 or k == 1:
-        return [[1, 1, k]]
-    return [[i, i, k + 1 - i] for i in range(1, k)] + [[k, k, 1]]
 
 
 def compilation_config(

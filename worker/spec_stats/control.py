@@ -9,9 +9,9 @@ import collections
 import itertools
 from typing import TYPE_CHECKING, Any, cast
 
-from worker.config.speculation import NGRAM_METHODS
+from worker.config.speculation import NGRAM_METHODS, is_graph_schedule
 from worker.spec_control import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
-from worker.spec_cost import PROVISIONAL
+from worker.spec_cost import STEP_COSTS
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -40,13 +40,26 @@ class ControlledScheduling(_SchedulerBase):
         if schedule is None:
             raise ValueError("SPECULATION_CONTROL=auto needs vLLM's batch-size schedule (engine_args adds one)")
         spec = self.vllm_config.speculative_config
-        cost = PROVISIONAL["ngram" if spec is not None and spec.method in NGRAM_METHODS else "draft_model"]
+        cost = STEP_COSTS["ngram" if spec is not None and spec.method in NGRAM_METHODS else "draft_model"]
         # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
-        # captures full graphs for the query lengths of the schedule's k values only: the controller
-        # chooses among those, and 0 (speculation off), which runs piecewise unless the schedule holds it.
-        allowed = set(schedule[1:]) | {0} if getattr(self, "use_v2_model_runner", False) else None
+        # captures full graphs for the query lengths of the schedule's k values only, up to its
+        # largest capture size in tokens: the controller chooses among those, and 0 (speculation off),
+        # which runs piecewise unless the schedule holds it. The worker's own V2 schedule only lists
+        # those k values (one batch size each, worker.config.speculation.auto_schedule): no ceiling.
+        allowed: set[int] | None = None
+        graph_tokens: int | None = None
+        ceiling: list[int] | None = schedule
+        if getattr(self, "use_v2_model_runner", False):
+            allowed = set(schedule[1:]) | {0}
+            graph_tokens = _full_graph_tokens(self.vllm_config)
+            if spec is not None and is_graph_schedule(spec.num_speculative_tokens_per_batch_size, self.num_spec_tokens):
+                ceiling = None
         self.controller = SpeculationController(
-            num_spec_tokens=self.num_spec_tokens, cost=cost, schedule=schedule, allowed_ks=allowed
+            num_spec_tokens=self.num_spec_tokens,
+            cost=cost,
+            schedule=ceiling,
+            allowed_ks=allowed,
+            graph_tokens=graph_tokens,
         )
         # vLLM only indexes its table by batch size (``dynamic_sd_lookup[n]``), as the controller answers.
         self.dynamic_sd_lookup = cast("list[int]", self.controller)
@@ -91,3 +104,16 @@ class ControlledScheduling(_SchedulerBase):
                 ((rid, m.histogram, m.num_draft_tokens) for rid, m in live), batch_size=max(1, len(self.running))
             )
         return super().update_from_output(scheduler_output, model_runner_output)
+
+
+def _full_graph_tokens(vllm_config: Any) -> int | None:
+    """The most tokens a step can carry and replay one of vLLM's full CUDA graphs (its largest
+    capture size), or None where the engine runs none (eager, or a mode without full graphs)."""
+    compilation = getattr(vllm_config, "compilation_config", None)
+    model = getattr(vllm_config, "model_config", None)
+    if compilation is None or model is None or model.enforce_eager:
+        return None
+    if not compilation.cudagraph_mode.has_full_cudagraphs():
+        return None
+    size = compilation.max_cudagraph_capture_size
+    return int(size) if size else None
