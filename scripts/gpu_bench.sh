@@ -311,11 +311,12 @@ for stage in "$@"; do
       # with the same engine arguments (vLLM's CUDA-graph defaults, its own cache root), real-size weights,
       # MAX_NUM_SEQS=128 (the handler's own default, vLLM's library one). $GRAPHS_PLAN, in order (default
       # "fill cache-1 fpfill fp-1 disk-1 fp-2"): fill (both roots empty), cache-N / disk-N (a handler boot
-      # and a server boot, the weights in the page cache / evicted before each), hcache-N / hdisk-N (the
-      # handler alone), fpfill then fp-N (the handler with CUDAGRAPH_MODE=$GRAPHS_ALT, default
-      # FULL_DECODE_ONLY: the other mode, compiled once on the same root; its files were FULL_AND_PIECEWISE
-      # while that was the other), mt (the default with vLLM's multithreaded weight loader, 8 threads),
-      # decode (the handler and AsyncLLM at 1, 8, 64 streams, both modes).
+      # and a server boot, the weights in the page cache / evicted before each), hfill (the handler alone on
+      # the empty root), hcache-N / hdisk-N (the handler alone), fpfill then fp-N (the handler with
+      # CUDAGRAPH_MODE=$GRAPHS_ALT, default FULL_DECODE_ONLY: the other mode, compiled once on the same root;
+      # its files were FULL_AND_PIECEWISE while that was the other), mt or mt-N (the default with vLLM's
+      # multithreaded weight loader, 8 threads, the weights in the page cache), decode (the handler and
+      # AsyncLLM at 1, 8, 64 streams, both modes).
       real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-new COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-new-srv
       export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
@@ -324,13 +325,14 @@ for stage in "$@"; do
       for step in ${GRAPHS_PLAN:-fill cache-1 fpfill fp-1 disk-1 fp-2}; do
         case $step in
           fill) RUN_MIN_S=240 run cold-new-fill --parts coldstart ;;
+          hfill) RUN_MIN_S=120 run cold-new-hfill --parts coldstart_handler ;;
           cache-*) RUN_MIN_S=85 run cold-new-$step --parts coldstart ;;
           disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=105 run cold-new-$step --parts coldstart ;;
           hcache-*) RUN_MIN_S=35 run cold-new-$step --parts coldstart_handler ;;
           hdisk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=40 run cold-new-$step --parts coldstart_handler ;;
           fpfill) CUDAGRAPH_MODE=$FP RUN_MIN_S=70 run cold-fp-fill --parts coldstart_handler ;;
           fp-*) CUDAGRAPH_MODE=$FP RUN_MIN_S=35 run cold-$step --parts coldstart_handler ;;
-          mt) ENGINE_ARGS=$MT RUN_MIN_S=35 run cold-mt --parts coldstart_handler ;;
+          mt | mt-*) ENGINE_ARGS=$MT RUN_MIN_S=35 run cold-$step --parts coldstart_handler ;;
           decode)
             for m in auto $FP; do
               CUDAGRAPH_MODE=$m RUN_MIN_S=60 run decode-graphs-$m --parts overhead --concurrency 1,8,64 --repeats 1

@@ -297,10 +297,13 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
     on_v2 = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=False)
     every_k = [[1, 1, 4], [2, 2, 3], [3, 3, 2], [4, 4, 1], [5, 5, 0]]
     assert on_v2["speculative_config"]["num_speculative_tokens_per_batch_size"] == every_k
+    # V2 drafts both n-gram names on the GPU; vLLM keeps async scheduling for ngram_gpu only.
+    assert on_v2["speculative_config"]["method"] == "ngram_gpu"
     assert is_graph_schedule(every_k, 4) and is_graph_schedule([tuple(e) for e in every_k], 4)
     assert not is_graph_schedule(every_k, 3) and not is_graph_schedule([[1, 4, 3], [5, 256, 1]], 3)
     on_cpu = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=True)
     assert on_cpu["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
+    assert on_cpu["speculative_config"]["method"] == "ngram"  # V1: its CPU proposer, as asked
     eagle = '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 2}'
     pod = build_engine_kwargs(
         load_settings({"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": eagle, "SPECULATION_CONTROL": "auto"}), mode="pod"

@@ -75,6 +75,12 @@ def build_engine_kwargs(
         "compilation_config": None if is_cpu or is_eager else compilation_config(settings, spec, mode=mode),
     }
     if spec is not None:
+        if drafts_by_ngram(spec) and _model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1":
+            # vLLM's V2 runner drafts both n-gram names with its GPU proposer (NgramGPUSpeculator),
+            # but vLLM 0.32 keeps async scheduling only for the name ngram_gpu: under "ngram" every
+            # step waits for the host. On an H200 (8B, V2, auto) a step with speculation off took
+            # 6.4 ms against 4.9 without speculation at one stream, 11.6 against 7.2 at 128 (docs/benchmarks.md).
+            spec = {key: value for key, value in spec.items() if key != "model"} | {"method": "ngram_gpu"}
         k = spec.get("num_speculative_tokens")
         if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
             # vLLM's batch-size schedule is what lets k change per step; the worker's scheduler then

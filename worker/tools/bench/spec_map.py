@@ -7,7 +7,7 @@ engine in turn (the order rotated per repeat) decodes one wave of ``concurrency`
 
 A configuration is ``none`` or ``DRAFTER:K:LENGTH:CONTROL``:
 
-- ``DRAFTER``: ``ngram`` or a draft model (a path or ``tiny:`` name; an EAGLE-3 head's path runs as
+- ``DRAFTER``: ``ngram``, ``ngram_gpu`` or a draft model (a path or ``tiny:`` name; an EAGLE-3 head's path runs as
   vLLM's ``eagle3``);
 - ``K``: ``NUM_SPECULATIVE_TOKENS``;
 - ``LENGTH``: the mean acceptance length vLLM's synthetic rejection sampler holds the drafts to
@@ -64,8 +64,8 @@ def _draft_method(drafter: str) -> str:
 def speculative_config(drafter: str, k: int, length: str) -> dict[str, Any]:
     """vLLM's speculative config for ``DRAFTER``, ``K`` and ``LENGTH`` (module docstring)."""
     spec: dict[str, Any] = {"num_speculative_tokens": k}
-    if drafter == "ngram":
-        spec.update(method="ngram", prompt_lookup_max=4, prompt_lookup_min=1)
+    if drafter in ("ngram", "ngram_gpu"):
+        spec.update(method=drafter, prompt_lookup_max=4, prompt_lookup_min=1)
     else:
         spec.update(method=_draft_method(drafter), model=drafter)
     if length != "real":
