@@ -90,9 +90,9 @@
 #   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off;
 #                     the same for the first request using the sampler's features (penalties, top-k/p, min-p, seed)
 #   ngram             n-gram speculation (k=4) vs none, single stream
-#   spec-map          where speculation pays (issue 49): no speculation, n-gram at static k=2 (at synthetic mean
-#                     acceptance length 2.5 the cost model's best static k), n-gram under SPECULATION_CONTROL=auto (V2
-#                     runner, the worker's schedule) and an EAGLE-3 head at static k=4, side by side at
+#   spec-map          where speculation pays (issue 49): no speculation, n-gram at static k=2 on V2 as ngram_gpu
+#                     (async scheduling; at synthetic mean acceptance length 2.5 the best static k), n-gram under
+#                     SPECULATION_CONTROL=auto (V2, ngram_gpu, the worker's schedule) at L=2.5 and at L=1 (0%), side by side at
 #                     $MAP_CONCURRENCY (default 1,8,32,64,128,256), $MAP_TOKENS tokens (128), $MAP_REPEATS alternating
 #                     runs (3; none started after $MAP_DEADLINE_S s): $MAP_CONFIGS names others (spec_map.py)
 #   spec              n-gram at k=2/4/8, the target as its own draft and a 1B-shaped draft at k=4, single stream,
@@ -420,7 +420,7 @@ for stage in "$@"; do
       # acceptance (vLLM's rejection_sample_method=synthetic) at mean length L. One 10-minute call.
       echo "=== spec-map: $(date +%T)"
       timeout -k 20 "${STAGE_TIMEOUT:-0}" python3 -m worker.tools.bench.spec_map --out "$OUT/spec-map" \
-        --configs "${MAP_CONFIGS:-none,ngram:2:2.5:static,ngram:4:2.5:auto,$M-eagle3:4:2.5:static}" \
+        --configs "${MAP_CONFIGS:-none,ngram_gpu:2:2.5:static+MODEL_RUNNER=v2,ngram:4:2.5:auto,ngram:4:1.0:auto}" \
         --concurrency "${MAP_CONCURRENCY:-1,8,32,64,128,256}" --max-tokens "${MAP_TOKENS:-128}" \
         --repeats "${MAP_REPEATS:-3}" --deadline-s "${MAP_DEADLINE_S:-400}" > "$OUT/spec-map.log" 2>&1
       echo "=== spec-map: exit $? at $(date +%T)"; grep "^spec_map" "$OUT/spec-map.log" | tail -40

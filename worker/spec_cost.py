@@ -8,9 +8,11 @@ acceptance ``p_i`` of each draft position. The best k maximises tokens per milli
 
 Parameters are per GPU, model and drafter (:data:`STEP_COSTS`), for an 8B bf16 target on one H200:
 
-- n-gram: fitted (least squares) to the engine steps of the H200 map's fourth run
-  (``python -m worker bench --parts spec_map``, docs/benchmarks.md: no speculation, static k = 4
-  and ``auto`` on V2 at 1 / 8 / 64 / 256 streams, synthetic acceptance; every step within 6%);
+- n-gram: fitted (least squares) to the engine steps of the H200 map (``python -m worker bench
+  --parts spec_map``, docs/benchmarks.md, synthetic acceptance): ``ngram`` to its fifth run, vLLM's
+  V2 runner drafting on the GPU with async scheduling (``ngram_gpu``, what ``auto`` runs on a GPU;
+  every step within 5.3%), ``ngram_sync`` to its fourth, where vLLM ran the CPU proposer's name
+  without async scheduling (V1, or V2 under the name ``ngram``; within 6%);
 - a draft model: provisional, read off the single-stream H200 points (4.85 ms per step without
   speculation; a 1B-shaped draft at k = 4 and 0% acceptance 0.36x) and a roofline for the compute
   knee (an 8B step turns compute-bound near 512 tokens on an H200). vLLM 0.32 runs such a draft's
@@ -58,10 +60,24 @@ STEP_COSTS: dict[str, StepCost] = {
         draft_per_seq_ms=0.004,
         is_synced_at_zero=True,
     ),
-    # Fitted to the map's steps (no speculation 4.84 / 4.92 / 5.85 / 10.46 ms at 1 / 8 / 64 / 256
-    # streams; static k = 4 and auto on V2 beside them). They give 3.33x at k = 4 with every draft
-    # accepted at one stream, where a run with real acceptance measured 3.50x.
+    # Fitted to the fifth run's V2 steps at k = 0 (1-256 streams), static k = 2 (1-128) and auto
+    # (k = 2-3, 1-64): 4.85 / 5.04 / 5.51 / 6.10 / 7.14 / 10.60 ms at k = 0, 5.03 / 5.72 / 6.67 /
+    # 8.77 / 13.57 ms at k = 2 (1 / 8 / 32 / 64 / 128 streams). Past ~400 tokens a step, 256 streams
+    # at k = 1 (512 tokens), the figures extrapolate.
     "ngram": StepCost(
+        base_ms=4.89,
+        per_seq_ms=0.0185,
+        per_token_ms=0.0073,
+        knee_tokens=128,
+        verify_ms=0.27,
+        draft_pass_ms=0.0,
+        draft_per_seq_ms=0.0106,
+        is_synced_at_zero=False,
+    ),
+    # Fitted to the fourth run's steps (no speculation 4.84 / 4.92 / 5.85 / 10.46 ms at 1 / 8 / 64 /
+    # 256 streams; static k = 4 on V1 and auto on V2 under "ngram" beside them): a step waits for the
+    # host. 3.33x at k = 4 with every draft accepted at one stream, where real acceptance measured 3.50x.
+    "ngram_sync": StepCost(
         base_ms=4.78,
         per_seq_ms=0.0162,
         per_token_ms=0.013,

@@ -40,7 +40,7 @@ class ControlledScheduling(_SchedulerBase):
         if schedule is None:
             raise ValueError("SPECULATION_CONTROL=auto needs vLLM's batch-size schedule (engine_args adds one)")
         spec = self.vllm_config.speculative_config
-        cost = STEP_COSTS["ngram" if spec is not None and spec.method in NGRAM_METHODS else "draft_model"]
+        cost = STEP_COSTS[_cost_key(self.vllm_config)]
         # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
         # captures full graphs for the query lengths of the schedule's k values only, up to its
         # largest capture size in tokens: the controller chooses among those, and 0 (speculation off),
@@ -117,3 +117,13 @@ def _full_graph_tokens(vllm_config: Any) -> int | None:
         return None
     size = compilation.max_cudagraph_capture_size
     return int(size) if size else None
+
+
+def _cost_key(vllm_config: Any) -> str:
+    """Which of :data:`worker.spec_cost.STEP_COSTS` prices this engine's steps: n-gram with async
+    scheduling (V2's GPU proposer as ``ngram_gpu``) or without it, else a draft model."""
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method not in NGRAM_METHODS:
+        return "draft_model"
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    return "ngram" if getattr(scheduler, "async_scheduling", False) else "ngram_sync"
