@@ -28,7 +28,7 @@ def test_the_figures_reproduce_the_points_they_were_read_from() -> None:
     for batch, ms in ((1, 4.84), (8, 4.92), (64, 5.85), (256, 10.46)):
         assert step_ms(NGRAM_SYNC, batch_size=batch, k=0) == pytest.approx(ms, rel=0.06)
     assert tokens_per_ms(NGRAM_SYNC, batch_size=1, k=4, rates=[1.0] * 4) / no_spec == pytest.approx(3.5, rel=0.06)
-    # n-gram on V2 with async scheduling (the fifth map): k = 0 and static k = 2, by streams.
+    # n-gram on V2 with async scheduling (the sixth map): k = 0 and static k = 2, by streams.
     for batch, k, ms in ((1, 0, 4.85), (64, 0, 6.10), (256, 0, 10.60), (1, 2, 5.03), (32, 2, 6.67), (128, 2, 13.57)):
         assert step_ms(NGRAM, batch_size=batch, k=k) == pytest.approx(ms, rel=0.06)
 

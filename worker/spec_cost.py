@@ -9,7 +9,7 @@ acceptance ``p_i`` of each draft position. The best k maximises tokens per milli
 Parameters are per GPU, model and drafter (:data:`STEP_COSTS`), for an 8B bf16 target on one H200:
 
 - n-gram: fitted (least squares) to the engine steps of the H200 map (``python -m worker bench
-  --parts spec_map``, docs/benchmarks.md, synthetic acceptance): ``ngram`` to its fifth run, vLLM's
+  --parts spec_map``, docs/benchmarks.md, synthetic acceptance): ``ngram`` to its sixth run, vLLM's
   V2 runner drafting on the GPU with async scheduling (``ngram_gpu``, what ``auto`` runs on a GPU;
   every step within 5.3%), ``ngram_sync`` to its fourth, where vLLM ran the CPU proposer's name
   without async scheduling (V1, or V2 under the name ``ngram``; within 6%);
@@ -60,7 +60,7 @@ STEP_COSTS: dict[str, StepCost] = {
         draft_per_seq_ms=0.004,
         is_synced_at_zero=True,
     ),
-    # Fitted to the fifth run's V2 steps at k = 0 (1-256 streams), static k = 2 (1-128) and auto
+    # Fitted to the sixth run's V2 steps at k = 0 (1-256 streams), static k = 2 (1-128) and auto
     # (k = 2-3, 1-64): 4.85 / 5.04 / 5.51 / 6.10 / 7.14 / 10.60 ms at k = 0, 5.03 / 5.72 / 6.67 /
     # 8.77 / 13.57 ms at k = 2 (1 / 8 / 32 / 64 / 128 streams). Past ~400 tokens a step, 256 streams
     # at k = 1 (512 tokens), the figures extrapolate.
