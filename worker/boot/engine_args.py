@@ -78,8 +78,10 @@ def build_engine_kwargs(
         if drafts_by_ngram(spec) and _model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1":
             # vLLM's V2 runner drafts both n-gram names with its GPU proposer (NgramGPUSpeculator),
             # but vLLM 0.32 keeps async scheduling only for the name ngram_gpu: under "ngram" every
-            # step waits for the host. On an H200 (8B, V2, auto) a step with speculation off took
-            # 6.4 ms against 4.9 without speculation at one stream, 11.6 against 7.2 at 128 (docs/benchmarks.md).
+            # step waits for the host. On an H200 (8B, V2, auto, 0% acceptance: speculation off) a
+            # step took 6.4 ms under "ngram" against 4.9 without speculation at one stream, 11.6 against
+            # 7.2 at 128; as ngram_gpu 4.85 and 7.14. At 2.5 accepted a step, auto went from 1.72x to
+            # 2.40x no speculation at one stream, 1.20x to 1.74x at 64 (docs/benchmarks.md).
             spec = {key: value for key, value in spec.items() if key != "model"} | {"method": "ngram_gpu"}
         k = spec.get("num_speculative_tokens")
         if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
@@ -249,10 +251,10 @@ def _model_runner_flag(settings: Settings, *, mode: DeploymentMode, is_cpu: bool
     if _keeps_full_graphs(settings, is_cpu=is_cpu) and _is_ngram_under_auto(settings):
         # Under a batch-size schedule the V1 runner turns the target's full CUDA graphs piecewise
         # ("for reliability"); V2 keeps them. On an H200 (8B, n-gram k = 4, synthetic acceptance
-        # 2.5, the schedule of ``auto_schedule``) auto on V2 ran 1.77x / 1.38x / 1.22x / 0.90x no
-        # speculation at 1 / 8 / 64 / 256 streams; on V1 (another run) 1.14x / 1.06x / 0.99x /
-        # 0.74x (docs/benchmarks.md). Measured for n-gram only. V2's costs stay: its kernel
-        # warm-up at every boot, and its n-gram proposer's shorter drafts on looping output.
+        # 2.5, the schedule of ``auto_schedule``, ngram_gpu) auto on V2 ran 2.40x / 2.17x / 1.97x /
+        # 1.74x no speculation at 1 / 8 / 32 / 64 streams; on V1 (an earlier run) 1.14x / 1.06x /
+        # 0.99x at 1 / 8 / 64 (docs/benchmarks.md). Measured for n-gram only. V2's costs stay: its
+        # kernel warm-up at every boot, and its n-gram proposer's shorter drafts on looping output.
         return "1"
     if mode == "serverless":
         return "0"
