@@ -304,6 +304,16 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
     on_cpu = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto"}), is_cpu=True)
     assert on_cpu["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
     assert on_cpu["speculative_config"]["method"] == "ngram"  # V1: its CPU proposer, as asked
+    # n-gram named by its model, V2 chosen by the user: ngram_gpu (the model key goes); not on a CPU.
+    by_model = {"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": '{"model": "ngram", "num_speculative_tokens": 2}'}
+    v2 = build_engine_kwargs(load_settings({**by_model, "MODEL_RUNNER": "v2"}), is_cpu=False)["speculative_config"]
+    assert v2 == {"method": "ngram_gpu", "num_speculative_tokens": 2}
+    cpu = build_engine_kwargs(load_settings({**by_model, "MODEL_RUNNER": "v2"}), is_cpu=True)["speculative_config"]
+    assert cpu == {"model": "ngram", "num_speculative_tokens": 2}
+    # Without the worker's scheduler no controller reads the list of k values: one k, as vLLM would run it.
+    for off in ({"PER_REQUEST_SPEC_DECODE_METRICS": "none"}, {"ENGINE_ARGS": '{"scheduler_cls": "my.Sched"}'}):
+        uncontrolled = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto", **off}), is_cpu=False)
+        assert uncontrolled["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
     eagle = '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 2}'
     pod = build_engine_kwargs(
         load_settings({"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": eagle, "SPECULATION_CONTROL": "auto"}), mode="pod"

@@ -89,30 +89,41 @@ def test_the_schedule_and_the_engines_ks_bound_the_choice() -> None:
     assert set(run_steps(c, steps=50, batch_size=100, accept=1.0)) == {0}  # beyond the table: its last entry
 
 
-def test_on_v2_no_k_runs_past_the_largest_full_cuda_graph() -> None:
-    # V2 replays a full graph for a step of b sequences at k only up to its largest capture size in
-    # tokens: 512 holds k = 4 up to 102 sequences, k = 1 up to 256, and only k = 0 beyond.
-    c = controller(allowed_ks=range(K + 1), graph_tokens=512)
-    assert [c.highest_k(b) for b in (1, 102, 103, 128, 170, 171, 256, 257)] == [4, 4, 3, 3, 2, 1, 1, 0]
+def test_on_v2_no_k_runs_past_its_largest_full_cuda_graph() -> None:
+    # By k, the most sequences a step replays a full graph for (vLLM's sizes up to 512 tokens).
+    c = controller(allowed_ks=range(K + 1), graph_batches=[512, 256, 166, 128, 100])
+    sizes = (1, 100, 101, 128, 129, 166, 167, 256, 257)
+    assert [c.highest_k(b) for b in sizes] == [4, 4, 3, 3, 2, 2, 1, 1, 0]
     assert set(run_steps(c, steps=50, batch_size=300, accept=1.0)) == {0}
     assert c.num_probes == 0  # off for want of a graph, not for acceptance: no probes
+
+
+# vLLM's default capture sizes for a 512-token ceiling (vllm/config/vllm.py).
+SIZES_512 = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
 
 
 class _V2GraphsStandIn(StandInScheduler):
     """A fake: the stand-in of vLLM's scheduler configured as a GPU engine on the V2 runner with full
     CUDA graphs up to 512 tokens would be (the CPU build runs V1 and no graphs)."""
 
-    def __init__(self, *, schedule: list[list[int]], **kwargs: Any) -> None:
+    def __init__(self, *, schedule: list[list[int]], is_async: bool = True, **kwargs: Any) -> None:
         from vllm.config import CompilationConfig, CUDAGraphMode
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-        super().__init__(num_spec_tokens=K, method="ngram", max_batch_size=256, **kwargs)
+        super().__init__(num_spec_tokens=K, method="ngram_gpu", max_batch_size=256, **kwargs)
         self.use_v2_model_runner = True
         self.dynamic_sd_lookup = build_dynamic_sd_schedule_lookup(schedule, 256, K)
-        compilation = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, max_cudagraph_capture_size=512)
-        spec = SimpleNamespace(method="ngram", num_speculative_tokens_per_batch_size=schedule)
-        model = SimpleNamespace(enforce_eager=False)
-        config = SimpleNamespace(speculative_config=spec, compilation_config=compilation, model_config=model)
+        compilation = CompilationConfig(
+            cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+            cudagraph_capture_sizes=SIZES_512,
+            max_cudagraph_capture_size=512,
+        )
+        config = SimpleNamespace(
+            speculative_config=SimpleNamespace(method="ngram_gpu", num_speculative_tokens_per_batch_size=schedule),
+            compilation_config=compilation,
+            model_config=SimpleNamespace(enforce_eager=False),
+            scheduler_config=SimpleNamespace(async_scheduling=is_async),
+        )
         self.vllm_config = cast("VllmConfig", config)
 
 
@@ -122,11 +133,19 @@ class _ControlledV2(ControlledScheduling, _V2GraphsStandIn):
 
 def test_on_v2_the_workers_schedule_lists_graphs_and_a_users_schedule_is_a_ceiling() -> None:
     own = _ControlledV2(schedule=auto_schedule(K, on_v2=True)).controller
-    assert own.schedule is None and own.graph_tokens == 512 and own.allowed_ks == [0, 1, 2, 3, 4]
+    # V2 rounds each size up to a multiple of k + 1 and drops those past 512: k = 4 up to 100 sequences.
+    assert own.schedule is None and own.graph_batches == [512, 256, 166, 128, 100]
+    assert own.allowed_ks == [0, 1, 2, 3, 4]
     # Its one batch size per k is for vLLM's graphs only: k = 4 at 8 sequences, 1 at 256 (the graphs' bound).
     assert [own.highest_k(b) for b in (1, 8, 64, 256)] == [4, 4, 4, 1]
     users = _ControlledV2(schedule=[[1, 8, 4], [9, 256, 2]]).controller
     assert users.allowed_ks == [0, 2, 4] and [users.highest_k(b) for b in (8, 9, 200)] == [4, 2, 1]
+
+
+def test_n_gram_is_priced_by_whether_vllm_schedules_asynchronously() -> None:
+    schedule = auto_schedule(K, on_v2=True)
+    assert _ControlledV2(schedule=schedule).controller.cost is STEP_COSTS["ngram"]
+    assert _ControlledV2(schedule=schedule, is_async=False).controller.cost is STEP_COSTS["ngram_sync"]
 
 
 def test_a_request_that_accepts_far_less_than_the_batch_is_capped() -> None:

@@ -15,7 +15,7 @@ the k of most tokens per millisecond under the cost model (:mod:`worker.spec_cos
 acceptance the step outputs show, per draft position:
 
 - it never exceeds the configured schedule (``SPECULATIVE_TOKENS_BY_BATCH``) nor the configured k,
-  and on V2 no k whose step would carry more tokens than a full CUDA graph holds (``graph_tokens``);
+  and on V2 no k at a batch size past its largest full CUDA graph (``graph_batches``);
 - below break-even it returns 0, and one step in ``probe_every`` it drafts the smallest k again
   (a probe), so that it notices when acceptance recovers;
 - per request, where a request's own acceptance is far below the batch's, it caps how many of
@@ -117,9 +117,9 @@ class SpeculationController:
 
     ``schedule``: vLLM's dense table of the highest k per batch size (index = batch size), or None
     for ``num_spec_tokens`` at every size. ``allowed_ks``: the k values the engine can run (all of
-    0..num_spec_tokens on vLLM's V1 runner). ``graph_tokens``: the most tokens a step can carry and
-    replay a full CUDA graph (vLLM's ``max_cudagraph_capture_size`` on V2), or None: a batch of
-    ``b`` sequences then runs a k only where ``b * (k + 1)`` fits (0 always runs)."""
+    0..num_spec_tokens on vLLM's V1 runner). ``graph_batches``: by k (index), the most sequences a
+    step can carry at that k and replay a full CUDA graph (V2), or None: a batch of ``b`` sequences
+    then runs a k only where ``b`` is within it (0 always runs)."""
 
     def __init__(
         self,
@@ -128,13 +128,13 @@ class SpeculationController:
         cost: StepCost,
         schedule: Sequence[int] | None = None,
         allowed_ks: Iterable[int] | None = None,
-        graph_tokens: int | None = None,
+        graph_batches: Sequence[int] | None = None,
         probe_every: int = PROBE_EVERY_STEPS,
     ) -> None:
         self.num_spec_tokens = num_spec_tokens
         self.cost = cost
         self.schedule = schedule
-        self.graph_tokens = graph_tokens
+        self.graph_batches = graph_batches
         ks = range(num_spec_tokens + 1) if allowed_ks is None else allowed_ks
         self.allowed_ks = sorted({k for k in ks if 0 <= k <= num_spec_tokens} | {0})
         self.probe_every = probe_every
@@ -161,9 +161,13 @@ class SpeculationController:
         top = self.num_spec_tokens
         if schedule is not None:
             top = schedule[min(batch_size, len(schedule) - 1)]
-        if self.graph_tokens is not None:
-            top = min(top, self.graph_tokens // max(1, batch_size) - 1)
-        return max(0, min(top, self.draft_cap))
+        top = min(top, self.draft_cap)
+        graphs = self.graph_batches
+        if graphs is not None:
+            top = min(top, len(graphs) - 1)
+            while top > 0 and graphs[top] < batch_size:
+                top -= 1
+        return max(0, top)
 
     def choose(self, batch_size: int) -> int:
         top = self.highest_k(batch_size)

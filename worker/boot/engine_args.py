@@ -75,7 +75,8 @@ def build_engine_kwargs(
         "compilation_config": None if is_cpu or is_eager else compilation_config(settings, spec, mode=mode),
     }
     if spec is not None:
-        if drafts_by_ngram(spec) and _model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1":
+        on_v2 = not is_cpu and _model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"
+        if drafts_by_ngram(spec) and on_v2:
             # vLLM's V2 runner drafts both n-gram names with its GPU proposer (NgramGPUSpeculator),
             # but vLLM 0.32 keeps async scheduling only for the name ngram_gpu: under "ngram" every
             # step waits for the host. On an H200 (8B, V2, auto, 0% acceptance: speculation off) a
@@ -88,10 +89,11 @@ def build_engine_kwargs(
             # vLLM's batch-size schedule is what lets k change per step; the worker's scheduler then
             # answers its lookups (worker/spec_control.py). On V1: one range, the configured k. Where the
             # worker chose V2 (n-gram under auto) or the user did: every k from the configured one to 0,
-            # so that V2 captures full graphs for each. vLLM's own choice of V2 (a pod) keeps one k, as
-            # before, since vLLM may fall back to V1 for some drafters.
-            on_v2 = _model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"
-            spec.setdefault("num_speculative_tokens_per_batch_size", auto_schedule(k, on_v2=on_v2))
+            # so that V2 captures full graphs for each, which only the controller reads as such (vLLM
+            # itself would run 0 from k + 1 sequences on): not where no controller runs. vLLM's own
+            # choice of V2 (a pod) keeps one k, as before, since vLLM may fall back to V1 for some drafters.
+            schedule = auto_schedule(k, on_v2=on_v2 and _is_controlled(settings))
+            spec.setdefault("num_speculative_tokens_per_batch_size", schedule)
         kwargs["speculative_config"] = spec
         kwargs["per_request_spec_decode_metrics"] = settings.per_request_spec_decode_metrics
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
@@ -110,6 +112,12 @@ def _keeps_full_graphs(settings: Settings, *, is_cpu: bool) -> bool:
     graphs."""
     is_eager = _is_eager(settings) or bool((settings.engine_args or {}).get("enforce_eager"))
     return not is_cpu and not is_eager and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
+
+
+def _is_controlled(settings: Settings) -> bool:
+    """Whether the worker's scheduler, and with it the controller, runs: exact stats on, and no
+    scheduler of the user's (``worker.boot.plan.build_plan``'s test, less the speculative config)."""
+    return settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in (settings.engine_args or {})
 
 
 def _is_ngram_under_auto(settings: Settings) -> bool:

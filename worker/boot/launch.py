@@ -139,7 +139,8 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
             and plan.settings.speculation_control == "auto"
             and spec.uses_dynamic_speculative_decoding()
         )
-        # vLLM turns async scheduling off for n-gram drafts and keeps it for draft models.
+        # vLLM turns async scheduling off for n-gram drafted under the name "ngram" (V1's CPU proposer,
+        # or V2 under that name) and keeps it for ngram_gpu and draft models.
         sched = vllm_config.scheduler_config
         sched.scheduler_cls = SCHEDULER_CLASSES[is_controlled, bool(sched.async_scheduling)]
     return vllm_config

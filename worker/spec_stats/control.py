@@ -47,19 +47,20 @@ class ControlledScheduling(_SchedulerBase):
         # which runs piecewise unless the schedule holds it. The worker's own V2 schedule only lists
         # those k values (one batch size each, worker.config.speculation.auto_schedule): no ceiling.
         allowed: set[int] | None = None
-        graph_tokens: int | None = None
+        graph_batches: list[int] | None = None
         ceiling: list[int] | None = schedule
         if getattr(self, "use_v2_model_runner", False):
             allowed = set(schedule[1:]) | {0}
-            graph_tokens = _full_graph_tokens(self.vllm_config)
-            if spec is not None and is_graph_schedule(spec.num_speculative_tokens_per_batch_size, self.num_spec_tokens):
+            graph_batches = _full_graph_batches(self.vllm_config, self.num_spec_tokens)
+            given = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+            if is_graph_schedule(given, self.num_spec_tokens):
                 ceiling = None
         self.controller = SpeculationController(
             num_spec_tokens=self.num_spec_tokens,
             cost=cost,
             schedule=ceiling,
             allowed_ks=allowed,
-            graph_tokens=graph_tokens,
+            graph_batches=graph_batches,
         )
         # vLLM only indexes its table by batch size (``dynamic_sd_lookup[n]``), as the controller answers.
         self.dynamic_sd_lookup = cast("list[int]", self.controller)
@@ -106,17 +107,28 @@ class ControlledScheduling(_SchedulerBase):
         return super().update_from_output(scheduler_output, model_runner_output)
 
 
-def _full_graph_tokens(vllm_config: Any) -> int | None:
-    """The most tokens a step can carry and replay one of vLLM's full CUDA graphs (its largest
-    capture size), or None where the engine runs none (eager, or a mode without full graphs)."""
+def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | None:
+    """By k (0..num_spec_tokens), the most sequences a decode step at that k carries and still
+    replays one of V2's full CUDA graphs, or None where the engine runs none (eager, or a mode
+    without full graphs). V2 (``vllm/v1/worker/gpu/cudagraph_utils.py``, ``_init_candidates``)
+    captures uniform decode graphs of each capture size rounded up to a multiple of the query
+    length ``k + 1``, dropping any past the largest capture size; a batch pads up to the next one.
+    Mirrored here, since vLLM keeps the result inside its model runner, out of the scheduler's reach."""
     compilation = getattr(vllm_config, "compilation_config", None)
     model = getattr(vllm_config, "model_config", None)
     if compilation is None or model is None or model.enforce_eager:
         return None
     if not compilation.cudagraph_mode.has_full_cudagraphs():
         return None
-    size = compilation.max_cudagraph_capture_size
-    return int(size) if size else None
+    sizes, largest = compilation.cudagraph_capture_sizes, compilation.max_cudagraph_capture_size
+    if not sizes or not largest:
+        return None
+    batches = []
+    for k in range(num_spec_tokens + 1):
+        query = k + 1
+        rounded = (-(-size // query) * query for size in sizes)
+        batches.append(max((tokens // query for tokens in rounded if tokens <= largest), default=0))
+    return batches
 
 
 def _cost_key(vllm_config: Any) -> str:

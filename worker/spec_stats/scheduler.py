@@ -17,8 +17,9 @@ get none: a stop string, which vLLM's frontend detects and then aborts the reque
 Per request per step nothing is done: a step appends its scheduler output to a short ring (what
 a tail is read from, only when an abort is answered), and while requests with stop strings run,
 takes the step's token counts per request (one C-level ``map``: what a request finished in the
-core yielded before vLLM trimmed it). vLLM turns async scheduling off for n-gram drafts (then
-``SpecMetricsScheduler``) and keeps it for draft models (``SpecMetricsAsyncScheduler``).
+core yielded before vLLM trimmed it). vLLM turns async scheduling off for n-gram under the name
+``ngram`` (then ``SpecMetricsScheduler``) and keeps it for ``ngram_gpu`` and draft models
+(``SpecMetricsAsyncScheduler``).
 """
 
 from __future__ import annotations
