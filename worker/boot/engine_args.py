@@ -21,6 +21,7 @@ __all__ = [
     "compilation_config",
     "engine_environment",
     "lora_slots",
+    "runs_worker_scheduler",
     "start_method",
 ]
 
@@ -92,7 +93,7 @@ def build_engine_kwargs(
             # so that V2 captures full graphs for each, which only the controller reads as such (vLLM
             # itself would run 0 from k + 1 sequences on): not where no controller runs. vLLM's own
             # choice of V2 (a pod) keeps one k, as before, since vLLM may fall back to V1 for some drafters.
-            schedule = auto_schedule(k, on_v2=on_v2 and _is_controlled(settings))
+            schedule = auto_schedule(k, on_v2=on_v2 and runs_worker_scheduler(settings))
             spec.setdefault("num_speculative_tokens_per_batch_size", schedule)
         kwargs["speculative_config"] = spec
         kwargs["per_request_spec_decode_metrics"] = settings.per_request_spec_decode_metrics
@@ -114,9 +115,10 @@ def _keeps_full_graphs(settings: Settings, *, is_cpu: bool) -> bool:
     return not is_cpu and not is_eager and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
 
 
-def _is_controlled(settings: Settings) -> bool:
-    """Whether the worker's scheduler, and with it the controller, runs: exact stats on, and no
-    scheduler of the user's (``worker.boot.plan.build_plan``'s test, less the speculative config)."""
+def runs_worker_scheduler(settings: Settings) -> bool:
+    """Whether a speculating engine runs the worker's scheduler (exact stats and, under
+    ``SPECULATION_CONTROL=auto``, the controller): per-request stats not turned off, and no
+    scheduler of the user's through ``ENGINE_ARGS``."""
     return settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in (settings.engine_args or {})
 
 

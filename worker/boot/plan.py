@@ -16,7 +16,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
-from worker.boot.engine_args import build_engine_kwargs, engine_environment, start_method
+from worker.boot.engine_args import build_engine_kwargs, engine_environment, runs_worker_scheduler, start_method
 from worker.boot.models import ModelRef, resolve_references
 from worker.config import DeploymentMode, Settings
 from worker.config.host import is_cpu_build
@@ -66,11 +66,7 @@ def build_plan(settings: Settings, *, mode: DeploymentMode, is_cpu: bool | None 
     # The one answer to "are exact stats on": speculation (from the settings or ENGINE_ARGS), not
     # turned off, and vLLM's scheduler not replaced through ENGINE_ARGS (the worker's scheduler is
     # what answers the frontend; with another one its processor would hold stop strings in vain).
-    is_exact_stats = (
-        named.get("speculative_config") is not None
-        and settings.per_request_spec_decode_metrics != "none"
-        and "scheduler_cls" not in (settings.engine_args or {})
-    )
+    is_exact_stats = named.get("speculative_config") is not None and runs_worker_scheduler(settings)
     environment = engine_environment(settings, mode=mode, is_cpu=is_cpu)
     method = start_method(settings, mode=mode)
     model_info_dir = settings.vllm_cache_dir / "modelinfos"
