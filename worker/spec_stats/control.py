@@ -42,9 +42,9 @@ class ControlledScheduling(_SchedulerBase):
         spec = self.vllm_config.speculative_config
         cost = STEP_COSTS[_cost_key(self.vllm_config)]
         # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
-        # captures full graphs for the query lengths of the schedule's k values only, up to its
-        # largest capture size in tokens: the controller chooses among those, and 0 (speculation off),
-        # which runs piecewise unless the schedule holds it. The worker's own V2 schedule only lists
+        # captures full graphs for the query lengths of the schedule's k values only, each up to a
+        # batch size of its own (_full_graph_batches): the controller chooses among those, and 0
+        # (speculation off), which runs piecewise unless the schedule holds it. The worker's own V2 schedule only lists
         # those k values (one batch size each, worker.config.speculation.auto_schedule): no ceiling.
         allowed: set[int] | None = None
         graph_batches: list[int] | None = None
