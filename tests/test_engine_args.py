@@ -171,20 +171,26 @@ def test_engine_environment_picks_the_model_runner_per_mode_and_speculation() ->
     assert flag("pod", **draft) == "0"  # V2 runs a draft model without CUDA graphs
     # The same draft through vLLM's JSON, with the method left for vLLM to infer.
     assert flag("pod", **real, SPECULATIVE_CONFIG='{"model": "org/draft", "num_speculative_tokens": 4}') == "0"
-    assert (
-        flag("pod", **real, SPECULATIVE_CONFIG='{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 3}')
-        is None
-    )
-    assert flag("pod", **real, SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") is None
+    eagle = {**real, "SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 3}'}
+    ngram_static = {
+        **real,
+        "SPECULATIVE_METHOD": "ngram",
+        "NUM_SPECULATIVE_TOKENS": "4",
+        "SPECULATION_CONTROL": "static",
+    }
+    assert flag("pod", **eagle, SPECULATION_CONTROL="static") is None and flag("pod", **ngram_static) is None
+    assert flag("serverless", **eagle) == "0" and flag("serverless", **ngram_static) == "0"
     assert flag("serverless", **real, MODEL_RUNNER="v2") == "1"
     assert flag("pod", **real, MODEL_RUNNER="v1") == "0"
     # Under auto, vLLM's own variable set by the user is kept; MODEL_RUNNER set explicitly wins.
     assert flag("serverless", **real, VLLM_USE_V2_MODEL_RUNNER="1") == "1"
     assert flag("pod", **real, VLLM_USE_V2_MODEL_RUNNER="0", MODEL_RUNNER="v2") == "1"
-    # n-gram under SPECULATION_CONTROL=auto: V2, which keeps the target's full CUDA graphs under a
-    # batch-size schedule (V1 turns them piecewise); a draft model stays on V1 even so.
+    # n-gram and EAGLE heads under SPECULATION_CONTROL=auto (a pod's default): V2, which keeps the target's
+    # full CUDA graphs under a batch-size schedule (V1 turns them piecewise); a draft model stays on V1 even so.
     ngram = {**real, "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4", "SPECULATION_CONTROL": "auto"}
     assert flag("serverless", **ngram) == "1" and flag("pod", **ngram) == "1"
+    assert flag("serverless", **eagle, SPECULATION_CONTROL="auto") == "1" and flag("pod", **eagle) == "1"
+    assert flag("pod", **real, SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") == "1"
     assert flag("serverless", **ngram, MODEL_RUNNER="v1") == "0"
     assert flag("serverless", **draft, SPECULATION_CONTROL="auto") == "0"
     # n-gram as vLLM infers it (no method, the model "ngram"), and its GPU variant: the same.
@@ -307,18 +313,39 @@ def test_auto_speculation_control_gives_vllm_a_schedule_to_answer() -> None:
     # n-gram named by its model, V2 chosen by the user: ngram_gpu (the model key goes); not on a CPU.
     by_model = {"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": '{"model": "ngram", "num_speculative_tokens": 2}'}
     v2 = build_engine_kwargs(load_settings({**by_model, "MODEL_RUNNER": "v2"}), is_cpu=False)["speculative_config"]
-    assert v2 == {"method": "ngram_gpu", "num_speculative_tokens": 2}
+    # (with V2 chosen, SPECULATION_CONTROL's default is auto: the schedule of every k)
+    assert v2 == {
+        "method": "ngram_gpu",
+        "num_speculative_tokens": 2,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 2, 1], [3, 3, 0]],
+    }
     cpu = build_engine_kwargs(load_settings({**by_model, "MODEL_RUNNER": "v2"}), is_cpu=True)["speculative_config"]
     assert cpu == {"model": "ngram", "num_speculative_tokens": 2}
     # Without the worker's scheduler no controller reads the list of k values: one k, as vLLM would run it.
     for off in ({"PER_REQUEST_SPEC_DECODE_METRICS": "none"}, {"ENGINE_ARGS": '{"scheduler_cls": "my.Sched"}'}):
         uncontrolled = build_engine_kwargs(load_settings({**ngram, "SPECULATION_CONTROL": "auto", **off}), is_cpu=False)
         assert uncontrolled["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 4]]
-    eagle = '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 2}'
-    pod = build_engine_kwargs(
-        load_settings({"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": eagle, "SPECULATION_CONTROL": "auto"}), mode="pod"
-    )
-    assert pod["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 2]]  # vLLM's V2: one k
+    # An EAGLE head under auto runs on the V2 the worker chose, pod or serverless: every k, like n-gram.
+    eagle = {
+        "MODEL_NAME": "org/m",
+        "SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 2}',
+    }
+    for mode in ("pod", "serverless"):
+        head = build_engine_kwargs(load_settings({**eagle, "SPECULATION_CONTROL": "auto"}), mode=mode)[
+            "speculative_config"
+        ]
+        assert head["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 2, 1], [3, 3, 0]]
+        assert head["method"] == "eagle3"
+    # A runner the user gave V2 without the worker's controller keeps one k, as vLLM would run it.
+    users_v2 = {
+        **eagle,
+        "SPECULATION_CONTROL": "auto",
+        "VLLM_USE_V2_MODEL_RUNNER": "1",
+        "PER_REQUEST_SPEC_DECODE_METRICS": "none",
+    }
+    assert build_engine_kwargs(load_settings(users_v2))["speculative_config"][
+        "num_speculative_tokens_per_batch_size"
+    ] == [[1, 1, 2]]
     assert auto_schedule(1, on_v2=True) == [[1, 1, 1], [2, 2, 0]] and auto_schedule(3, on_v2=False) == [[1, 1, 3]]
     assert "num_speculative_tokens_per_batch_size" not in spec_for(SPECULATION_CONTROL="static")
     given = spec_for(SPECULATION_CONTROL="auto", SPECULATIVE_TOKENS_BY_BATCH="1-4:3,5-256:1")

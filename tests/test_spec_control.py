@@ -106,7 +106,9 @@ class _V2GraphsStandIn(StandInScheduler):
     """A fake: the stand-in of vLLM's scheduler configured as a GPU engine on the V2 runner with full
     CUDA graphs up to 512 tokens would be (the CPU build runs V1 and no graphs)."""
 
-    def __init__(self, *, schedule: list[list[int]], is_async: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, *, schedule: list[list[int]], is_async: bool = True, method: str = "ngram_gpu", **kwargs: Any
+    ) -> None:
         from vllm.config import CompilationConfig, CUDAGraphMode
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
@@ -119,7 +121,7 @@ class _V2GraphsStandIn(StandInScheduler):
             max_cudagraph_capture_size=512,
         )
         config = SimpleNamespace(
-            speculative_config=SimpleNamespace(method="ngram_gpu", num_speculative_tokens_per_batch_size=schedule),
+            speculative_config=SimpleNamespace(method=method, num_speculative_tokens_per_batch_size=schedule),
             compilation_config=compilation,
             model_config=SimpleNamespace(enforce_eager=False),
             scheduler_config=SimpleNamespace(async_scheduling=is_async),
@@ -142,10 +144,13 @@ def test_on_v2_the_workers_schedule_lists_graphs_and_a_users_schedule_is_a_ceili
     assert users.allowed_ks == [0, 2, 4] and [users.highest_k(b) for b in (8, 9, 200)] == [4, 2, 1]
 
 
-def test_n_gram_is_priced_by_whether_vllm_schedules_asynchronously() -> None:
+def test_n_gram_is_priced_by_whether_vllm_schedules_asynchronously_and_eagle_heads_by_their_own_fit() -> None:
     schedule = auto_schedule(K, on_v2=True)
     assert _ControlledV2(schedule=schedule).controller.cost is STEP_COSTS["ngram"]
     assert _ControlledV2(schedule=schedule, is_async=False).controller.cost is STEP_COSTS["ngram_sync"]
+    for method in ("eagle", "eagle3"):
+        assert _ControlledV2(schedule=schedule, method=method).controller.cost is STEP_COSTS["eagle"]
+    assert _ControlledV2(schedule=schedule, method="draft_model").controller.cost is STEP_COSTS["draft_model"]
 
 
 def test_a_request_that_accepts_far_less_than_the_batch_is_capped() -> None:

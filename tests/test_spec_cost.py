@@ -9,6 +9,7 @@ from worker.spec_cost import STEP_COSTS, StepCost, best_k, expected_tokens, step
 DRAFT = STEP_COSTS["draft_model"]
 NGRAM = STEP_COSTS["ngram"]
 NGRAM_SYNC = STEP_COSTS["ngram_sync"]
+EAGLE = STEP_COSTS["eagle"]
 ALL_KS = range(5)
 
 
@@ -31,12 +32,20 @@ def test_the_figures_reproduce_the_points_they_were_read_from() -> None:
     # n-gram on V2 with async scheduling (the sixth map): k = 0 and static k = 2, by streams.
     for batch, k, ms in ((1, 0, 4.85), (64, 0, 6.10), (256, 0, 10.60), (1, 2, 5.03), (32, 2, 6.67), (128, 2, 13.57)):
         assert step_ms(NGRAM, batch_size=batch, k=k) == pytest.approx(ms, rel=0.06)
+    # The same figures predicted the seventh map's auto step at 256 streams, k = 1, before it ran: 18.72 ms.
+    assert step_ms(NGRAM, batch_size=256, k=1) == pytest.approx(18.72, rel=0.05)
+    # An EAGLE-3 head on V2 (the ninth and tenth maps): held at k = 0 (one head pass), k = 2 and k = 4.
+    for batch, k, ms in ((1, 0, 5.45), (128, 0, 8.03), (1, 2, 6.28), (64, 2, 9.83), (128, 2, 15.36), (32, 4, 9.25)):
+        assert step_ms(EAGLE, batch_size=batch, k=k) == pytest.approx(ms, rel=0.11)
 
 
 def test_a_draft_model_pays_its_kv_sync_pass_at_k_zero_and_ngram_pays_nothing() -> None:
     one_pass = DRAFT.draft_pass_ms + DRAFT.draft_per_seq_ms
     assert step_ms(DRAFT, batch_size=1, k=0) == pytest.approx(DRAFT.base_ms + one_pass)
     assert step_ms(NGRAM, batch_size=1, k=0) == NGRAM.base_ms
+    # An EAGLE head runs one pass at k = 0 as well: what kept auto at 0% acceptance at 0.90-0.93x.
+    one_head_pass = EAGLE.draft_pass_ms + EAGLE.draft_per_seq_ms
+    assert step_ms(EAGLE, batch_size=1, k=0) == pytest.approx(EAGLE.base_ms + one_head_pass)
 
 
 def test_step_time_grows_with_tokens_past_the_knee() -> None:
@@ -45,7 +54,7 @@ def test_step_time_grows_with_tokens_past_the_knee() -> None:
     assert above - step_ms(NGRAM, batch_size=256, k=0) > below - step_ms(NGRAM, batch_size=64, k=0)
 
 
-@pytest.mark.parametrize("cost", [DRAFT, NGRAM, NGRAM_SYNC], ids=["draft_model", "ngram", "ngram_sync"])
+@pytest.mark.parametrize("cost", [DRAFT, NGRAM, NGRAM_SYNC, EAGLE], ids=["draft_model", "ngram", "ngram_sync", "eagle"])
 def test_best_k_follows_acceptance_and_load(cost: StepCost) -> None:
     good, bad = [0.9] * 4, [0.0] * 4
     assert best_k(cost, batch_size=1, rates=good, allowed_ks=ALL_KS) == 4
@@ -56,3 +65,10 @@ def test_best_k_follows_acceptance_and_load(cost: StepCost) -> None:
     )
     # Only what the engine can run.
     assert best_k(cost, batch_size=1, rates=good, allowed_ks=[0, 2]) == 2
+
+
+def test_the_eagle_figures_choose_the_k_the_map_measured_best() -> None:
+    # Acceptance length 3.0 at k = 4 (per position 1, 1, 0, 0): static k = 2 ran 2.31x / 2.21x / 2.04x /
+    # 1.85x no speculation at 1 / 8 / 32 / 64 streams, k = 4 2.02x / 1.90x / 1.77x / 1.44x.
+    for batch in (1, 8, 32, 64):
+        assert best_k(EAGLE, batch_size=batch, rates=[1.0, 1.0, 0.0, 0.0], allowed_ks=ALL_KS) == 2

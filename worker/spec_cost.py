@@ -13,6 +13,9 @@ Parameters are per GPU, model and drafter (:data:`STEP_COSTS`), for an 8B bf16 t
   V2 runner drafting on the GPU with async scheduling (``ngram_gpu``, what ``auto`` runs on a GPU;
   every step within 5.3%), ``ngram_sync`` to its fourth, where vLLM ran the CPU proposer's name
   without async scheduling (V1, or V2 under the name ``ngram``; within 6%);
+- an EAGLE head (``eagle``): fitted the same way to the map's EAGLE-3 runs on V2 (the ninth and tenth,
+  a head shaped for the 8B target; every step within 10.1%, 3.1% on average). The head makes one
+  pass per drafted position and, like a draft model, one at ``k = 0``;
 - a draft model: provisional, read off the single-stream H200 points (4.85 ms per step without
   speculation; a 1B-shaped draft at k = 4 and 0% acceptance 0.36x) and a roofline for the compute
   knee (an 8B step turns compute-bound near 512 tokens on an H200). vLLM 0.32 runs such a draft's
@@ -73,6 +76,22 @@ STEP_COSTS: dict[str, StepCost] = {
         draft_pass_ms=0.0,
         draft_per_seq_ms=0.0106,
         is_synced_at_zero=False,
+    ),
+    # Fitted to the ninth and tenth runs' V2 steps within the largest CUDA graph: no speculation 4.94 /
+    # 5.11 / 5.55 / 6.40 / 7.43 / 10.73 ms at 1 / 8 / 32 / 64 / 128 / 256 streams; held at k = 0 (one
+    # head pass a step) 5.45 / 5.59 / 6.15 / 6.90 / 8.03 / 11.60; k = 2 6.28 / 6.87 / 8.06 / 9.83 /
+    # 15.36 at 1-128; k = 4 7.23 / 7.92 / 9.25 / 13.14 at 1-64. verify_ms also carries the head's first
+    # pass over every verified token, which the model has no term for. Under it the controller holds
+    # k = 2 at acceptance [1, 1, 0, 0] up to 64 streams (measured best: k = 2), k = 1 from 128 on.
+    "eagle": StepCost(
+        base_ms=4.917,
+        per_seq_ms=0.0204,
+        per_token_ms=0.0334,
+        knee_tokens=256,
+        verify_ms=1.443,
+        draft_pass_ms=0.2725,
+        draft_per_seq_ms=0.0074,
+        is_synced_at_zero=True,
     ),
     # Fitted to the fourth run's steps (no speculation 4.84 / 4.92 / 5.85 / 10.46 ms at 1 / 8 / 64 /
     # 256 streams; static k = 4 on V1 and auto on V2 under "ngram" beside them): a step waits for the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
+from worker.boot.runner import is_eager, model_runner_flag, runs_worker_scheduler, speculation_control
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 from worker.config.speculation import auto_schedule, drafts_by_ngram
@@ -21,7 +22,6 @@ __all__ = [
     "compilation_config",
     "engine_environment",
     "lora_slots",
-    "runs_worker_scheduler",
     "start_method",
 ]
 
@@ -37,7 +37,7 @@ def build_engine_kwargs(
     vLLM's defaults. ``is_cpu``: the engine runs on vLLM's CPU build (``lora_slots``,
     ``compilation_config``)."""
     is_tiny = settings.is_tiny_default
-    is_eager = _is_eager(settings)
+    eager = is_eager(settings)
     spec = settings.resolved_speculative_config
     kwargs: dict[str, Any] = {
         "model": settings.target_ref,
@@ -55,7 +55,7 @@ def build_engine_kwargs(
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "enable_prefix_caching": settings.enable_prefix_caching,
         "tensor_parallel_size": settings.tensor_parallel_size,
-        "enforce_eager": is_eager,
+        "enforce_eager": eager,
         "seed": settings.seed,
         "max_model_len": settings.max_model_len or (TINY_MAX_MODEL_LEN if is_tiny else None),
         "kv_cache_memory_bytes": settings.kv_cache_memory_bytes or (TINY_KV_CACHE_BYTES if is_tiny else None),
@@ -73,23 +73,25 @@ def build_engine_kwargs(
         "max_lora_rank": settings.max_lora_rank,
         "allowed_media_domains": settings.allowed_media_domains,
         # Eager engines (the CPU build, the tiny models) capture no CUDA graphs.
-        "compilation_config": None if is_cpu or is_eager else compilation_config(settings, spec, mode=mode),
+        "compilation_config": None if is_cpu or eager else compilation_config(settings, spec, mode=mode),
     }
     if spec is not None:
-        on_v2 = not is_cpu and _model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"
+        on_v2 = not is_cpu and model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"
         if drafts_by_ngram(spec) and on_v2:
             # vLLM's V2 runner drafts both n-gram names with its GPU proposer (NgramGPUSpeculator),
             # but vLLM 0.32 keeps async scheduling only for the name ngram_gpu: under "ngram" every
             # step waits for the host. On an H200 (8B, V2, auto, 0% acceptance: speculation off) a
             # step took 6.4 ms under "ngram" against 4.9 without speculation at one stream, 11.6 against
             # 7.2 at 128; as ngram_gpu 4.85 and 7.14. At 2.5 accepted a step, auto went from 1.72x to
-            # 2.40x no speculation at one stream, 1.20x to 1.74x at 64 (docs/benchmarks.md).
+            # 2.40x no speculation at one stream, 1.20x to 1.74x at 64 (docs/benchmarks.md). Not on V1,
+            # whose own GPU proposer takes the name too: static k = 2 as ngram_gpu on V1 ran 1.37x at one
+            # stream (8.74 ms a step) against 2.38x on V2 (5.19 ms), and V1's "ngram" 1.50x.
             spec = {key: value for key, value in spec.items() if key != "model"} | {"method": "ngram_gpu"}
         k = spec.get("num_speculative_tokens")
-        if settings.speculation_control == "auto" and isinstance(k, int) and k > 0:
+        if speculation_control(settings, mode=mode, is_cpu=is_cpu) == "auto" and isinstance(k, int) and k > 0:
             # vLLM's batch-size schedule is what lets k change per step; the worker's scheduler then
             # answers its lookups (worker/spec_control.py). On V1: one range, the configured k. Where the
-            # worker chose V2 (n-gram under auto) or the user did: every k from the configured one to 0,
+            # worker chose V2 (n-gram or EAGLE under auto) or the user did: every k from the configured one to 0,
             # so that V2 captures full graphs for each, which only the controller reads as such (vLLM
             # itself would run 0 from k + 1 sequences on): not where no controller runs. vLLM's own
             # choice of V2 (a pod) keeps one k, as before, since vLLM may fall back to V1 for some drafters.
@@ -100,30 +102,6 @@ def build_engine_kwargs(
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
     # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot).
     return {**kwargs, **(settings.engine_args or {})}
-
-
-def _is_eager(settings: Settings) -> bool:
-    """Eager mode, asked for or the tiny model's (it boots in seconds; compiling would take longer)."""
-    return settings.enforce_eager or settings.is_tiny_default
-
-
-def _keeps_full_graphs(settings: Settings, *, is_cpu: bool) -> bool:
-    """Whether the target runs full CUDA graphs, which V2 keeps under a schedule: a GPU, and
-    neither eager mode (:func:`_is_eager`, or through ENGINE_ARGS) nor a graph mode without full
-    graphs."""
-    is_eager = _is_eager(settings) or bool((settings.engine_args or {}).get("enforce_eager"))
-    return not is_cpu and not is_eager and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
-
-
-def runs_worker_scheduler(settings: Settings) -> bool:
-    """Whether a speculating engine runs the worker's scheduler (exact stats and, under
-    ``SPECULATION_CONTROL=auto``, the controller): per-request stats not turned off, and no
-    scheduler of the user's through ``ENGINE_ARGS``."""
-    return settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in (settings.engine_args or {})
-
-
-def _is_ngram_under_auto(settings: Settings) -> bool:
-    return settings.speculation_control == "auto" and drafts_by_ngram(settings.resolved_speculative_config)
 
 
 def compilation_config(
@@ -188,7 +166,7 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode, is_cpu: bool
         disabled.append("MacheteLinearKernel")
     return {
         "VLLM_DISABLED_KERNELS": ",".join(disabled) or None,
-        "VLLM_USE_V2_MODEL_RUNNER": _model_runner_flag(settings, mode=mode, is_cpu=is_cpu),
+        "VLLM_USE_V2_MODEL_RUNNER": model_runner_flag(settings, mode=mode, is_cpu=is_cpu),
         "VLLM_WORKER_MULTIPROC_METHOD": start_method(settings, mode=mode),
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
         # vLLM's startup plan (off in vLLM, on here): a boot keeps the memory profile's result under
@@ -235,37 +213,3 @@ def _triton_cache_dir(settings: Settings) -> str | None:
     if settings.vllm_cache_root is None:
         return None  # Triton's own default, which persists wherever vLLM's default cache does
     return os.path.join(os.path.expanduser(settings.vllm_cache_root), "triton_cache")
-
-
-def _model_runner_flag(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> str | None:
-    """vLLM's ``VLLM_USE_V2_MODEL_RUNNER`` for ``MODEL_RUNNER`` (unset: vLLM decides, V2 on a GPU).
-
-    Measured on an H200 with vLLM 0.32, 8B shape (docs/benchmarks.md): the V1 runner booted to the
-    first token in 47.6 s with warm caches against 77.6 s for V2, which spends 24-34 s of every
-    compiled boot warming kernels, caches or not; decode through AsyncLLM was +1.4% / +0.7% /
-    -2.1% at 1 / 64 / 256 streams (3 runs), the handler path -6.7% at 256. With a draft model V1 decoded
-    1.8x-2.3x faster (V2 runs the draft without CUDA graphs). Serverless pays every boot and
-    serves small batches: V1. Pods boot once and run large batches: V2, unless a draft model.
-    n-gram stays on V2 in pods: on output that loops, V2's GPU proposer (drafting from the latest
-    earlier match) drafted only the loop's period and decoded 1.4-1.6x slower than V1 (drafting from
-    the earliest), but where a span occurs once earlier both draft the same and V2's step was ~7%
-    cheaper at 256 streams; ``MODEL_RUNNER=v1`` is the setting for looping output. n-gram under
-    ``SPECULATION_CONTROL=auto`` runs on V2 in both modes, on a GPU with CUDA graphs (below).
-    """
-    if settings.model_runner != "auto":
-        return "1" if settings.model_runner == "v2" else "0"
-    if settings.vllm_use_v2_model_runner is not None:
-        return settings.vllm_use_v2_model_runner  # the user's own choice, through vLLM's variable
-    if settings.draft_ref is not None:
-        return "0"
-    if _keeps_full_graphs(settings, is_cpu=is_cpu) and _is_ngram_under_auto(settings):
-        # Under a batch-size schedule the V1 runner turns the target's full CUDA graphs piecewise
-        # ("for reliability"); V2 keeps them. On an H200 (8B, n-gram k = 4, synthetic acceptance
-        # 2.5, the schedule of ``auto_schedule``, ngram_gpu) auto on V2 ran 2.40x / 2.17x / 1.97x /
-        # 1.74x no speculation at 1 / 8 / 32 / 64 streams; on V1 (an earlier run) 1.14x / 1.06x /
-        # 0.99x at 1 / 8 / 64 (docs/benchmarks.md). Measured for n-gram only. V2's costs stay: its
-        # kernel warm-up at every boot, and its n-gram proposer's shorter drafts on looping output.
-        return "1"
-    if mode == "serverless":
-        return "0"
-    return None

@@ -135,9 +135,7 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
         spec = vllm_config.speculative_config
         # SPECULATION_CONTROL=auto: the worker's controller answers vLLM's per-step k (spec_control.py).
         is_controlled = (
-            spec is not None
-            and plan.settings.speculation_control == "auto"
-            and spec.uses_dynamic_speculative_decoding()
+            spec is not None and plan.speculation_control == "auto" and spec.uses_dynamic_speculative_decoding()
         )
         # vLLM turns async scheduling off for n-gram drafted under the name "ngram" (V1's CPU proposer,
         # or V2 under that name) and keeps it for ngram_gpu and draft models.

@@ -16,8 +16,9 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, Literal
 
-from worker.boot.engine_args import build_engine_kwargs, engine_environment, runs_worker_scheduler, start_method
+from worker.boot.engine_args import build_engine_kwargs, engine_environment, start_method
 from worker.boot.models import ModelRef, resolve_references
+from worker.boot.runner import runs_worker_scheduler, speculation_control
 from worker.config import DeploymentMode, Settings
 from worker.config.host import is_cpu_build
 
@@ -37,6 +38,7 @@ class BootPlan:
     environment: dict[str, str | None]  # what the engine's processes must inherit (None: unset)
     start_method: Literal["fork", "spawn"]  # how vLLM starts its engine core (one of environment's)
     is_exact_stats: bool  # the worker's scheduler and output processor: exact per-request stats
+    speculation_control: Literal["auto", "static"]  # SPECULATION_CONTROL, or its default (engine_args)
     lora_paths: dict[str, str]  # adapter name -> what vLLM loads, in configuration order
     model_info_dir: Path  # where vLLM keeps its model-class answers (modelinfo.py)
 
@@ -80,6 +82,7 @@ def build_plan(settings: Settings, *, mode: DeploymentMode, is_cpu: bool | None 
         environment=environment,
         start_method=method,
         is_exact_stats=is_exact_stats,
+        speculation_control=speculation_control(settings, mode=mode, is_cpu=is_cpu),
         lora_paths=references.lora_paths,
         model_info_dir=model_info_dir,
     )

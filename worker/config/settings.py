@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     model_runner: Literal["auto", "v1", "v2"] = Field(
         "auto",
         description="vLLM's GPU model runner; auto: v1 for serverless and draft models, else vLLM's (v2); "
-        "v2 for n-gram under SPECULATION_CONTROL=auto",
+        "v2 for n-gram and EAGLE under SPECULATION_CONTROL=auto",
     )
     cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
         "auto",
@@ -162,7 +162,12 @@ class Settings(BaseSettings):
     )
     # vLLM's batch-size schedule of k (start-end:k,...); auto: k chosen per step (spec_control.py).
     speculative_tokens_by_batch: Annotated[list[tuple[int, int, int]] | None, BeforeValidator(parsing.schedule)] = None
-    speculation_control: Literal["auto", "static"] = "static"
+    speculation_control: Literal["auto", "static"] | None = Field(
+        None,
+        description="auto: k chosen per step from the batch size and live acceptance; unset: auto on a GPU, but "
+        "static for n-gram or EAGLE on a serverless worker whose runner is not v2 (auto would move it to v2, whose "
+        "boots pay vLLM's kernel warm-up), and static on the CPU build (the cost figures are a GPU's)",
+    )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "summary"

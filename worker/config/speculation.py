@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_NUM_SPECULATIVE_TOKENS",
+    "EAGLE_METHODS",
     "NGRAM_METHODS",
     "TINY_PREFIX",
     "VLLM_SPECULATIVE_METHODS",
@@ -21,6 +22,7 @@ __all__ = [
     "auto_schedule",
     "check",
     "draft_ref",
+    "drafts_by_eagle",
     "drafts_by_ngram",
     "drafts_with_model",
     "is_graph_schedule",
@@ -88,6 +90,20 @@ def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
 
 # vLLM's n-gram methods (its config's ``use_ngram``): matching on the CPU, or on the GPU.
 NGRAM_METHODS = ("ngram", "ngram_gpu")
+# vLLM's EAGLE heads (its ``EagleProposer``): a small head that drafts from the target's hidden states.
+EAGLE_METHODS = ("eagle", "eagle3")
+
+
+def drafts_by_eagle(spec: Mapping[str, Any] | None) -> bool:
+    """Whether vLLM runs this speculative config as an EAGLE or EAGLE-3 head: the method says so,
+    or (vLLM's inference, :func:`drafts_with_model`) the draft's name marks one."""
+    if not spec:
+        return False
+    method, model = spec.get("method"), spec.get("model")
+    if method in EAGLE_METHODS:
+        return True
+    is_marked = isinstance(model, str) and any(mark in model.lower() for mark in ("eagle-", "eagle3"))
+    return method in (None, "draft_model") and is_marked
 
 
 def drafts_by_ngram(spec: Mapping[str, Any] | None) -> bool:

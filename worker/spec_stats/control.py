@@ -9,7 +9,7 @@ import collections
 import itertools
 from typing import TYPE_CHECKING, Any, cast
 
-from worker.config.speculation import NGRAM_METHODS, is_graph_schedule
+from worker.config.speculation import EAGLE_METHODS, NGRAM_METHODS, is_graph_schedule
 from worker.spec_control import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
 from worker.spec_cost import STEP_COSTS
 
@@ -133,8 +133,10 @@ def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | N
 
 def _cost_key(vllm_config: Any) -> str:
     """Which of :data:`worker.spec_cost.STEP_COSTS` prices this engine's steps: n-gram with async
-    scheduling (V2's GPU proposer as ``ngram_gpu``) or without it, else a draft model."""
+    scheduling (V2's GPU proposer as ``ngram_gpu``) or without it, an EAGLE head, else a draft model."""
     spec = vllm_config.speculative_config
+    if spec is not None and spec.method in EAGLE_METHODS:
+        return "eagle"
     if spec is None or spec.method not in NGRAM_METHODS:
         return "draft_model"
     scheduler = getattr(vllm_config, "scheduler_config", None)

@@ -1,0 +1,50 @@
+"""The model runner and speculation control an engine gets (worker/boot/runner.py): settings only."""
+
+from __future__ import annotations
+
+from worker.boot.plan import build_plan
+from worker.boot.runner import speculation_control
+from worker.config import DeploymentMode, load_settings
+
+REAL = {"MODEL_NAME": "org/model"}
+NGRAM = {**REAL, "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
+EAGLE = {**REAL, "SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "org/head", "num_speculative_tokens": 4}'}
+# An EAGLE-3 head named as vLLM infers it (no method): the same.
+EAGLE_BY_NAME = {**REAL, "SPECULATIVE_MODEL": "org/EAGLE3-LLaMA3.1-8B", "NUM_SPECULATIVE_TOKENS": "4"}
+DRAFT = {**REAL, "SPECULATIVE_MODEL": "org/draft", "NUM_SPECULATIVE_TOKENS": "4"}
+
+
+def control(mode: DeploymentMode, env: dict[str, str], *, is_cpu: bool = False, **more: str) -> str:
+    return speculation_control(load_settings({**env, **more}), mode=mode, is_cpu=is_cpu)
+
+
+def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() -> None:
+    # Pods run V2 anyway: auto for every drafter.
+    for env in (NGRAM, EAGLE, EAGLE_BY_NAME, DRAFT):
+        assert control("pod", env) == "auto"
+    # Serverless: auto would move n-gram and EAGLE heads to V2, whose boots pay the kernel warm-up.
+    for env in (NGRAM, EAGLE, EAGLE_BY_NAME):
+        assert control("serverless", env) == "static"
+        assert control("serverless", env, MODEL_RUNNER="v2") == "auto"  # V2 chosen: no boot to save
+        assert control("serverless", env, VLLM_USE_V2_MODEL_RUNNER="1") == "auto"
+        assert control("pod", env, MODEL_RUNNER="v1") == "static"  # auto on V1 ran below static
+        assert control("pod", env, CUDAGRAPH_MODE="PIECEWISE") == "static"  # not measured without full graphs
+    # A separate draft model runs on V1 either way: auto.
+    assert control("serverless", DRAFT) == "auto"
+    # The CPU build, and no speculation: static.
+    assert control("pod", NGRAM, is_cpu=True) == "static" and control("serverless", DRAFT, is_cpu=True) == "static"
+    assert control("pod", REAL) == "static"
+    # A value the user set is kept, whatever the case.
+    assert control("serverless", NGRAM, SPECULATION_CONTROL="auto") == "auto"
+    assert control("pod", DRAFT, SPECULATION_CONTROL="static") == "static"
+
+
+def test_the_boot_plan_carries_the_resolved_control_and_the_engine_args_follow_it() -> None:
+    pod = build_plan(load_settings(NGRAM), mode="pod", is_cpu=False)
+    assert pod.speculation_control == "auto"
+    assert pod.engine_kwargs["speculative_config"]["method"] == "ngram_gpu"
+    assert pod.environment["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    serverless = build_plan(load_settings(NGRAM), mode="serverless", is_cpu=False)
+    assert serverless.speculation_control == "static"
+    assert "num_speculative_tokens_per_batch_size" not in serverless.engine_kwargs["speculative_config"]
+    assert serverless.environment["VLLM_USE_V2_MODEL_RUNNER"] == "0"

@@ -1,0 +1,109 @@
+"""Which of vLLM's GPU model runners an engine gets (``MODEL_RUNNER``), and whether the worker's
+controller picks k per step (``SPECULATION_CONTROL``): two answers that depend on each other, since
+``auto`` moves n-gram and EAGLE heads to the V2 runner, which keeps full CUDA graphs under a
+batch-size schedule. Reads only the settings: imports without vLLM."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from worker.config import DeploymentMode, Settings
+from worker.config.speculation import drafts_by_eagle, drafts_by_ngram
+
+__all__ = ["is_eager", "keeps_full_graphs", "model_runner_flag", "runs_worker_scheduler", "speculation_control"]
+
+
+def is_eager(settings: Settings) -> bool:
+    """Eager mode, asked for or the tiny model's (it boots in seconds; compiling would take longer)."""
+    return settings.enforce_eager or settings.is_tiny_default
+
+
+def keeps_full_graphs(settings: Settings, *, is_cpu: bool) -> bool:
+    """Whether the target runs full CUDA graphs, which V2 keeps under a schedule: a GPU, and
+    neither eager mode (:func:`is_eager`, or through ENGINE_ARGS) nor a graph mode without full
+    graphs."""
+    eager = is_eager(settings) or bool((settings.engine_args or {}).get("enforce_eager"))
+    return not is_cpu and not eager and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
+
+
+def runs_worker_scheduler(settings: Settings) -> bool:
+    """Whether a speculating engine runs the worker's scheduler (exact stats and, under
+    ``SPECULATION_CONTROL=auto``, the controller): per-request stats not turned off, and no
+    scheduler of the user's through ``ENGINE_ARGS``."""
+    return settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in (settings.engine_args or {})
+
+
+def _drafts_on_v2_under_auto(settings: Settings) -> bool:
+    """n-gram or an EAGLE head: the drafters ``SPECULATION_CONTROL=auto`` runs on vLLM's V2 runner."""
+    spec = settings.resolved_speculative_config
+    return drafts_by_ngram(spec) or drafts_by_eagle(spec)
+
+
+def _users_model_runner(settings: Settings) -> str | None:
+    """``VLLM_USE_V2_MODEL_RUNNER`` as the user chose it (``MODEL_RUNNER``, or vLLM's own variable), else None."""
+    if settings.model_runner != "auto":
+        return "1" if settings.model_runner == "v2" else "0"
+    return settings.vllm_use_v2_model_runner
+
+
+def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> Literal["auto", "static"]:
+    """``SPECULATION_CONTROL``, or its default where unset: ``auto`` wherever the H200 map measured
+    it at or above the static choice, ``static`` elsewhere (docs/benchmarks.md, issue 49's runs):
+
+    - the CPU build: ``static``. The controller's cost figures are a GPU's; on two cores they
+      misjudged the tiny draft (``auto`` chose k = 1 and ran at 0.41x no speculation).
+    - n-gram or an EAGLE head: ``auto`` moves the engine to V2 (:func:`model_runner_flag`), where it
+      ran 2.35x / 2.32x no speculation at one stream (n-gram at acceptance length 2.5, EAGLE-3 at
+      3.0) against 1.50x / 1.78x static on V1. So ``auto`` where V2 runs anyway: a pod, or a runner
+      the user set to v2. A serverless worker keeps V1 and ``static``, since every V2 boot pays vLLM's
+      kernel warm-up (~30 s); so does a runner set to v1 (n-gram ``auto`` on V1 ran 1.14x), and an
+      engine without full CUDA graphs (not measured).
+    - a separate draft model runs on V1 in either case: ``auto`` (1.46x-2.8x static k = 4 at 1-256
+      streams with a 1B-shaped draft).
+    """
+    if settings.speculation_control is not None:
+        return settings.speculation_control
+    if is_cpu or settings.resolved_speculative_config is None:
+        return "static"
+    if not _drafts_on_v2_under_auto(settings):
+        return "auto"
+    users = _users_model_runner(settings)
+    if users is not None:
+        return "auto" if users == "1" and keeps_full_graphs(settings, is_cpu=is_cpu) else "static"
+    return "auto" if mode == "pod" and keeps_full_graphs(settings, is_cpu=is_cpu) else "static"
+
+
+def model_runner_flag(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> str | None:
+    """vLLM's ``VLLM_USE_V2_MODEL_RUNNER`` for ``MODEL_RUNNER`` (unset: vLLM decides, V2 on a GPU).
+
+    Measured on an H200 with vLLM 0.32, 8B shape (docs/benchmarks.md): the V1 runner booted to the
+    first token in 47.6 s with warm caches against 77.6 s for V2, which spends 24-34 s of every
+    compiled boot warming kernels, caches or not; decode through AsyncLLM was +1.4% / +0.7% /
+    -2.1% at 1 / 64 / 256 streams (3 runs), the handler path -6.7% at 256. With a draft model V1 decoded
+    1.8x-2.3x faster (V2 runs the draft without CUDA graphs). Serverless pays every boot and
+    serves small batches: V1. Pods boot once and run large batches: V2, unless a draft model.
+    n-gram stays on V2 in pods: on output that loops, V2's GPU proposer (drafting from the latest
+    earlier match) drafted only the loop's period and decoded 1.4-1.6x slower than V1 (drafting from
+    the earliest), but where a span occurs once earlier both draft the same and V2's step was ~7%
+    cheaper at 256 streams; ``MODEL_RUNNER=v1`` is the setting for looping output. n-gram and EAGLE
+    heads under ``SPECULATION_CONTROL=auto`` run on V2 in both modes, on a GPU with CUDA graphs (below).
+    """
+    users = _users_model_runner(settings)  # MODEL_RUNNER, else vLLM's own variable
+    if users is not None:
+        return users
+    if settings.draft_ref is not None:
+        return "0"
+    is_auto = speculation_control(settings, mode=mode, is_cpu=is_cpu) == "auto"
+    if is_auto and keeps_full_graphs(settings, is_cpu=is_cpu) and _drafts_on_v2_under_auto(settings):
+        # Under a batch-size schedule the V1 runner turns the target's full CUDA graphs piecewise
+        # ("for reliability"); V2 keeps them. On an H200 (8B, n-gram k = 4, synthetic acceptance
+        # 2.5, the schedule of ``auto_schedule``, ngram_gpu) auto on V2 ran 2.40x / 2.17x / 1.97x /
+        # 1.74x no speculation at 1 / 8 / 32 / 64 streams; on V1 (an earlier run) 1.14x / 1.06x /
+        # 0.99x at 1 / 8 / 64. An EAGLE-3 head for the 8B shape (acceptance length 3.0 at k = 4) under
+        # auto: 2.32x / 2.15x / 2.08x / 1.89x / 1.39x / 1.10x at 1-256 streams on V2, 0.76x-1.00x on
+        # V1 (docs/benchmarks.md). V2's costs stay: its kernel warm-up at every boot, and its n-gram
+        # proposer's shorter drafts on looping output. Not for a separate draft model (above).
+        return "1"
+    if mode == "serverless":
+        return "0"
+    return None
