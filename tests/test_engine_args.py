@@ -185,11 +185,11 @@ def test_engine_environment_picks_the_model_runner_per_mode_and_speculation() ->
     # Under auto, vLLM's own variable set by the user is kept; MODEL_RUNNER set explicitly wins.
     assert flag("serverless", **real, VLLM_USE_V2_MODEL_RUNNER="1") == "1"
     assert flag("pod", **real, VLLM_USE_V2_MODEL_RUNNER="0", MODEL_RUNNER="v2") == "1"
-    # n-gram and EAGLE heads under SPECULATION_CONTROL=auto (a pod's default): V2, which keeps the target's
+    # n-gram and EAGLE heads under SPECULATION_CONTROL=auto (a pod's default for n-gram): V2, which keeps the target's
     # full CUDA graphs under a batch-size schedule (V1 turns them piecewise); a draft model stays on V1 even so.
     ngram = {**real, "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4", "SPECULATION_CONTROL": "auto"}
     assert flag("serverless", **ngram) == "1" and flag("pod", **ngram) == "1"
-    assert flag("serverless", **eagle, SPECULATION_CONTROL="auto") == "1" and flag("pod", **eagle) == "1"
+    assert flag("serverless", **eagle, SPECULATION_CONTROL="auto") == "1" and flag("pod", **eagle) is None
     assert flag("pod", **real, SPECULATIVE_METHOD="ngram", NUM_SPECULATIVE_TOKENS="4") == "1"
     assert flag("serverless", **ngram, MODEL_RUNNER="v1") == "0"
     assert flag("serverless", **draft, SPECULATION_CONTROL="auto") == "0"

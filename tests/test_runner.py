@@ -19,16 +19,19 @@ def control(mode: DeploymentMode, env: dict[str, str], *, is_cpu: bool = False, 
 
 
 def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() -> None:
-    # Pods run V2 anyway: auto for every drafter.
-    for env in (NGRAM, EAGLE, EAGLE_BY_NAME, DRAFT):
-        assert control("pod", env) == "auto"
-    # Serverless: auto would move n-gram and EAGLE heads to V2, whose boots pay the kernel warm-up.
-    for env in (NGRAM, EAGLE, EAGLE_BY_NAME):
-        assert control("serverless", env) == "static"
-        assert control("serverless", env, MODEL_RUNNER="v2") == "auto"  # V2 chosen: no boot to save
-        assert control("serverless", env, VLLM_USE_V2_MODEL_RUNNER="1") == "auto"
-        assert control("pod", env, MODEL_RUNNER="v1") == "static"  # auto on V1 ran below static
-        assert control("pod", env, CUDAGRAPH_MODE="PIECEWISE") == "static"  # not measured without full graphs
+    # Pods run V2 anyway: auto for n-gram and a draft model.
+    assert control("pod", NGRAM) == "auto" and control("pod", DRAFT) == "auto"
+    # Serverless: auto would move n-gram to V2, whose boots pay the kernel warm-up.
+    assert control("serverless", NGRAM) == "static"
+    assert control("serverless", NGRAM, MODEL_RUNNER="v2") == "auto"  # V2 chosen: no boot to save
+    assert control("serverless", NGRAM, VLLM_USE_V2_MODEL_RUNNER="1") == "auto"
+    assert control("pod", NGRAM, MODEL_RUNNER="v1") == "static"  # auto on V1 ran below static
+    assert control("pod", NGRAM, CUDAGRAPH_MODE="PIECEWISE") == "static"  # not measured without full graphs
+    # An EAGLE head: static everywhere (its V2 engine under auto died once at 256 streams); opt-in.
+    for env in (EAGLE, EAGLE_BY_NAME):
+        for mode in ("pod", "serverless"):
+            assert control(mode, env) == "static" and control(mode, env, MODEL_RUNNER="v2") == "static"
+            assert control(mode, env, SPECULATION_CONTROL="auto") == "auto"
     # A separate draft model runs on V1 either way: auto.
     assert control("serverless", DRAFT) == "auto"
     # The CPU build, and no speculation: static.

@@ -47,25 +47,28 @@ def _users_model_runner(settings: Settings) -> str | None:
 
 
 def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> Literal["auto", "static"]:
-    """``SPECULATION_CONTROL``, or its default where unset: ``auto`` wherever the H200 map measured
-    it at or above the static choice, ``static`` elsewhere (docs/benchmarks.md, issue 49's runs):
+    """``SPECULATION_CONTROL``, or its default where unset: ``auto`` where the H200 map measured it
+    at or above the static choice, and safe; ``static`` elsewhere (docs/benchmarks.md, issue 49's runs):
 
     - the CPU build: ``static``. The controller's cost figures are a GPU's; on two cores they
       misjudged the tiny draft (``auto`` chose k = 1 and ran at 0.41x no speculation).
-    - n-gram or an EAGLE head: ``auto`` moves the engine to V2 (:func:`model_runner_flag`), where it
-      ran 2.35x / 2.32x no speculation at one stream (n-gram at acceptance length 2.5, EAGLE-3 at
-      3.0) against 1.50x / 1.78x static on V1. So ``auto`` where V2 runs anyway: a pod, or a runner
-      the user set to v2. A serverless worker keeps V1 and ``static``, since every V2 boot pays vLLM's
-      kernel warm-up (~30 s); so does a runner set to v1 (n-gram ``auto`` on V1 ran 1.14x), and an
-      engine without full CUDA graphs (not measured).
+    - n-gram: ``auto`` moves the engine to V2 (:func:`model_runner_flag`), where it ran 2.35x no
+      speculation at one stream (acceptance length 2.5) against 1.50x static on V1. So ``auto``
+      where V2 runs anyway: a pod, or a runner the user set to v2. A serverless worker keeps V1 and
+      ``static``, since every V2 boot pays vLLM's kernel warm-up (~30 s); so does a runner set to v1
+      (``auto`` on V1 ran 1.14x), and an engine without full CUDA graphs (not measured).
+    - an EAGLE head: ``static``. Under ``auto`` on V2 an EAGLE-3 head ran 2.32x at one stream and at or
+      above static k = 4 at every load, but in one of two runs its engine died at 256 streams (a CUDA
+      illegal memory access in vLLM 0.32's V2 runner, 154 requests left at k = 1): opt-in until that is understood.
     - a separate draft model runs on V1 in either case: ``auto`` (1.46x-2.8x static k = 4 at 1-256
       streams with a 1B-shaped draft).
     """
     if settings.speculation_control is not None:
         return settings.speculation_control
-    if is_cpu or settings.resolved_speculative_config is None:
+    spec = settings.resolved_speculative_config
+    if is_cpu or spec is None or drafts_by_eagle(spec):
         return "static"
-    if not _drafts_on_v2_under_auto(settings):
+    if not drafts_by_ngram(spec):
         return "auto"
     users = _users_model_runner(settings)
     if users is not None:
