@@ -34,6 +34,13 @@ def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() ->
             assert control(mode, env, SPECULATION_CONTROL="auto") == "auto"
     # A separate draft model runs on V1 either way: auto.
     assert control("serverless", DRAFT) == "auto"
+    # Methods the map has not measured, and the tiny default (the figures are an 8B's): static.
+    for method in ("mtp", "suffix"):
+        assert control("pod", REAL, SPECULATIVE_METHOD=method, NUM_SPECULATIVE_TOKENS="2") == "static"
+    assert control("pod", {}) == "static"
+    # No controller without the worker's scheduler: static, so no schedule costs V1 its full graphs.
+    for off in ({"PER_REQUEST_SPEC_DECODE_METRICS": "none"}, {"ENGINE_ARGS": '{"scheduler_cls": "my.Sched"}'}):
+        assert control("pod", {**DRAFT, **off}) == "static" and control("pod", {**NGRAM, **off}) == "static"
     # The CPU build, and no speculation: static.
     assert control("pod", NGRAM, is_cpu=True) == "static" and control("serverless", DRAFT, is_cpu=True) == "static"
     assert control("pod", REAL) == "static"
@@ -43,6 +50,12 @@ def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() ->
 
 
 def test_the_boot_plan_carries_the_resolved_control_and_the_engine_args_follow_it() -> None:
+    # Schedule and controller agree: a schedule exactly where the plan says auto.
+    for env in (DRAFT, NGRAM, EAGLE, {**DRAFT, "PER_REQUEST_SPEC_DECODE_METRICS": "none"}):
+        for mode in ("pod", "serverless"):
+            plan = build_plan(load_settings(env), mode=mode, is_cpu=False)
+            has_schedule = "num_speculative_tokens_per_batch_size" in plan.engine_kwargs["speculative_config"]
+            assert has_schedule == (plan.speculation_control == "auto"), (env, mode)
     pod = build_plan(load_settings(NGRAM), mode="pod", is_cpu=False)
     assert pod.speculation_control == "auto"
     assert pod.engine_kwargs["speculative_config"]["method"] == "ngram_gpu"

@@ -38,7 +38,7 @@ class BootPlan:
     environment: dict[str, str | None]  # what the engine's processes must inherit (None: unset)
     start_method: Literal["fork", "spawn"]  # how vLLM starts its engine core (one of environment's)
     is_exact_stats: bool  # the worker's scheduler and output processor: exact per-request stats
-    speculation_control: Literal["auto", "static"]  # SPECULATION_CONTROL, or its default (engine_args)
+    speculation_control: Literal["auto", "static"]  # SPECULATION_CONTROL, or its default (runner.py)
     lora_paths: dict[str, str]  # adapter name -> what vLLM loads, in configuration order
     model_info_dir: Path  # where vLLM keeps its model-class answers (modelinfo.py)
 

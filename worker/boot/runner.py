@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Literal
 
 from worker.config import DeploymentMode, Settings
-from worker.config.speculation import drafts_by_eagle, drafts_by_ngram
+from worker.config.speculation import drafts_by_eagle, drafts_by_ngram, drafts_with_model
 
 __all__ = ["is_eager", "keeps_full_graphs", "model_runner_flag", "runs_worker_scheduler", "speculation_control"]
 
@@ -62,14 +62,20 @@ def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: boo
       illegal memory access in vLLM 0.32's V2 runner, 154 requests left at k = 1): opt-in until that is understood.
     - a separate draft model runs on V1 in either case: ``auto`` (1.46x-2.8x static k = 4 at 1-256
       streams with a 1B-shaped draft).
+    - any other method (MTP, suffix, ...), the tiny default (the figures are an 8B's), and an engine
+      without the worker's scheduler (``PER_REQUEST_SPEC_DECODE_METRICS=none``, a ``scheduler_cls``),
+      where no controller would answer the schedule: ``static``.
     """
     if settings.speculation_control is not None:
         return settings.speculation_control
     spec = settings.resolved_speculative_config
-    if is_cpu or spec is None or drafts_by_eagle(spec):
+    # No controller without the worker's scheduler: a schedule alone would only cost V1 its full graphs.
+    if is_cpu or settings.is_tiny_default or not runs_worker_scheduler(settings):
         return "static"
-    if not drafts_by_ngram(spec):
+    if drafts_with_model(spec):
         return "auto"
+    if not drafts_by_ngram(spec):
+        return "static"  # EAGLE heads (above), and every method the map has not measured (MTP, suffix, ...)
     users = _users_model_runner(settings)
     if users is not None:
         return "auto" if users == "1" and keeps_full_graphs(settings, is_cpu=is_cpu) else "static"

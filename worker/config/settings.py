@@ -166,7 +166,8 @@ class Settings(BaseSettings):
         None,
         description="auto: k chosen per step from the batch size and live acceptance; unset: auto for a draft "
         "model and for n-gram where the runner is v2 anyway (pods), else static: serverless n-gram (auto would "
-        "move it to v2, whose boots pay vLLM's kernel warm-up), EAGLE heads, the CPU build (worker/boot/runner.py)",
+        "move it to v2, whose boots pay vLLM's kernel warm-up), EAGLE heads, other methods, the CPU build "
+        "(worker/boot/runner.py)",
     )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
