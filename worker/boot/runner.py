@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Literal
 
 from worker.config import DeploymentMode, Settings
-from worker.config.speculation import drafts_by_eagle, drafts_by_ngram, drafts_with_model
+from worker.config.speculation import drafts_by_eagle, drafts_by_ngram
 
 __all__ = ["is_eager", "keeps_full_graphs", "model_runner_flag", "runs_worker_scheduler", "speculation_control"]
 
@@ -48,7 +48,8 @@ def _users_model_runner(settings: Settings) -> str | None:
 
 def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> Literal["auto", "static"]:
     """``SPECULATION_CONTROL``, or its default where unset: ``auto`` where the H200 map measured it
-    at or above the static choice, and safe; ``static`` elsewhere (docs/benchmarks.md, issue 49's runs):
+    at or above the static choice, and safe (n-gram on V2); ``static`` elsewhere (docs/benchmarks.md,
+    issue 49's runs):
 
     - the CPU build: ``static``. The controller's cost figures are a GPU's; on two cores they
       misjudged the tiny draft (``auto`` chose k = 1 and ran at 0.41x no speculation).
@@ -60,8 +61,9 @@ def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: boo
     - an EAGLE head: ``static``. Under ``auto`` on V2 an EAGLE-3 head ran 2.32x at one stream and at or
       above static k = 4 at every load, but in one of two runs its engine died at 256 streams (a CUDA
       illegal memory access in vLLM 0.32's V2 runner, 154 requests left at k = 1): opt-in until that is understood.
-    - a separate draft model runs on V1 in either case: ``auto`` (1.46x-2.8x static k = 4 at 1-256
-      streams with a 1B-shaped draft).
+    - a separate draft model (V1 in either case): ``static``. With the drafter's CUDA graphs a
+      1B-shaped draft under ``auto`` ran 0.88-0.98x static k = 4 at 1-64 streams and 1.22x at 256,
+      both below no speculation (the second run; V1 turns the target's graphs piecewise under a schedule).
     - any other method (MTP, suffix, ...), the tiny default (the figures are an 8B's), and an engine
       without the worker's scheduler (``PER_REQUEST_SPEC_DECODE_METRICS=none``, a ``scheduler_cls``),
       where no controller would answer the schedule: ``static``.
@@ -72,10 +74,8 @@ def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: boo
     # No controller without the worker's scheduler: a schedule alone would only cost V1 its full graphs.
     if is_cpu or settings.is_tiny_default or not runs_worker_scheduler(settings):
         return "static"
-    if drafts_with_model(spec):
-        return "auto"
     if not drafts_by_ngram(spec):
-        return "static"  # EAGLE heads (above), and every method the map has not measured (MTP, suffix, ...)
+        return "static"  # draft models and EAGLE heads (above), and the methods not measured (MTP, suffix, ...)
     users = _users_model_runner(settings)
     if users is not None:
         return "auto" if users == "1" and keeps_full_graphs(settings, is_cpu=is_cpu) else "static"

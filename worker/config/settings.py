@@ -164,9 +164,9 @@ class Settings(BaseSettings):
     speculative_tokens_by_batch: Annotated[list[tuple[int, int, int]] | None, BeforeValidator(parsing.schedule)] = None
     speculation_control: Literal["auto", "static"] | None = Field(
         None,
-        description="auto: k chosen per step from the batch size and live acceptance; unset: auto for a draft "
-        "model and for n-gram where the runner is v2 anyway (pods), else static: serverless n-gram (auto would "
-        "move it to v2, whose boots pay vLLM's kernel warm-up), EAGLE heads, other methods, the CPU build "
+        description="auto: k chosen per step from the batch size and live acceptance; unset: auto for n-gram "
+        "where the runner is v2 anyway (pods), else static: serverless n-gram (auto would move it to v2, whose "
+        "boots pay vLLM's kernel warm-up), draft models, EAGLE heads, other methods, the CPU build "
         "(worker/boot/runner.py)",
     )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
