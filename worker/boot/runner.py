@@ -62,7 +62,7 @@ def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: boo
       above static k = 4 at every load, but in one of two runs its engine died at 256 streams (a CUDA
       illegal memory access in vLLM 0.32's V2 runner, 154 requests left at k = 1): opt-in until that is understood.
     - a separate draft model (V1 in either case): ``static``. With the drafter's CUDA graphs a
-      1B-shaped draft under ``auto`` ran 0.88-0.98x static k = 4 at 1-64 streams and 1.22x at 256,
+      1B-shaped draft under ``auto`` ran 0.90-0.99x static k = 4 at 1-64 streams and 1.22x at 256,
       both below no speculation (the second run; V1 turns the target's graphs piecewise under a schedule).
     - any other method (MTP, suffix, ...), the tiny default (the figures are an 8B's), and an engine
       without the worker's scheduler (``PER_REQUEST_SPEC_DECODE_METRICS=none``, a ``scheduler_cls``),
