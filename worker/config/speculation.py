@@ -63,7 +63,8 @@ class SpeculationSettings(Protocol):
 
 # Substrings of a draft's name from which vLLM 0.32 infers another method than a separate draft
 # model, even under method "draft_model" (``SpeculativeConfig.__post_init__``).
-_VLLM_NAME_INFERRED_METHODS = ("eagle-", "eagle3", "dflash", "dspark")
+_EAGLE_NAME_MARKS = ("eagle-", "eagle3")
+_VLLM_NAME_INFERRED_METHODS = (*_EAGLE_NAME_MARKS, "dflash", "dspark")
 
 
 def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
@@ -102,7 +103,7 @@ def drafts_by_eagle(spec: Mapping[str, Any] | None) -> bool:
     method, model = spec.get("method"), spec.get("model")
     if method in EAGLE_METHODS:
         return True
-    is_marked = isinstance(model, str) and any(mark in model.lower() for mark in ("eagle-", "eagle3"))
+    is_marked = isinstance(model, str) and any(mark in model.lower() for mark in _EAGLE_NAME_MARKS)
     return method in (None, "draft_model") and is_marked
 
 

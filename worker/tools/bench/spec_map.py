@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import load_settings
+from worker.config.speculation import NGRAM_METHODS
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
 
 __all__ = [
@@ -64,7 +65,7 @@ def _draft_method(drafter: str) -> str:
 def speculative_config(drafter: str, k: int, length: str) -> dict[str, Any]:
     """vLLM's speculative config for ``DRAFTER``, ``K`` and ``LENGTH`` (module docstring)."""
     spec: dict[str, Any] = {"num_speculative_tokens": k}
-    if drafter in ("ngram", "ngram_gpu"):
+    if drafter in NGRAM_METHODS:
         spec.update(method=drafter, prompt_lookup_max=4, prompt_lookup_min=1)
     else:
         spec.update(method=_draft_method(drafter), model=drafter)
