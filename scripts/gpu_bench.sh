@@ -61,6 +61,8 @@
 #                     weights, MAX_NUM_SEQS=128: the steps of $GRAPHS_PLAN (fill, page-cache and cold-disk boot pairs,
 #                     the handler alone, FULL_AND_PIECEWISE against the default, the multithreaded loader, decode
 #                     in both modes; the stage's comment lists them). BENCH_END (epoch seconds) bounds the call
+#   coldstart-defaults  issue 50's three cases with today's serverless defaults and vLLM's server beside each boot:
+#                     the steps of $DEFAULTS_PLAN (empty-N, disk-N, cache-N); one stage per GPU can run side by side
 #   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
 #                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
 #   coldstart-disk-ab the last empty root, weights evicted before each boot, PREFETCH_WEIGHTS off / on ($DISK_AB_ROUNDS)
@@ -130,8 +132,18 @@ M=/tmp/llama8b
 [ -f $M-eagle3/config.json ] || python3 -m worker bench --make-llama8b $M-eagle3 --shape eagle3-llama-3-8b
 # Real-size random weights (16 GB) for the cold-start stages; stages running side by side must not
 # both write them, so a first call without stages makes them: REAL_WEIGHTS=1 scripts/gpu_bench.sh
-R=/tmp/llama8b-real
-real_weights() { [ -f $R/model.safetensors.index.json ] || python3 -m worker bench --make-llama8b $R --random-weights; }
+# REAL_WEIGHTS_DIR: another copy (stages side by side on several GPUs each evict their own weights, and an
+# eviction empties the page cache of every stage that reads the same files); made by copying the first.
+R0=/tmp/llama8b-real
+R=${REAL_WEIGHTS_DIR:-$R0}
+real_weights() {
+  [ -f $R/model.safetensors.index.json ] && return
+  if [ "$R" != $R0 ] && [ -f $R0/model.safetensors.index.json ]; then
+    cp -r $R0 $R.part && mv $R.part $R
+  else
+    python3 -m worker bench --make-llama8b $R --random-weights
+  fi
+}
 if [ -n "${REAL_WEIGHTS:-}" ]; then real_weights; fi
 case " $* " in *" tp2-70b"* | *" tp2-faults "*)
   [ -f /tmp/llama70b/config.json ] || python3 -m worker bench --make-llama8b /tmp/llama70b --shape llama-3-70b ;;
@@ -337,6 +349,26 @@ for stage in "$@"; do
             for m in auto $FP; do
               CUDAGRAPH_MODE=$m RUN_MIN_S=60 run decode-graphs-$m --parts overhead --concurrency 1,8,64 --repeats 1
             done ;;
+          *) echo "unknown step $step"; exit 2 ;;
+        esac
+      done ;;
+    coldstart-defaults)
+      # Issue 50's "done when": every case three times with the serverless defaults of today, vLLM's own server
+      # (the same engine arguments, its own cache root) booted after the handler in each, real-size weights,
+      # MAX_NUM_SEQS=128. $DEFAULTS_PLAN, in order: empty-N (both cache roots new, the weights in the page
+      # cache; the steps after it use these roots; roots-N picks them again in a later call), disk-N (the
+      # weights evicted before each boot), cache-N.
+      # Several of these stages can run at once, one per GPU, each with its own CUDA_VISIBLE_DEVICES, OUT,
+      # ARCHIVE and REAL_WEIGHTS_DIR. BENCH_END (epoch seconds) bounds the call.
+      real_weights
+      export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
+      for step in ${DEFAULTS_PLAN:-empty-1 disk-1 cache-1}; do
+        case $step in
+          empty-* | roots-*)  # roots-N: the roots empty-N filled (an earlier call), no boot
+            export VLLM_CACHE_ROOT=/tmp/vllm-cache-def-${step#*-} COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-def-${step#*-}-srv
+            case $step in empty-*) RUN_MIN_S=240 run cold-def-$step --parts coldstart ;; esac ;;
+          disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=140 run cold-def-$step --parts coldstart ;;
+          cache-*) cat $R/*.safetensors > /dev/null; RUN_MIN_S=130 run cold-def-$step --parts coldstart ;;
           *) echo "unknown step $step"; exit 2 ;;
         esac
       done ;;
