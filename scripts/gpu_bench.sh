@@ -364,7 +364,7 @@ for stage in "$@"; do
       export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
       for step in ${DEFAULTS_PLAN:-empty-1 disk-1 cache-1}; do
         case $step in
-          empty-* | roots-*)  # roots-N: the roots empty-N filled (an earlier call), no boot
+          empty-[0-9]* | roots-[0-9]*)  # roots-N: the roots empty-N filled (an earlier call), no boot
             export VLLM_CACHE_ROOT=/tmp/vllm-cache-def-${step#*-} COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-def-${step#*-}-srv
             case $step in empty-*) RUN_MIN_S=240 run cold-def-$step --parts coldstart ;; esac ;;
           disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=140 run cold-def-$step --parts coldstart ;;

@@ -75,6 +75,24 @@ def test_the_report_reads_the_saved_map() -> None:
     assert "| `d:4:2.5:auto` | 2.50 / 2.00 / 3 |" in text
 
 
+def test_a_map_without_no_speculation_plots_throughput(tmp_path: Path) -> None:
+    """A map of speculative configurations alone (two ways to run the same k) has no ``vs_none``."""
+    row = {"runs": 1, "throughput_tok_s": 9000.0, "itl_p50_ms": 2.5, "mean_acceptance_length": 2.5}
+    result = {
+        "configs": ["ngram:4:2.5:auto", "ngram:4:2.5:auto+SPECULATIVE_TOKENS_BY_BATCH=1-256:2"],
+        "concurrencies": [32, 64],
+        "table": {
+            "ngram:4:2.5:auto": {"32": {**row, "mean_k_verified": 2.0, "num_steps_off": 0}, "64": None},
+            "ngram:4:2.5:auto+SPECULATIVE_TOKENS_BY_BATCH=1-256:2": {
+                "32": {**row, "throughput_tok_s": 9500.0, "mean_k_verified": 2.0, "num_steps_off": 0}
+            },
+        },
+    }
+    text = render(result, plot=tmp_path / "map.png")
+    assert "| `ngram:4:2.5:auto` | 9,000 | - |" in text
+    assert (tmp_path / "map.png").stat().st_size > 0
+
+
 def test_the_controllers_cost_per_step_is_measured() -> None:
     assert 0 < controller_step_us(8, steps=200) < 10_000
 
