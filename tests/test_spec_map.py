@@ -121,15 +121,22 @@ def test_the_step_cost_is_read_back_off_a_map() -> None:
 
 
 @pytest.mark.slow
-async def test_a_small_map_on_the_cpu_engines(tiny_models: TinyModels, tmp_path: Path) -> None:
+async def test_a_small_map_on_the_cpu_engines(
+    tiny_models: TinyModels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The harness end to end on CPU engines (the standard sampler: synthetic acceptance is GPU-only):
     no speculation, the noisy draft with the worker's stats, and the same draft with vLLM's own
-    scheduler (``stock``: no per-request stats, so its engine steps are not known)."""
+    scheduler (``stock``: no per-request stats, so its engine steps are not known). With two
+    acceptance classes: the CPU runs vLLM's V1 sampler, which the mix does not hook, so only the
+    report's shape is checked here."""
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+    monkeypatch.setattr(RejectionSampler, "__call__", RejectionSampler.__call__)  # the mix's hook, undone after
     noisy = str(tiny_models.path("noisy"))
     configs = ["none", f"{noisy}:2:real:static", f"{noisy}:2:real:stock"]
     base = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MODEL_NAME": "tiny:target"}
     result = await bench_spec_map(
-        base, configs=configs, concurrencies=[2], max_tokens=8, repeats=1, out=tmp_path, deadline_s=None
+        base, configs=configs, concurrencies=[2], max_tokens=8, repeats=1, out=tmp_path, deadline_s=None, mix=[1.0, 0.0]
     )
     assert result["errors"] == {}
     none, static, stock = (result["table"][name]["2"] for name in configs)
@@ -138,3 +145,6 @@ async def test_a_small_map_on_the_cpu_engines(tiny_models: TinyModels, tmp_path:
     assert stock["throughput_tok_s"] > 0 and stock["ms_per_step"] is None and stock["mean_acceptance_length"] is None
     assert json.loads((tmp_path / "spec_map.json").read_text())["table"] == json.loads(json.dumps(result["table"]))
     assert "| `none` |" in render(result)
+    assert len(static["acceptance_by_class"]) == 2 and all(1 <= v <= 3 for v in static["acceptance_by_class"])
+    assert none["acceptance_by_class"] == [None, None]  # nothing drafted
+    assert "Acceptance length by class (rates 1, 0;" in render(result)

@@ -22,7 +22,10 @@ A configuration may end in ``+KEY=VALUE`` pairs, more worker settings for that e
 
 Synthetic acceptance because no real draft weights can be had here: with dummy weights the cost of
 speculation is real and the acceptance is chosen. vLLM's synthetic rates are per position, for
-every request alike.
+every request alike. ``SPEC_MAP_ACCEPTANCE_MIX`` (``1.0,0.6,0.0``) in the environment mixes
+acceptance levels within each wave, request ``i`` in class ``i % n`` (:mod:`.acceptance_mix`: V2
+engines, with the synthetic LENGTH at ``K + 1``); each point then reports the acceptance length
+per class.
 
     python -m worker.tools.bench.spec_map --out DIR --configs none,/tmp/d:4:2.5:static,... \\
         --concurrency 1,8,64,256 --max-tokens 128 --repeats 3
@@ -41,6 +44,7 @@ from typing import Any
 
 from worker.config import load_settings
 from worker.config.speculation import NGRAM_METHODS
+from worker.tools.bench.acceptance_mix import MIX_ENV, install, mix_request_id, parse_mix
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
 
 __all__ = [
@@ -98,13 +102,15 @@ def config_env(base: dict[str, str], name: str) -> dict[str, str]:
     return {**env, "SPECULATIVE_CONFIG": json.dumps(spec), "SPECULATION_CONTROL": control}
 
 
-async def _wave(engine: Any, *, concurrency: int, max_tokens: int) -> dict[str, Any]:
+async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[float] | None = None) -> dict[str, Any]:
     """``concurrency`` requests at once through the worker's engine path; throughput, ITL, and the
     per-request spec-decode counts summed (steps with speculation off: the request's tokens after
-    the first that no verify step yielded)."""
+    the first that no verify step yielded). ``mix``: the classes' rates (:mod:`.acceptance_mix`);
+    the acceptance length of each class is reported too."""
     from worker.schema import parse_request
 
     sums = {"num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_draft_tokens": 0, "num_steps_off": 0}
+    by_class = [[0, 0] for _ in mix or ()]  # (verify steps, accepted drafts) per class
 
     def make(i: int) -> Any:
         request = parse_request(
@@ -115,7 +121,8 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int) -> dict[str, 
         )
 
         async def run(timing: RequestTiming) -> None:
-            async for chunk in engine.generate(request):
+            rid = mix_request_id(i, len(mix)) if mix else None
+            async for chunk in engine.generate(request, request_id=rid):
                 if chunk.num_tokens and timing.first_token is None:
                     timing.first_token = time.perf_counter()
                 if chunk.is_final:
@@ -126,6 +133,9 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int) -> dict[str, 
                         sums["num_spec_steps"] += stats.num_spec_steps
                         sums["num_draft_tokens"] += stats.num_draft_tokens
                         sums["num_accepted_draft_tokens"] += stats.num_accepted_draft_tokens
+                        if mix:
+                            by_class[i % len(mix)][0] += stats.num_spec_steps
+                            by_class[i % len(mix)][1] += stats.num_accepted_draft_tokens
                         yielded = stats.num_spec_steps + stats.num_accepted_draft_tokens
                         sums["num_steps_off"] += max(0, timing.num_tokens - 1 - yielded)
             timing.end = time.perf_counter()
@@ -138,6 +148,8 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int) -> dict[str, 
     steps = sums["num_spec_steps"]
     point["mean_acceptance_length"] = 1 + sums["num_accepted_draft_tokens"] / steps if steps else None
     point["mean_k_verified"] = sums["num_draft_tokens"] / steps if steps else None
+    if mix:
+        point["acceptance_by_class"] = [1 + accepted / n if n else None for n, accepted in by_class]
     # Engine steps in the wave, the streams decoding in lockstep: each request's decode steps (a
     # verify step, or one without drafts; without speculation one per token after the first).
     request_steps = steps + sums["num_steps_off"] if steps or sums["num_steps_off"] else point["tokens"] - concurrency
@@ -159,6 +171,9 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": len(runs)}
     for key in keys:
         out[key] = median([r.get(key) for r in runs])
+    classes = [r["acceptance_by_class"] for r in runs if r.get("acceptance_by_class")]
+    if classes:
+        out["acceptance_by_class"] = [median(list(values)) for values in zip(*classes, strict=True)]
     return out
 
 
@@ -171,10 +186,15 @@ async def bench_spec_map(
     repeats: int,
     out: Path,
     deadline_s: float | None = None,
+    mix: list[float] | None = None,
 ) -> dict[str, Any]:
     """The map (module docstring); ``spec_map.json`` under ``out`` after every point, so that a run
-    cut short keeps what it measured. ``deadline_s``: no new repeat starts after this many seconds."""
+    cut short keeps what it measured. ``deadline_s``: no new repeat starts after this many seconds.
+    ``mix``: acceptance classes within each wave (:mod:`.acceptance_mix`)."""
     from worker.runtime import boot_engine
+
+    if mix:
+        install(mix)  # before the boots: the engine cores fork from this process
 
     started = time.monotonic()
     share = float(base_env.get("GPU_MEMORY_UTILIZATION", "0.9")) / len(configs)
@@ -183,6 +203,7 @@ async def bench_spec_map(
         "concurrencies": concurrencies,
         "max_tokens": max_tokens,
         "repeats": repeats,
+        "mix": mix,
         "boot_s": {},
         "errors": {},
         "runs": {name: {str(c): [] for c in concurrencies} for name in configs},
@@ -225,7 +246,7 @@ async def bench_spec_map(
                 names = names[repeat % len(names) :] + names[: repeat % len(names)]
                 for name in names:
                     try:
-                        point = await _wave(engines[name], concurrency=c, max_tokens=max_tokens)
+                        point = await _wave(engines[name], concurrency=c, max_tokens=max_tokens, mix=mix)
                     except Exception as exc:
                         result["errors"][name] = f"c={c}: {exc}"
                         engines.pop(name).shutdown()
@@ -373,6 +394,15 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     if "none" in names and statics and offs:
         fitted = fit_step_cost(result, static=statics[0], off=offs[0])
         lines += ["", f"Step cost read off `{statics[0]}` and `{offs[0]}` (`fit_step_cost`): {fitted}"]
+    if result.get("mix"):
+
+        def classes(row: dict[str, Any] | None) -> str:
+            values = (row or {}).get("acceptance_by_class")
+            return " / ".join("-" if v is None else f"{v:.2f}" for v in values) if values else "-"
+
+        rates = ", ".join(f"{rate:g}" for rate in result["mix"])
+        lines += ["", f"Acceptance length by class (rates {rates}; request i in class i % n):", "", head, rule]
+        lines += rows(classes)
     if result.get("errors"):
         lines += ["", "Errors: " + "; ".join(f"`{k}`: {v}" for k, v in result["errors"].items())]
     if plot is not None:
@@ -438,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             repeats=args.repeats,
             out=args.out,
             deadline_s=args.deadline_s,
+            mix=parse_mix(env[MIX_ENV]) if env.get(MIX_ENV) else None,
         )
     )
     print(json.dumps(result["table"], indent=1))

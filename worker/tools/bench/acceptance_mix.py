@@ -1,0 +1,101 @@
+"""Requests of several acceptance levels in one wave, for the speculation map (a bench hook).
+
+vLLM 0.32's synthetic rejection sampler holds every request to the same per-position rates (its
+Triton kernel reads ``synthetic_conditional_rates`` by position only), so a map made with it
+alone gives every request the same acceptance, where per-request choices can only tie. No setting
+of vLLM's makes rates per request; this hook does, with what vLLM's V2 GPU runner already has:
+``RejectionSampler.__call__`` takes ``invalid_drafts``, a mask of drafts the kernel rejects (as it
+rejects a draft id below 0). With the synthetic rates at full acceptance (``LENGTH = K + 1`` in a
+map configuration), each draft of a request in a class of rate ``c`` is marked invalid with
+probability ``1 - c``, independently per position: the class accepts each position, given the one
+before it, with probability ``c``. Invalid drafts are verified like the others, as a real draft that
+misses is, so the cost of a step does not change.
+
+A request's class travels in its request id (``mix{class}-...``; vLLM appends its own suffix in
+the engine core). The hook is installed in the map's process before the engines boot, and their
+engine cores, forked from it (the serverless start method), inherit it. vLLM's V1 runner verifies
+through another sampler: a V1 engine runs without the mix (every request at the synthetic rates).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MIX_ENV", "install", "logit_rates", "mix_class", "mix_request_id", "mixed_call", "parse_mix"]
+
+# The process environment's name for the classes' rates (``1.0,0.6,0.0``).
+MIX_ENV = "SPEC_MAP_ACCEPTANCE_MIX"
+_PREFIX = "mix"
+_PATCHED = "_worker_acceptance_mix"
+
+
+def parse_mix(text: str) -> list[float]:
+    """The classes' per-position acceptance rates, from ``1.0,0.6,0.0`` (raises ValueError)."""
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{MIX_ENV}={text!r}: give rates between 0 and 1, comma-separated (1.0,0.6,0.0)") from None
+    if not rates or any(not 0.0 <= rate <= 1.0 for rate in rates):
+        raise ValueError(f"{MIX_ENV}={text!r}: give rates between 0 and 1, comma-separated (1.0,0.6,0.0)")
+    return rates
+
+
+def mix_request_id(index: int, num_classes: int) -> str:
+    """The request id of a wave's request ``index``: class ``index % num_classes``."""
+    return f"{_PREFIX}{index % num_classes}-{uuid.uuid4().hex}"
+
+
+@functools.lru_cache(maxsize=8192)
+def mix_class(request_id: str) -> int | None:
+    """The class a request id carries, or None (cached: the hook asks for each request every step)."""
+    if not request_id.startswith(_PREFIX):
+        return None
+    head = request_id[len(_PREFIX) :].partition("-")[0]
+    return int(head) if head.isdigit() else None
+
+
+def logit_rates(req_ids: Sequence[str], cu_num_logits: Sequence[int], rates: Sequence[float], num_logits: int) -> Any:
+    """Per verified logit (the batch's requests in order, ``cu_num_logits`` their bounds), the
+    acceptance rate of its request's class; 1.0 for a request without one and past the bounds."""
+    table = [*rates, 1.0]  # the last entry: no class
+    none = len(rates)
+    per_request = np.array([table[c if c is not None and c < none else none] for c in map(mix_class, req_ids)])
+    counts = np.diff(np.asarray(cu_num_logits[: len(req_ids) + 1]))
+    out = np.ones(num_logits, dtype=np.float32)
+    if len(per_request):
+        spread = np.repeat(per_request.astype(np.float32), counts)
+        out[: len(spread)] = spread[:num_logits]
+    return out
+
+
+def mixed_call(original: Callable[..., Any], rates: Sequence[float]) -> Callable[..., Any]:
+    """``RejectionSampler.__call__`` with each class's drafts marked invalid at ``1 - rate``."""
+    import torch
+
+    def __call__(self: Any, logits: Any, input_batch: Any, draft_logits: Any = None, invalid_drafts: Any = None) -> Any:
+        num_logits = logits.shape[0]
+        per_logit = logit_rates(input_batch.req_ids, input_batch.cu_num_logits_np, rates, num_logits)
+        if (per_logit < 1.0).any():
+            device = logits.device
+            mixed = torch.rand(num_logits, device=device) >= torch.from_numpy(per_logit).to(device)
+            invalid_drafts = mixed if invalid_drafts is None else invalid_drafts | mixed
+        return original(self, logits, input_batch, draft_logits, invalid_drafts)
+
+    setattr(__call__, _PATCHED, True)
+    return __call__
+
+
+def install(rates: Sequence[float]) -> bool:
+    """Wraps vLLM's V2 ``RejectionSampler.__call__`` in this process (once); False where an
+    earlier call already did."""
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+    if getattr(RejectionSampler.__call__, _PATCHED, False):
+        return False
+    RejectionSampler.__call__ = mixed_call(RejectionSampler.__call__, rates)  # type: ignore[method-assign]
+    return True
