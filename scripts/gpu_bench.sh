@@ -62,7 +62,8 @@
 #                     the handler alone, FULL_AND_PIECEWISE against the default, the multithreaded loader, decode
 #                     in both modes; the stage's comment lists them). BENCH_END (epoch seconds) bounds the call
 #   coldstart-defaults  issue 50's three cases with today's serverless defaults and vLLM's server beside each boot:
-#                     the steps of $DEFAULTS_PLAN (empty-N, disk-N, cache-N); one stage per GPU can run side by side
+#                     the steps of $DEFAULTS_PLAN (empty-N, roots-N, disk-N, cache-N); one stage per GPU can run
+#                     side by side, each with its own N for its roots
 #   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
 #                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
 #   coldstart-disk-ab the last empty root, weights evicted before each boot, PREFETCH_WEIGHTS off / on ($DISK_AB_ROUNDS)
@@ -97,7 +98,7 @@
 #                     SPECULATION_CONTROL=auto (V2, ngram_gpu, the worker's schedule) at L=2.5 and at L=1 (0%), side by side at
 #                     $MAP_CONCURRENCY (default 1,8,32,64,128,256), $MAP_TOKENS tokens (128), $MAP_REPEATS alternating
 #                     runs (3; none started after $MAP_DEADLINE_S s): $MAP_CONFIGS names others (spec_map.py);
-#                     $MAP_MIX (1.0,0.6,0.0) mixes acceptance classes in each wave (V2, synthetic LENGTH K + 1)
+#                     $MAP_MIX (e.g. 1.0,0.6,0.0; unset: none) mixes acceptance classes in each wave (V2, LENGTH K + 1)
 #   spec              n-gram at k=2/4/8, the target as its own draft and a 1B-shaped draft at k=4, single stream,
 #                     with the acceptance watchdog's verdict per point (4 requests, $SPEC_ROUNDS rounds of them, default 3);
 #                     its two halves run alone as spec-ngram and spec-draft
@@ -140,7 +141,7 @@ R=${REAL_WEIGHTS_DIR:-$R0}
 real_weights() {
   [ -f $R/model.safetensors.index.json ] && return
   if [ "$R" != $R0 ] && [ -f $R0/model.safetensors.index.json ]; then
-    cp -r $R0 $R.part && mv $R.part $R
+    rm -rf $R.part && cp -r $R0 $R.part && mv $R.part $R
   else
     python3 -m worker bench --make-llama8b $R --random-weights
   fi
@@ -361,15 +362,20 @@ for stage in "$@"; do
       # weights evicted before each boot), cache-N.
       # Several of these stages can run at once, one per GPU, each with its own CUDA_VISIBLE_DEVICES, OUT,
       # ARCHIVE and REAL_WEIGHTS_DIR. BENCH_END (epoch seconds) bounds the call.
+      PLAN=${DEFAULTS_PLAN:-empty-1 disk-1 cache-1}
+      for step in $PLAN; do  # a bad step name stops the stage before it boots anything
+        case $step in empty-[0-9]* | roots-[0-9]* | disk-[0-9]* | cache-[0-9]*) ;; *) echo "unknown step $step"; exit 2 ;; esac
+      done
       real_weights
       export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
-      for step in ${DEFAULTS_PLAN:-empty-1 disk-1 cache-1}; do
+      for step in $PLAN; do
         case $step in
           empty-[0-9]* | roots-[0-9]*)  # roots-N: the roots empty-N filled (an earlier call), no boot
             export VLLM_CACHE_ROOT=/tmp/vllm-cache-def-${step#*-} COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-def-${step#*-}-srv
-            case $step in empty-*) RUN_MIN_S=240 run cold-def-$step --parts coldstart ;; esac ;;
-          disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=140 run cold-def-$step --parts coldstart ;;
-          cache-*) cat $R/*.safetensors > /dev/null; RUN_MIN_S=130 run cold-def-$step --parts coldstart ;;
+            case $step in empty-*) RUN_MIN_S=290 run cold-def-$step --parts coldstart ;; esac ;;
+          # The pairs took 283 s (empty root), 188 s (cold disk) and ~160 s (page cache) on an H200.
+          disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=195 run cold-def-$step --parts coldstart ;;
+          cache-*) cat $R/*.safetensors > /dev/null; RUN_MIN_S=165 run cold-def-$step --parts coldstart ;;
           *) echo "unknown step $step"; exit 2 ;;
         esac
       done ;;

@@ -16,7 +16,7 @@ from worker.tools.bench.acceptance_mix import install, logit_rates, mix_class, m
 
 def test_the_rates_are_read_with_a_sentence_for_bad_ones() -> None:
     assert parse_mix("1.0, 0.6,0") == [1.0, 0.6, 0.0]
-    for bad in ("", "high,low", "1.5,0.2", "-0.1"):
+    for bad in ("", "high,low", "1.5,0.2", "-0.1", "1.0,,0.5"):
         with pytest.raises(ValueError, match="between 0 and 1, comma-separated"):
             parse_mix(bad)
 
@@ -25,7 +25,7 @@ def test_a_request_id_carries_its_class_through_vllms_suffix() -> None:
     ids = [mix_request_id(i, 3) for i in range(6)]
     assert [mix_class(rid) for rid in ids] == [0, 1, 2, 0, 1, 2]
     assert mix_class(ids[2] + "-1a2b3c4d") == 2  # vLLM's engine core id: the external id and a suffix
-    assert mix_class("req-7") is None and mix_class("mixer-1") is None
+    assert mix_class("req-7") is None and mix_class("mixer-1") is None and mix_class("mix\u00b2-1") is None
 
 
 def test_each_logit_gets_its_requests_rate() -> None:
@@ -60,15 +60,34 @@ def test_drafts_are_rejected_at_each_class_rate() -> None:
     assert invalid[0, 0] and invalid[0, 1:].sum() == 0
     assert 0.45 < invalid[1].float().mean() < 0.55
     assert invalid[2].all()
-    # A batch without classes passes vLLM's mask through untouched.
+    # A batch without classes passes vLLM's mask through untouched, and so does a sampler under
+    # vLLM's adaptive verification (its rows move).
     call(None, logits, FakeInputBatch(["a", "b", "c"], batch.cu_num_logits_np), None, None)
     assert seen["invalid"] is None
+    call(FakeAdaptiveSampler(), logits, batch, None, given)
+    assert seen["invalid"] is given
+
+
+class FakeAdaptiveSampler:
+    """The one attribute of vLLM's V2 sampler the hook reads: adaptive verification on."""
+
+    enable_adaptive_verification = True
 
 
 def test_the_hook_wraps_vllms_v2_sampler_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
     original = RejectionSampler.__call__
+    # The wrapper passes these on by position, as vLLM's model runner calls it.
+    assert list(inspect.signature(original).parameters) == [
+        "self",
+        "logits",
+        "input_batch",
+        "draft_logits",
+        "invalid_drafts",
+    ]
     monkeypatch.setattr(RejectionSampler, "__call__", original)  # restored after the test
     assert install([1.0, 0.0]) is True
     assert RejectionSampler.__call__ is not original

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,8 +12,17 @@ import pytest
 from tests.helpers import CACHE_DIR
 from worker.config import load_settings
 from worker.tiny_models import TinyModels
+from worker.tools.bench.acceptance_mix import mix_class
 from worker.tools.bench.shapes import llama3_config
-from worker.tools.bench.spec_map import bench_spec_map, config_env, controller_step_us, render
+from worker.tools.bench.spec_map import (
+    _medians,
+    _wave,
+    bench_spec_map,
+    check_mix,
+    config_env,
+    controller_step_us,
+    render,
+)
 
 
 def test_a_configuration_names_drafter_k_synthetic_length_and_control() -> None:
@@ -93,6 +103,50 @@ def test_a_map_without_no_speculation_plots_throughput(tmp_path: Path) -> None:
     assert (tmp_path / "map.png").stat().st_size > 0
 
 
+def test_the_acceptance_mix_refuses_what_its_hook_cannot_reach() -> None:
+    base = {"MODEL_NAME": "m"}
+    check_mix(base, ["none", "ngram:4:5.0:auto", "ngram_gpu:2:3.0:static+MODEL_RUNNER=v2"])
+    refused = {
+        "ngram_gpu:4:2.5:static+MODEL_RUNNER=v2": "LENGTH = K \\+ 1 = 5",
+        "ngram:4:real:auto": "LENGTH = K \\+ 1 = 5",
+        "/models/d:4:5.0:static": "V1 runner",  # a draft model runs on V1 by default
+        "ngram:2:3.0:static+MODEL_RUNNER=v1": "V1 runner",
+        "ngram:4:5.0:auto+VLLM_WORKER_MULTIPROC_METHOD=spawn": "spawned engine core",
+    }
+    for name, reason in refused.items():
+        with pytest.raises(ValueError, match=reason):
+            check_mix(base, ["none", name])
+
+
+class FakeEngine:
+    """Stands in for the worker's engine in a wave (what a GPU run with the mix would report): each
+    request drafts 2 tokens a step for 4 steps and accepts 2, 1 or 0 of them by the class its
+    request id carries."""
+
+    served = SimpleNamespace(speculative_method="ngram")
+
+    async def generate(self, request: Any, *, request_id: str | None = None) -> Any:
+        assert request_id is not None
+        accepted = [8, 4, 0][mix_class(request_id) or 0]
+        stats = SimpleNamespace(num_spec_steps=4, num_draft_tokens=8, num_accepted_draft_tokens=accepted)
+        yield SimpleNamespace(num_tokens=1, is_final=False, usage=None, spec_decode=None)
+        usage = SimpleNamespace(completion_tokens=4 + accepted)
+        yield SimpleNamespace(num_tokens=3 + accepted, is_final=True, usage=usage, spec_decode=stats)
+
+
+async def test_a_wave_reports_the_acceptance_of_each_class() -> None:
+    point = await _wave(FakeEngine(), concurrency=6, max_tokens=16, mix=[1.0, 0.5, 0.0])
+    assert point["acceptance_by_class"] == [3.0, 2.0, 1.0]
+    assert point["mean_acceptance_length"] == 2.0
+    table = _medians([point, {**point, "acceptance_by_class": [2.0, 2.0, None]}])
+    assert table["acceptance_by_class"] == [2.5, 2.0, 1.0]
+    result = {"configs": ["ngram:2:3.0:auto"], "concurrencies": [6], "mix": [1.0, 0.5, 0.0]}
+    result["table"] = {"ngram:2:3.0:auto": {"6": table}}
+    text = render(result)
+    assert "Acceptance length by class (rates 1, 0.5, 0;" in text
+    assert "| `ngram:2:3.0:auto` | 2.50 / 2.00 / 1.00 |" in text
+
+
 def test_the_controllers_cost_per_step_is_measured() -> None:
     assert 0 < controller_step_us(8, steps=200) < 10_000
 
@@ -121,22 +175,15 @@ def test_the_step_cost_is_read_back_off_a_map() -> None:
 
 
 @pytest.mark.slow
-async def test_a_small_map_on_the_cpu_engines(
-    tiny_models: TinyModels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_small_map_on_the_cpu_engines(tiny_models: TinyModels, tmp_path: Path) -> None:
     """The harness end to end on CPU engines (the standard sampler: synthetic acceptance is GPU-only):
     no speculation, the noisy draft with the worker's stats, and the same draft with vLLM's own
-    scheduler (``stock``: no per-request stats, so its engine steps are not known). With two
-    acceptance classes: the CPU runs vLLM's V1 sampler, which the mix does not hook, so only the
-    report's shape is checked here."""
-    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
-
-    monkeypatch.setattr(RejectionSampler, "__call__", RejectionSampler.__call__)  # the mix's hook, undone after
+    scheduler (``stock``: no per-request stats, so its engine steps are not known)."""
     noisy = str(tiny_models.path("noisy"))
     configs = ["none", f"{noisy}:2:real:static", f"{noisy}:2:real:stock"]
     base = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MODEL_NAME": "tiny:target"}
     result = await bench_spec_map(
-        base, configs=configs, concurrencies=[2], max_tokens=8, repeats=1, out=tmp_path, deadline_s=None, mix=[1.0, 0.0]
+        base, configs=configs, concurrencies=[2], max_tokens=8, repeats=1, out=tmp_path, deadline_s=None
     )
     assert result["errors"] == {}
     none, static, stock = (result["table"][name]["2"] for name in configs)
@@ -145,6 +192,3 @@ async def test_a_small_map_on_the_cpu_engines(
     assert stock["throughput_tok_s"] > 0 and stock["ms_per_step"] is None and stock["mean_acceptance_length"] is None
     assert json.loads((tmp_path / "spec_map.json").read_text())["table"] == json.loads(json.dumps(result["table"]))
     assert "| `none` |" in render(result)
-    assert len(static["acceptance_by_class"]) == 2 and all(1 <= v <= 3 for v in static["acceptance_by_class"])
-    assert none["acceptance_by_class"] == [None, None]  # nothing drafted
-    assert "Acceptance length by class (rates 1, 0;" in render(result)

@@ -11,10 +11,14 @@ probability ``1 - c``, independently per position: the class accepts each positi
 before it, with probability ``c``. Invalid drafts are verified like the others, as a real draft that
 misses is, so the cost of a step does not change.
 
-A request's class travels in its request id (``mix{class}-...``; vLLM appends its own suffix in
-the engine core). The hook is installed in the map's process before the engines boot, and their
-engine cores, forked from it (the serverless start method), inherit it. vLLM's V1 runner verifies
-through another sampler: a V1 engine runs without the mix (every request at the synthetic rates).
+A request's class travels in its request id (``mix{class}-...``; vLLM's frontend appends its own
+suffix). The hook is installed in the map's process before the engines boot (so vLLM is imported
+before the first engine's boot, as it is before every later one's), and their engine cores, forked
+from it (the serverless start method), inherit it. The map refuses what the hook cannot serve
+(``check_mix`` in :mod:`.spec_map`): vLLM's V1 runner, which verifies through another sampler; a
+synthetic length short of full acceptance, whose rates would multiply with the classes'; a spawned
+engine core. Under vLLM's adaptive verification the rows move (its own comment in
+``_verify_in_chunks``): the hook passes such a step through unchanged.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ _PATCHED = "_worker_acceptance_mix"
 def parse_mix(text: str) -> list[float]:
     """The classes' per-position acceptance rates, from ``1.0,0.6,0.0`` (raises ValueError)."""
     try:
-        rates = [float(part) for part in text.split(",") if part.strip()]
+        rates = [float(part) for part in text.split(",")]
     except ValueError:
         raise ValueError(f"{MIX_ENV}={text!r}: give rates between 0 and 1, comma-separated (1.0,0.6,0.0)") from None
     if not rates or any(not 0.0 <= rate <= 1.0 for rate in rates):
@@ -56,7 +60,7 @@ def mix_class(request_id: str) -> int | None:
     if not request_id.startswith(_PREFIX):
         return None
     head = request_id[len(_PREFIX) :].partition("-")[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isascii() and head.isdigit() else None
 
 
 def logit_rates(req_ids: Sequence[str], cu_num_logits: Sequence[int], rates: Sequence[float], num_logits: int) -> Any:
@@ -73,16 +77,31 @@ def logit_rates(req_ids: Sequence[str], cu_num_logits: Sequence[int], rates: Seq
     return out
 
 
-def mixed_call(original: Callable[..., Any], rates: Sequence[float]) -> Callable[..., Any]:
-    """``RejectionSampler.__call__`` with each class's drafts marked invalid at ``1 - rate``."""
+def mixed_call(
+    original: Callable[..., Any], rates: Sequence[float], *, copy_to_device: Callable[[Any, Any], Any] | None = None
+) -> Callable[..., Any]:
+    """``RejectionSampler.__call__`` with each class's drafts marked invalid at ``1 - rate``.
+    ``copy_to_device``: vLLM's ``async_tensor_h2d`` unless given (a test on a CPU)."""
     import torch
 
+    if copy_to_device is None:
+        from vllm.utils.torch_utils import async_tensor_h2d
+
+        def copy_to_device(array: Any, device: Any) -> Any:
+            return async_tensor_h2d(array, device=device)
+
+    copy = copy_to_device
+
     def __call__(self: Any, logits: Any, input_batch: Any, draft_logits: Any = None, invalid_drafts: Any = None) -> Any:
+        if getattr(self, "enable_adaptive_verification", False):
+            return original(self, logits, input_batch, draft_logits, invalid_drafts)
         num_logits = logits.shape[0]
         per_logit = logit_rates(input_batch.req_ids, input_batch.cu_num_logits_np, rates, num_logits)
         if (per_logit < 1.0).any():
             device = logits.device
-            mixed = torch.rand(num_logits, device=device) >= torch.from_numpy(per_logit).to(device)
+            # Through pinned memory, without waiting: a plain copy to the GPU would hold the host
+            # until the step's forward pass ends, where V2's steps overlap the host's work.
+            mixed = torch.rand(num_logits, device=device) >= copy(per_logit, device)
             invalid_drafts = mixed if invalid_drafts is None else invalid_drafts | mixed
         return original(self, logits, input_batch, draft_logits, invalid_drafts)
 

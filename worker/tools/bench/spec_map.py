@@ -49,6 +49,7 @@ from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurr
 
 __all__ = [
     "bench_spec_map",
+    "check_mix",
     "config_env",
     "controller_step_us",
     "fit_step_cost",
@@ -76,6 +77,26 @@ def speculative_config(drafter: str, k: int, length: str) -> dict[str, Any]:
     if length != "real":
         spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
     return spec
+
+
+def check_mix(base: dict[str, str], configs: list[str]) -> None:
+    """Raises ValueError, in one line, for a configuration the acceptance mix cannot serve
+    (:mod:`.acceptance_mix`): one on vLLM's V1 runner, one whose synthetic length is short of full
+    acceptance (``K + 1``) or the standard sampler's, or an engine core started by spawn."""
+    from worker.boot.runner import model_runner_flag
+
+    for name in configs:
+        env = config_env(base, name)
+        if env.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn":
+            raise ValueError(f"{name}: a spawned engine core does not get the acceptance mix's hook (it is forked in)")
+        if "SPECULATIVE_CONFIG" not in env:
+            continue  # no speculation
+        spec = json.loads(env["SPECULATIVE_CONFIG"])
+        full = spec["num_speculative_tokens"] + 1
+        if spec.get("synthetic_acceptance_length") != full:
+            raise ValueError(f"{name}: the acceptance mix needs full synthetic acceptance, LENGTH = K + 1 = {full}")
+        if model_runner_flag(load_settings(env), mode="serverless") == "0":
+            raise ValueError(f"{name}: runs on vLLM's V1 runner, which the acceptance mix misses (+MODEL_RUNNER=v2)")
 
 
 def config_env(base: dict[str, str], name: str) -> dict[str, str]:
@@ -194,6 +215,7 @@ async def bench_spec_map(
     from worker.runtime import boot_engine
 
     if mix:
+        check_mix(base_env, configs)
         install(mix)  # before the boots: the engine cores fork from this process
 
     started = time.monotonic()
@@ -385,7 +407,9 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
         runs = max(1, row["runs"])
         return f"{row['mean_acceptance_length']:.2f} / {row['mean_k_verified']:.2f} / {row['num_steps_off'] / runs:.0f}"
 
-    lines = ["Throughput, tok/s (vs no speculation):", "", head, rule, *rows(tok), ""]
+    has_none = "none" in names
+    title = "Throughput, tok/s (vs no speculation):" if has_none else "Throughput, tok/s:"
+    lines = [title, "", head, rule, *rows(tok), ""]
     lines += ["Median ITL, ms:", "", head, rule, *rows(itl), ""]
     lines += ["Engine step, ms (the wave's time over its steps; prefill included):", "", head, rule, *rows(step), ""]
     lines += ["Acceptance length / drafts per verify step / steps off per wave:", "", head, rule, *rows(spec)]
@@ -413,7 +437,7 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
 
         # Against no speculation where the map ran it; a map of speculative configurations alone
         # (a comparison between them) plots their throughput.
-        key = "vs_none" if "none" in names else "throughput_tok_s"
+        key = "vs_none" if has_none else "throughput_tok_s"
         fig, ax = plt.subplots(figsize=(7, 4))
         for name in names:
             xs = [int(c) for c in concurrencies if (table[name].get(c) or {}).get(key)]
@@ -421,7 +445,8 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
         if key == "vs_none":
             ax.axhline(1.0, color="grey", linewidth=0.8)
         ylabel = "throughput vs no speculation" if key == "vs_none" else "throughput, tok/s"
-        ax.set(xscale="log", xlabel="streams", ylabel=ylabel, title="Where speculation pays")
+        title = "Where speculation pays" if has_none else "Throughput by configuration"
+        ax.set(xscale="log", xlabel="streams", ylabel=ylabel, title=title)
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(plot, dpi=120)
@@ -458,17 +483,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     env = dict(os.environ)
     env.setdefault("MAX_NUM_SEQS", str(max(concurrencies)))
+    # ";" separates configurations whose settings hold commas (+SPECULATIVE_TOKENS_BY_BATCH=1-1:4,2-2:2)
+    configs = [name for name in args.configs.split(";" if ";" in args.configs else ",") if name]
+    try:
+        mix = parse_mix(env[MIX_ENV]) if env.get(MIX_ENV) else None
+        if mix:
+            check_mix(env, configs)
+    except ValueError as exc:
+        parser.error(str(exc))
     result = asyncio.run(
         bench_spec_map(
             env,
-            # ";" separates configurations whose settings hold commas (+SPECULATIVE_TOKENS_BY_BATCH=1-1:4,2-2:2)
-            configs=[name for name in args.configs.split(";" if ";" in args.configs else ",") if name],
+            configs=configs,
             concurrencies=concurrencies,
             max_tokens=args.max_tokens,
             repeats=args.repeats,
             out=args.out,
             deadline_s=args.deadline_s,
-            mix=parse_mix(env[MIX_ENV]) if env.get(MIX_ENV) else None,
+            mix=mix,
         )
     )
     print(json.dumps(result["table"], indent=1))
