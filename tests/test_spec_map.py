@@ -1,4 +1,5 @@
-"""The speculation map's bench part (worker/tools/bench/spec_map.py): its configurations and report."""
+"""The speculation map's bench part (worker/tools/bench/spec_map.py, spec_map_config.py, spec_map_report.py):
+its configurations, waves and report."""
 
 from __future__ import annotations
 
@@ -14,15 +15,9 @@ from worker.config import load_settings
 from worker.tiny_models import TinyModels
 from worker.tools.bench.acceptance_mix import mix_class
 from worker.tools.bench.shapes import llama3_config
-from worker.tools.bench.spec_map import (
-    _medians,
-    _wave,
-    bench_spec_map,
-    check_mix,
-    config_env,
-    controller_step_us,
-    render,
-)
+from worker.tools.bench.spec_map import _medians, _wave, bench_spec_map, controller_step_us
+from worker.tools.bench.spec_map_config import check_mix, config_env
+from worker.tools.bench.spec_map_report import render
 
 
 def test_a_configuration_names_drafter_k_synthetic_length_and_control() -> None:
@@ -153,7 +148,7 @@ def test_the_controllers_cost_per_step_is_measured() -> None:
 
 def test_the_step_cost_is_read_back_off_a_map() -> None:
     from worker.spec_cost import StepCost, step_ms
-    from worker.tools.bench.spec_map import fit_step_cost
+    from worker.tools.bench.spec_map_report import fit_step_cost
 
     truth = StepCost(5.0, 0.02, 0.03, 512, 0.5, 1.5, 0.005, True)
     plain = StepCost(5.0, 0.02, 0.03, 512, 0.0, 0.0, 0.0, False)

@@ -16,7 +16,7 @@ The synchronisations cost the async scheduler its overlap, so the pass times are
 pass's share of a step; the wave's tok/s is measured in a second wave without the hooks' syncs.
 
 A configuration is ``none`` or ``DRAFT:K:LENGTH``, read as the spec map reads them
-(``spec_map.speculative_config``: ``ngram``, a draft model, or an EAGLE-3 head's path run as vLLM's
+(``spec_map_config.speculative_config``: ``ngram``, a draft model, or an EAGLE-3 head's path run as vLLM's
 ``eagle3``; ``LENGTH`` a synthetic mean acceptance length, or ``real``), optionally with
 ``+key=value`` entries of vLLM's speculative config (``+enforce_eager=true``,
 ``+disable_padded_drafter_batch=true``) or ``+engine.key=value`` engine arguments
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.tools.bench.spec_map import speculative_config
+from worker.tools.bench.spec_map_config import speculative_config
 
 __all__ = ["main", "parse_config"]
 

@@ -1,0 +1,129 @@
+"""The speculation map's report: Markdown tables and a plot of a saved ``spec_map.json``, and the
+step-cost figures (:class:`worker.spec_cost.StepCost`) read back off it."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from worker.tools.bench.spec_map_config import config_env
+
+__all__ = ["fit_step_cost", "render"]
+
+
+def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens: int = 512) -> dict[str, float]:
+    """:class:`worker.spec_cost.StepCost` figures read off a map's engine steps (``ms_per_step``):
+    ``none`` gives the target's step (``base_ms`` at one stream, ``per_seq_ms`` the least-squares
+    slope up to 64 streams); ``off``, a draft-model configuration the controller held at k = 0,
+    gives the draft's KV-sync pass over ``none`` (``draft_pass_ms`` and ``draft_per_seq_ms``, a
+    line through its two smallest loads); ``static`` (k drafts every step) the rest of a verify step
+    below the knee (``verify_ms``) and, past ``knee_tokens``, ``per_token_ms``."""
+    table = result["table"]
+    k = json.loads(config_env({}, static)["SPECULATIVE_CONFIG"])["num_speculative_tokens"]
+
+    def steps(name: str) -> dict[int, float]:
+        rows = table.get(name, {})
+        return {int(c): row["ms_per_step"] for c, row in rows.items() if row.get("ms_per_step")}
+
+    none, spec, idle = steps("none"), steps(static), steps(off)
+    low = sorted(b for b in none if b <= 64)
+    base = none[low[0]]
+    xs = [b - 1 for b in low]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(none[b] for b in low)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    per_seq = sum((x - mean_x) * (none[b] - mean_y) for x, b in zip(xs, low, strict=True)) / spread if spread else 0.0
+    sync = sorted((b, idle[b] - none[b]) for b in idle if b in none)
+    (b1, y1), (b2, y2) = sync[0], sync[min(1, len(sync) - 1)]
+    draft_per_seq = (y2 - y1) / (b2 - b1) if b2 != b1 else 0.0
+    draft_pass = y1 - draft_per_seq * b1
+    extra = {b: spec[b] - none[b] - k * (draft_pass + draft_per_seq * b) for b in spec if b in none}
+    below = [v for b, v in extra.items() if (k + 1) * b <= knee_tokens]
+    verify = statistics.median(below) if below else 0.0
+    above = [(v - verify) / ((k + 1) * b - knee_tokens) for b, v in extra.items() if (k + 1) * b > knee_tokens]
+    return {
+        "base_ms": round(base, 3),
+        "per_seq_ms": round(per_seq, 4),
+        "per_token_ms": round(statistics.median(above), 4) if above else 0.0,
+        "knee_tokens": knee_tokens,
+        "verify_ms": round(verify, 3),
+        "draft_pass_ms": round(draft_pass, 3),
+        "draft_per_seq_ms": round(draft_per_seq, 4),
+    }
+
+
+def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
+    """Markdown tables of a map (throughput vs no speculation, ITL, acceptance, drafts per verify
+    step, steps off per request) from its ``spec_map.json``; with ``plot``, a PNG of the first."""
+    table = result["table"]
+    concurrencies = [str(c) for c in result["concurrencies"]]
+    names = [name for name in result["configs"] if name in table]
+    head = "| configuration | " + " | ".join(f"{c} streams" for c in concurrencies) + " |"
+    rule = "|---|" + "---|" * len(concurrencies)
+
+    def rows(cell: Any) -> list[str]:
+        return [f"| `{name}` | " + " | ".join(cell(table[name].get(c)) for c in concurrencies) + " |" for name in names]
+
+    def tok(row: dict[str, Any] | None) -> str:
+        if not row or row.get("throughput_tok_s") is None:
+            return "-"
+        vs = row.get("vs_none")
+        return f"{row['throughput_tok_s']:,.0f}" + (f" ({vs:.2f}x)" if vs else "")
+
+    def itl(row: dict[str, Any] | None) -> str:
+        return f"{row['itl_p50_ms']:.2f}" if row and row.get("itl_p50_ms") is not None else "-"
+
+    def step(row: dict[str, Any] | None) -> str:
+        return f"{row['ms_per_step']:.2f}" if row and row.get("ms_per_step") is not None else "-"
+
+    def spec(row: dict[str, Any] | None) -> str:
+        if not row or row.get("mean_acceptance_length") is None:
+            return "-"
+        runs = max(1, row["runs"])
+        return f"{row['mean_acceptance_length']:.2f} / {row['mean_k_verified']:.2f} / {row['num_steps_off'] / runs:.0f}"
+
+    has_none = "none" in names
+    title = "Throughput, tok/s (vs no speculation):" if has_none else "Throughput, tok/s:"
+    lines = [title, "", head, rule, *rows(tok), ""]
+    lines += ["Median ITL, ms:", "", head, rule, *rows(itl), ""]
+    lines += ["Engine step, ms (the wave's time over its steps; prefill included):", "", head, rule, *rows(step), ""]
+    lines += ["Acceptance length / drafts per verify step / steps off per wave:", "", head, rule, *rows(spec)]
+    statics = [n for n in names if n.endswith(":static") and not n.startswith("ngram:")]
+    offs = [n for n in names if n.endswith(":1.0:auto") and not n.startswith("ngram:")]
+    if "none" in names and statics and offs:
+        fitted = fit_step_cost(result, static=statics[0], off=offs[0])
+        lines += ["", f"Step cost read off `{statics[0]}` and `{offs[0]}` (`fit_step_cost`): {fitted}"]
+    if result.get("mix"):
+
+        def classes(row: dict[str, Any] | None) -> str:
+            values = (row or {}).get("acceptance_by_class")
+            return " / ".join("-" if v is None else f"{v:.2f}" for v in values) if values else "-"
+
+        rates = ", ".join(f"{rate:g}" for rate in result["mix"])
+        lines += ["", f"Acceptance length by class (rates {rates}; request i in class i % n):", "", head, rule]
+        lines += rows(classes)
+    if result.get("errors"):
+        lines += ["", "Errors: " + "; ".join(f"`{k}`: {v}" for k, v in result["errors"].items())]
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        # Against no speculation where the map ran it; a map of speculative configurations alone
+        # (a comparison between them) plots their throughput.
+        key = "vs_none" if has_none else "throughput_tok_s"
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name in names:
+            xs = [int(c) for c in concurrencies if (table[name].get(c) or {}).get(key)]
+            ax.plot(xs, [table[name][str(x)][key] for x in xs], marker="o", label=name.split("/")[-1])
+        if key == "vs_none":
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+        ylabel = "throughput vs no speculation" if key == "vs_none" else "throughput, tok/s"
+        title = "Where speculation pays" if has_none else "Throughput by configuration"
+        ax.set(xscale="log", xlabel="streams", ylabel=ylabel, title=title)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(plot, dpi=120)
+    return "\n".join(lines)
