@@ -40,12 +40,13 @@ _PATCHED = "_worker_acceptance_mix"
 
 def parse_mix(text: str) -> list[float]:
     """The classes' per-position acceptance rates, from ``1.0,0.6,0.0`` (raises ValueError)."""
+    problem = f"{MIX_ENV}={text!r}: give rates between 0 and 1, comma-separated (1.0,0.6,0.0)"
     try:
         rates = [float(part) for part in text.split(",")]
     except ValueError:
-        raise ValueError(f"{MIX_ENV}={text!r}: give rates between 0 and 1, comma-separated (1.0,0.6,0.0)") from None
+        raise ValueError(problem) from None
     if not rates or any(not 0.0 <= rate <= 1.0 for rate in rates):
-        raise ValueError(f"{MIX_ENV}={text!r}: give rates between 0 and 1, comma-separated (1.0,0.6,0.0)")
+        raise ValueError(problem)
     return rates
 
 

@@ -83,8 +83,9 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[flo
                         sums["num_draft_tokens"] += stats.num_draft_tokens
                         sums["num_accepted_draft_tokens"] += stats.num_accepted_draft_tokens
                         if mix:
-                            by_class[i % len(mix)][0] += stats.num_spec_steps
-                            by_class[i % len(mix)][1] += stats.num_accepted_draft_tokens
+                            counts = by_class[i % len(mix)]
+                            counts[0] += stats.num_spec_steps
+                            counts[1] += stats.num_accepted_draft_tokens
                         yielded = stats.num_spec_steps + stats.num_accepted_draft_tokens
                         sums["num_steps_off"] += max(0, timing.num_tokens - 1 - yielded)
             timing.end = time.perf_counter()
