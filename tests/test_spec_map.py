@@ -3,6 +3,7 @@ its configurations, waves and report."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,9 +16,17 @@ from worker.config import load_settings
 from worker.tiny_models import TinyModels
 from worker.tools.bench.acceptance_mix import mix_class
 from worker.tools.bench.shapes import llama3_config
-from worker.tools.bench.spec_map import _medians, _wave, bench_spec_map, controller_step_us
-from worker.tools.bench.spec_map_config import check_mix, config_env
+from worker.tools.bench.spec_map import (
+    MIX_REQUESTS_PER_STREAM,
+    _medians,
+    _wave,
+    bench_spec_map,
+    controller_step_us,
+    steady_window,
+)
+from worker.tools.bench.spec_map_config import baseline, check_mix, config_env
 from worker.tools.bench.spec_map_report import render
+from worker.tools.bench.timing import RequestTiming
 
 
 def test_a_configuration_names_drafter_k_synthetic_length_and_control() -> None:
@@ -115,31 +124,70 @@ def test_the_acceptance_mix_refuses_what_its_hook_cannot_reach() -> None:
 
 class FakeEngine:
     """Stands in for the worker's engine in a wave (what a GPU run with the mix would report): each
-    request drafts 2 tokens a step for 4 steps and accepts 2, 1 or 0 of them by the class its
-    request id carries."""
+    request drafts 2 tokens a step and accepts 2, 1 or 0 of them by the class its request id
+    carries, so its 12 tokens take 4, 6 or 12 steps of ``step_s``, one chunk a step."""
 
     served = SimpleNamespace(speculative_method="ngram")
 
+    def __init__(self, step_s: float = 0.0) -> None:
+        self.step_s = step_s
+
     async def generate(self, request: Any, *, request_id: str | None = None) -> Any:
         assert request_id is not None
-        accepted = [8, 4, 0][mix_class(request_id) or 0]
-        stats = SimpleNamespace(num_spec_steps=4, num_draft_tokens=8, num_accepted_draft_tokens=accepted)
-        yield SimpleNamespace(num_tokens=1, is_final=False, usage=None, spec_decode=None)
-        usage = SimpleNamespace(completion_tokens=4 + accepted)
-        yield SimpleNamespace(num_tokens=3 + accepted, is_final=True, usage=usage, spec_decode=stats)
+        accepted = [2, 1, 0][mix_class(request_id) or 0]
+        steps = 12 // (1 + accepted)
+        for step in range(steps):
+            await asyncio.sleep(self.step_s)
+            final = step == steps - 1
+            stats = SimpleNamespace(
+                num_spec_steps=steps, num_draft_tokens=2 * steps, num_accepted_draft_tokens=accepted * steps
+            )
+            yield SimpleNamespace(
+                num_tokens=1 + accepted,
+                is_final=final,
+                usage=SimpleNamespace(completion_tokens=12) if final else None,
+                spec_decode=stats if final else None,
+            )
+
+
+def test_the_steady_window_runs_while_every_stream_is_busy() -> None:
+    # Two streams, four requests: request 2 is admitted at 5 (when request 0 ends), request 3 at 6.
+    runs = [(0, 5), (0, 6), (5, 9), (6, 12)]
+    timings = [RequestTiming(start=float(a), end=float(b)) for a, b in runs]
+    assert steady_window(timings) == (5.0, 9.0)  # from the first end to the first end after 6
+    assert steady_window([RequestTiming(start=0.0, end=4.0)]) is None  # one request: no refill
+    assert steady_window([RequestTiming(start=0.0)]) is None
 
 
 async def test_a_wave_reports_the_acceptance_of_each_class() -> None:
     point = await _wave(FakeEngine(), concurrency=6, max_tokens=16, mix=[1.0, 0.5, 0.0])
+    assert point["requests"] == 6 * MIX_REQUESTS_PER_STREAM
     assert point["acceptance_by_class"] == [3.0, 2.0, 1.0]
-    assert point["mean_acceptance_length"] == 2.0
+    assert point["mean_acceptance_length"] == pytest.approx(1 + (2 * 4 + 6) / (4 + 6 + 12))
+    assert point["ms_per_step"] is None  # the batch's requests do not decode in lockstep
     table = _medians([point, {**point, "acceptance_by_class": [2.0, 2.0, None]}])
     assert table["acceptance_by_class"] == [2.5, 2.0, 1.0]
-    result = {"configs": ["ngram:2:3.0:auto"], "concurrencies": [6], "mix": [1.0, 0.5, 0.0]}
-    result["table"] = {"ngram:2:3.0:auto": {"6": table}}
+    none = {"runs": 1, "throughput_tok_s": 100.0, "itl_p50_ms": 5.0, "mean_acceptance_length": None}
+    configs = ["none+MODEL_RUNNER=v2", "ngram:2:3.0:auto"]
+    result = {"configs": configs, "concurrencies": [6], "mix": [1.0, 0.5, 0.0]}
+    result["table"] = {configs[0]: {"6": {**none, "vs_none": 1.0}}, "ngram:2:3.0:auto": {"6": table}}
     text = render(result)
     assert "Acceptance length by class (rates 1, 0.5, 0;" in text
     assert "| `ngram:2:3.0:auto` | 2.50 / 2.00 / 1.00 |" in text
+    assert "Throughput, tok/s (vs no speculation)" in text and "Engine step" not in text
+    assert baseline(configs) == configs[0] and baseline(["none", *configs]) == "none" and baseline(configs[1:]) is None
+
+
+async def test_a_mixed_waves_throughput_is_its_steady_state_not_its_tail() -> None:
+    """With every stream busy, a stream streams 12 tokens per 22/3 steps on average (the classes
+    take 4, 6 and 12). The wave's whole time ends in a tail of slow requests at a shrinking
+    batch; the window leaves that tail and the first prefills out."""
+    step_s = 0.02
+    point = await _wave(FakeEngine(step_s), concurrency=3, max_tokens=12, mix=[1.0, 0.5, 0.0])
+    steady = 3 * 12 / (22 / 3) / step_s
+    assert point["steady_window_s"] > 12 * step_s
+    assert point["throughput_tok_s"] == pytest.approx(steady, rel=0.1)  # the whole wave: 0.85x
+    assert point["tokens"] / point["wall_s"] < point["throughput_tok_s"]
 
 
 def test_the_controllers_cost_per_step_is_measured() -> None:

@@ -25,7 +25,12 @@ speculation is real and the acceptance is chosen. vLLM's synthetic rates are per
 every request alike. ``SPEC_MAP_ACCEPTANCE_MIX`` (``1.0,0.6,0.0``) in the environment mixes
 acceptance levels within each wave, request ``i`` in class ``i % n`` (:mod:`.acceptance_mix`: V2
 engines, with the synthetic LENGTH at ``K + 1``); each point then reports the acceptance length
-per class.
+per class. A mixed wave is a steady state, not one request per stream: the classes finish at
+different steps (at rates 1.0 and 0.0 and K = 4, 5x apart), so a single wave's time is the slowest
+class's, decoded at a shrinking batch. Each stream therefore runs ``MIX_REQUESTS_PER_STREAM``
+requests back to back, and the throughput is the tokens streamed while the batch is full and past
+the first prefills (:func:`steady_window`); its engine step is not reported (the batch's requests
+no longer decode in lockstep).
 
     python -m worker.tools.bench.spec_map --out DIR --configs none,/tmp/d:4:2.5:static,... \\
         --concurrency 1,8,64,256 --max-tokens 128 --repeats 3
@@ -44,11 +49,28 @@ from typing import Any
 
 from worker.config import load_settings
 from worker.tools.bench.acceptance_mix import MIX_ENV, install, mix_request_id, parse_mix
-from worker.tools.bench.spec_map_config import check_mix, config_env
+from worker.tools.bench.spec_map_config import baseline, check_mix, config_env
 from worker.tools.bench.spec_map_report import render
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
 
-__all__ = ["bench_spec_map", "controller_step_us", "main"]
+__all__ = ["MIX_REQUESTS_PER_STREAM", "bench_spec_map", "controller_step_us", "main", "steady_window"]
+
+
+# Requests per stream in a mixed wave: enough that the full batch outlasts the slowest class's
+# request by more than one of its lifetimes.
+MIX_REQUESTS_PER_STREAM = 4
+
+
+def steady_window(timings: list[RequestTiming]) -> tuple[float, float] | None:
+    """The part of a closed-loop run where every stream is busy after its first request: from the
+    first request's end (the first prefills are behind) to the first end after the last request's
+    start (the batch can no longer be refilled). None where that is empty."""
+    ends = sorted(t.end for t in timings if t.end is not None)
+    if not ends:
+        return None
+    last_start = max(t.start for t in timings)
+    after = [end for end in ends if end > last_start]
+    return (ends[0], after[0]) if after and after[0] > ends[0] else None
 
 
 async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[float] | None = None) -> dict[str, Any]:
@@ -60,6 +82,7 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[flo
 
     sums = {"num_spec_steps": 0, "num_draft_tokens": 0, "num_accepted_draft_tokens": 0, "num_steps_off": 0}
     by_class = [[0, 0] for _ in mix or ()]  # (verify steps, accepted drafts) per class
+    streamed: list[tuple[float, int]] = []  # (time, tokens) of each chunk: a mixed wave's window
 
     def make(i: int) -> Any:
         request = parse_request(
@@ -72,8 +95,11 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[flo
         async def run(timing: RequestTiming) -> None:
             rid = mix_request_id(i, len(mix)) if mix else None
             async for chunk in engine.generate(request, request_id=rid):
-                if chunk.num_tokens and timing.first_token is None:
-                    timing.first_token = time.perf_counter()
+                if chunk.num_tokens:
+                    now = time.perf_counter()
+                    timing.first_token = timing.first_token or now
+                    if mix:
+                        streamed.append((now, chunk.num_tokens))
                 if chunk.is_final:
                     assert chunk.usage is not None
                     timing.num_tokens = chunk.usage.completion_tokens
@@ -92,8 +118,14 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[flo
 
         return run
 
-    timings, wall = await run_concurrent(make, num_requests=concurrency, concurrency=concurrency)
+    per_stream = MIX_REQUESTS_PER_STREAM if mix else 1
+    timings, wall = await run_concurrent(make, num_requests=concurrency * per_stream, concurrency=concurrency)
     point = summarize(timings, wall)
+    window = steady_window(timings) if mix else None
+    if window is not None:
+        start, end = window
+        point["steady_window_s"] = end - start
+        point["throughput_tok_s"] = sum(n for at, n in streamed if start < at <= end) / (end - start)
     point.update(sums)
     steps = sums["num_spec_steps"]
     point["mean_acceptance_length"] = 1 + sums["num_accepted_draft_tokens"] / steps if steps else None
@@ -105,7 +137,7 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[flo
     request_steps = steps + sums["num_steps_off"] if steps or sums["num_steps_off"] else point["tokens"] - concurrency
     if engine.served.speculative_method is not None and not steps:
         request_steps = 0  # speculating without the per-request stats (``stock``): its steps are unknown
-    point["ms_per_step"] = wall * 1000 * concurrency / request_steps if request_steps > 0 else None
+    point["ms_per_step"] = wall * 1000 * concurrency / request_steps if request_steps > 0 and not mix else None
     return point
 
 
@@ -166,7 +198,7 @@ async def bench_spec_map(
         result["table"] = {
             name: {c: _medians(runs) for c, runs in by_c.items() if runs} for name, by_c in result["runs"].items()
         }
-        base = result["table"].get("none", {})
+        base = result["table"].get(baseline(configs) or "", {})
         for by_c in result["table"].values():
             for c, row in by_c.items():
                 ref = base.get(c, {}).get("throughput_tok_s")

@@ -11,7 +11,7 @@ from typing import Any
 from worker.config import load_settings
 from worker.config.speculation import NGRAM_METHODS
 
-__all__ = ["check_mix", "config_env", "speculative_config"]
+__all__ = ["baseline", "check_mix", "config_env", "speculative_config"]
 
 
 def _draft_method(drafter: str) -> str:
@@ -32,6 +32,14 @@ def speculative_config(drafter: str, k: int, length: str) -> dict[str, Any]:
     if length != "real":
         spec.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(length))
     return spec
+
+
+def baseline(configs: list[str]) -> str | None:
+    """The configuration without speculation the others are compared with: ``none``, else the
+    first ``none+KEY=VALUE`` (``none+MODEL_RUNNER=v2`` beside V2 engines)."""
+    if "none" in configs:
+        return "none"
+    return next((name for name in configs if name.startswith("none+")), None)
 
 
 def check_mix(base: dict[str, str], configs: list[str]) -> None:

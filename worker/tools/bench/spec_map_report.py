@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from worker.tools.bench.spec_map_config import config_env
+from worker.tools.bench.spec_map_config import baseline, config_env
 
 __all__ = ["fit_step_cost", "render"]
 
@@ -59,6 +59,12 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     table = result["table"]
     concurrencies = [str(c) for c in result["concurrencies"]]
     names = [name for name in result["configs"] if name in table]
+    base = table.get(baseline(names) or "", {})
+    for by_c in table.values():  # maps saved before ``none+KEY=VALUE`` counted as the baseline
+        for c, row in by_c.items():
+            ref = (base.get(c) or {}).get("throughput_tok_s")
+            if row and row.get("vs_none") is None and ref and row.get("throughput_tok_s"):
+                row["vs_none"] = row["throughput_tok_s"] / ref
     head = "| configuration | " + " | ".join(f"{c} streams" for c in concurrencies) + " |"
     rule = "|---|" + "---|" * len(concurrencies)
 
@@ -83,11 +89,19 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
         runs = max(1, row["runs"])
         return f"{row['mean_acceptance_length']:.2f} / {row['mean_k_verified']:.2f} / {row['num_steps_off'] / runs:.0f}"
 
-    has_none = "none" in names
+    has_none = baseline(names) is not None
     title = "Throughput, tok/s (vs no speculation):" if has_none else "Throughput, tok/s:"
     lines = [title, "", head, rule, *rows(tok), ""]
     lines += ["Median ITL, ms:", "", head, rule, *rows(itl), ""]
-    lines += ["Engine step, ms (the wave's time over its steps; prefill included):", "", head, rule, *rows(step), ""]
+    if not result.get("mix"):  # a mixed wave's requests do not decode in lockstep: no step time
+        lines += [
+            "Engine step, ms (the wave's time over its steps; prefill included):",
+            "",
+            head,
+            rule,
+            *rows(step),
+            "",
+        ]
     lines += ["Acceptance length / drafts per verify step / steps off per wave:", "", head, rule, *rows(spec)]
     statics = [n for n in names if n.endswith(":static") and not n.startswith("ngram:")]
     offs = [n for n in names if n.endswith(":1.0:auto") and not n.startswith("ngram:")]
