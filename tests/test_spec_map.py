@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -125,19 +126,31 @@ def test_the_acceptance_mix_refuses_what_its_hook_cannot_reach() -> None:
 class FakeEngine:
     """Stands in for the worker's engine in a wave (what a GPU run with the mix would report): each
     request drafts 2 tokens a step and accepts 2, 1 or 0 of them by the class its request id
-    carries, so its 12 tokens take 4, 6 or 12 steps of ``step_s``, one chunk a step."""
+    carries, so its 12 tokens take 4, 6 or 12 steps, one chunk a step. The steps are the ticks of a
+    virtual clock (``now``; :meth:`clock` runs it) that the test gives the bench as its
+    ``time.perf_counter``, so that every request in flight decodes in lockstep, as in an engine."""
 
     served = SimpleNamespace(speculative_method="ngram")
+    STEPS = (4, 6, 12)  # by class
 
-    def __init__(self, step_s: float = 0.0) -> None:
-        self.step_s = step_s
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._tick = asyncio.Event()
+
+    async def clock(self) -> None:
+        while True:
+            for _ in range(50):  # every request woken by the last tick reaches its next wait
+                await asyncio.sleep(0)
+            self.now += 1.0
+            tick, self._tick = self._tick, asyncio.Event()
+            tick.set()
 
     async def generate(self, request: Any, *, request_id: str | None = None) -> Any:
         assert request_id is not None
         accepted = [2, 1, 0][mix_class(request_id) or 0]
-        steps = 12 // (1 + accepted)
+        steps = self.STEPS[mix_class(request_id) or 0]
         for step in range(steps):
-            await asyncio.sleep(self.step_s)
+            await self._tick.wait()
             final = step == steps - 1
             stats = SimpleNamespace(
                 num_spec_steps=steps, num_draft_tokens=2 * steps, num_accepted_draft_tokens=accepted * steps
@@ -150,17 +163,29 @@ class FakeEngine:
             )
 
 
+async def fake_wave(monkeypatch: pytest.MonkeyPatch, *, concurrency: int) -> dict[str, Any]:
+    engine = FakeEngine()
+    monkeypatch.setattr(time, "perf_counter", lambda: engine.now)
+    clock = asyncio.create_task(engine.clock())
+    try:
+        return await _wave(engine, concurrency=concurrency, max_tokens=12, mix=[1.0, 0.5, 0.0])
+    finally:
+        clock.cancel()
+
+
 def test_the_steady_window_runs_while_every_stream_is_busy() -> None:
-    # Two streams, four requests: request 2 is admitted at 5 (when request 0 ends), request 3 at 6.
-    runs = [(0, 5), (0, 6), (5, 9), (6, 12)]
+    # Two streams, six requests: the first two start together; request 2 is admitted at 5 (when
+    # request 0 ends), request 3 at 6, ..., request 5 at 12.
+    runs = [(0, 5), (0, 6), (5, 9), (6, 12), (9, 14), (12, 16)]
     timings = [RequestTiming(start=float(a), end=float(b)) for a, b in runs]
-    assert steady_window(timings) == (5.0, 9.0)  # from the first end to the first end after 6
-    assert steady_window([RequestTiming(start=0.0, end=4.0)]) is None  # one request: no refill
-    assert steady_window([RequestTiming(start=0.0)]) is None
+    # From the first two requests' last end to the first end after the last start.
+    assert steady_window(timings, concurrency=2) == (6.0, 14.0)
+    assert steady_window([RequestTiming(start=0.0, end=4.0)], concurrency=1) is None  # no refill
+    assert steady_window([RequestTiming(start=0.0)], concurrency=1) is None
 
 
-async def test_a_wave_reports_the_acceptance_of_each_class() -> None:
-    point = await _wave(FakeEngine(), concurrency=6, max_tokens=16, mix=[1.0, 0.5, 0.0])
+async def test_a_wave_reports_the_acceptance_of_each_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    point = await fake_wave(monkeypatch, concurrency=6)
     assert point["requests"] == 6 * MIX_REQUESTS_PER_STREAM
     assert point["acceptance_by_class"] == [3.0, 2.0, 1.0]
     assert point["mean_acceptance_length"] == pytest.approx(1 + (2 * 4 + 6) / (4 + 6 + 12))
@@ -176,18 +201,33 @@ async def test_a_wave_reports_the_acceptance_of_each_class() -> None:
     assert "| `ngram:2:3.0:auto` | 2.50 / 2.00 / 1.00 |" in text
     assert "Throughput, tok/s (vs no speculation)" in text and "Engine step" not in text
     assert baseline(configs) == configs[0] and baseline(["none", *configs]) == "none" and baseline(configs[1:]) is None
+    result["runs"] = {configs[1]: {"6": [{"throughput_tok_s": 1.0}]}}  # a map from before the window
+    assert "of whole waves of one request per stream" in render(result)
 
 
-async def test_a_mixed_waves_throughput_is_its_steady_state_not_its_tail() -> None:
-    """With every stream busy, a stream streams 12 tokens per 22/3 steps on average (the classes
-    take 4, 6 and 12). The wave's whole time ends in a tail of slow requests at a shrinking
-    batch; the window leaves that tail and the first prefills out."""
-    step_s = 0.02
-    point = await _wave(FakeEngine(step_s), concurrency=3, max_tokens=12, mix=[1.0, 0.5, 0.0])
-    steady = 3 * 12 / (22 / 3) / step_s
-    assert point["steady_window_s"] > 12 * step_s
-    assert point["throughput_tok_s"] == pytest.approx(steady, rel=0.1)  # the whole wave: 0.85x
-    assert point["tokens"] / point["wall_s"] < point["throughput_tok_s"]
+async def test_a_mixed_waves_throughput_is_its_steady_state_not_its_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wave's tokens per step in its window, against the same closed loop worked out step by
+    step here: the first requests end, then each stream's next request starts as one ends, the
+    classes by request index, their chunks one a step (3, 2 or 1 tokens)."""
+    concurrency = 3
+    point = await fake_wave(monkeypatch, concurrency=concurrency)
+    free = [0] * concurrency
+    runs = []  # (start, end, tokens a step)
+    for i in range(concurrency * MIX_REQUESTS_PER_STREAM):
+        stream = free.index(min(free))
+        start, end = free[stream], free[stream] + FakeEngine.STEPS[i % 3]
+        runs.append((start, end, 3 - i % 3))
+        free[stream] = end
+    window_start = max(end for _, end, _ in runs[:concurrency])
+    window_end = min(end for _, end, _ in runs if end > max(start for start, _, _ in runs))
+    tokens = sum(
+        per_step for start, end, per_step in runs for at in range(start + 1, end + 1) if window_start < at <= window_end
+    )
+    assert point["steady_window_s"] == window_end - window_start
+    assert point["throughput_tok_s"] == pytest.approx(tokens / (window_end - window_start))
+    # Near the steady rate (12 tokens per 22/3 steps a stream), well above the whole wave's.
+    assert point["throughput_tok_s"] == pytest.approx(concurrency * 12 / (22 / 3), rel=0.1)
+    assert point["tokens"] / point["wall_s"] < 0.9 * point["throughput_tok_s"]
 
 
 def test_the_controllers_cost_per_step_is_measured() -> None:

@@ -28,9 +28,11 @@ engines, with the synthetic LENGTH at ``K + 1``); each point then reports the ac
 per class. A mixed wave is a steady state, not one request per stream: the classes finish at
 different steps (at rates 1.0 and 0.0 and K = 4, 5x apart), so a single wave's time is the slowest
 class's, decoded at a shrinking batch. Each stream therefore runs ``MIX_REQUESTS_PER_STREAM``
-requests back to back, and the throughput is the tokens streamed while the batch is full and past
-the first prefills (:func:`steady_window`); its engine step is not reported (the batch's requests
-no longer decode in lockstep).
+requests back to back, and the throughput is the tokens streamed while every stream is busy, after
+the wave's first requests have all ended (:func:`steady_window`): by then the controller's evidence
+from the wave before (which ends with the slowest class alone) has aged by the slowest class's
+lifetime. Its engine step is not reported (the batch's requests no longer decode in lockstep), and
+its ITL and TTFT are every request's.
 
     python -m worker.tools.bench.spec_map --out DIR --configs none,/tmp/d:4:2.5:static,... \\
         --concurrency 1,8,64,256 --max-tokens 128 --repeats 3
@@ -56,21 +58,23 @@ from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurr
 __all__ = ["MIX_REQUESTS_PER_STREAM", "bench_spec_map", "controller_step_us", "main", "steady_window"]
 
 
-# Requests per stream in a mixed wave: enough that the full batch outlasts the slowest class's
-# request by more than one of its lifetimes.
-MIX_REQUESTS_PER_STREAM = 4
+# Requests per stream in a mixed wave: at the map's classes (1.0, 0.6 and 0.0 at K = 4) the window
+# then spans about two lifetimes of the slowest class's request.
+MIX_REQUESTS_PER_STREAM = 6
 
 
-def steady_window(timings: list[RequestTiming]) -> tuple[float, float] | None:
-    """The part of a closed-loop run where every stream is busy after its first request: from the
-    first request's end (the first prefills are behind) to the first end after the last request's
-    start (the batch can no longer be refilled). None where that is empty."""
-    ends = sorted(t.end for t in timings if t.end is not None)
-    if not ends:
+def steady_window(timings: list[RequestTiming], *, concurrency: int) -> tuple[float, float] | None:
+    """The part of a closed-loop run of ``concurrency`` streams where every stream is busy with its
+    later requests: from the end of the last of the first ``concurrency`` requests (the ones that
+    started together, with their prefills) to the first end after the last request's start (the
+    batch can no longer be refilled). None where that is empty."""
+    first = sorted(timings, key=lambda t: t.start)[:concurrency]
+    if not first or any(t.end is None for t in first):
         return None
+    start = max(t.end for t in first if t.end is not None)
     last_start = max(t.start for t in timings)
-    after = [end for end in ends if end > last_start]
-    return (ends[0], after[0]) if after and after[0] > ends[0] else None
+    end = min((t.end for t in timings if t.end is not None and t.end > last_start), default=None)
+    return (start, end) if end is not None and end > start else None
 
 
 async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[float] | None = None) -> dict[str, Any]:
@@ -121,11 +125,13 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[flo
     per_stream = MIX_REQUESTS_PER_STREAM if mix else 1
     timings, wall = await run_concurrent(make, num_requests=concurrency * per_stream, concurrency=concurrency)
     point = summarize(timings, wall)
-    window = steady_window(timings) if mix else None
-    if window is not None:
-        start, end = window
-        point["steady_window_s"] = end - start
-        point["throughput_tok_s"] = sum(n for at, n in streamed if start < at <= end) / (end - start)
+    if mix:
+        window = steady_window(timings, concurrency=concurrency)
+        point["steady_window_s"] = None if window is None else window[1] - window[0]
+        point["throughput_tok_s"] = None  # no steady state to measure: not the whole wave's instead
+        if window is not None:
+            start, end = window
+            point["throughput_tok_s"] = sum(n for at, n in streamed if start < at <= end) / (end - start)
     point.update(sums)
     steps = sums["num_spec_steps"]
     point["mean_acceptance_length"] = 1 + sums["num_accepted_draft_tokens"] / steps if steps else None
@@ -134,7 +140,7 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[flo
         point["acceptance_by_class"] = [1 + accepted / n if n else None for n, accepted in by_class]
     # Engine steps in the wave, the streams decoding in lockstep: each request's decode steps (a
     # verify step, or one without drafts; without speculation one per token after the first).
-    request_steps = steps + sums["num_steps_off"] if steps or sums["num_steps_off"] else point["tokens"] - concurrency
+    request_steps = steps + sums["num_steps_off"] if steps or sums["num_steps_off"] else point["tokens"] - len(timings)
     if engine.served.speculative_method is not None and not steps:
         request_steps = 0  # speculating without the per-request stats (``stock``): its steps are unknown
     point["ms_per_step"] = wall * 1000 * concurrency / request_steps if request_steps > 0 and not mix else None
@@ -236,7 +242,7 @@ async def bench_spec_map(
                         continue
                     result["runs"][name][str(c)].append(point)
                     print(
-                        f"spec_map r{repeat} c={c} {name}: {point['throughput_tok_s']:.0f} tok/s, "
+                        f"spec_map r{repeat} c={c} {name}: {point['throughput_tok_s'] or 0:.0f} tok/s, "
                         f"ITL {point['itl_p50_ms'] or 0:.2f} ms, AL {point['mean_acceptance_length'] or 0:.2f}, "
                         f"k {point['mean_k_verified'] or 0:.2f}, off {point['num_steps_off']}",
                         flush=True,

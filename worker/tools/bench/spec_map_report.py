@@ -56,7 +56,7 @@ def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens:
 def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     """Markdown tables of a map (throughput vs no speculation, ITL, acceptance, drafts per verify
     step, steps off per request) from its ``spec_map.json``; with ``plot``, a PNG of the first."""
-    table = result["table"]
+    table = {name: {c: dict(row) if row else row for c, row in by_c.items()} for name, by_c in result["table"].items()}
     concurrencies = [str(c) for c in result["concurrencies"]]
     names = [name for name in result["configs"] if name in table]
     base = table.get(baseline(names) or "", {})
@@ -91,8 +91,13 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
 
     has_none = baseline(names) is not None
     title = "Throughput, tok/s (vs no speculation):" if has_none else "Throughput, tok/s:"
+    runs = [run for by_c in result.get("runs", {}).values() for wave in by_c.values() for run in wave]
+    if result.get("mix") and runs and not any("steady_window_s" in run for run in runs):
+        # Maps made before the steady window: one request per stream, the slowest class's time.
+        title = "Throughput, tok/s, of whole waves of one request per stream (not a steady state):"
     lines = [title, "", head, rule, *rows(tok), ""]
-    lines += ["Median ITL, ms:", "", head, rule, *rows(itl), ""]
+    itl_title = "Median ITL, ms (every request of the wave):" if result.get("mix") else "Median ITL, ms:"
+    lines += [itl_title, "", head, rule, *rows(itl), ""]
     if not result.get("mix"):  # a mixed wave's requests do not decode in lockstep: no step time
         lines += [
             "Engine step, ms (the wave's time over its steps; prefill included):",
