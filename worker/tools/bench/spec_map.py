@@ -51,8 +51,8 @@ from typing import Any
 
 from worker.config import load_settings
 from worker.tools.bench.acceptance_mix import MIX_ENV, install, mix_request_id, parse_mix
-from worker.tools.bench.spec_map_config import baseline, check_mix, config_env
-from worker.tools.bench.spec_map_report import render
+from worker.tools.bench.spec_map_config import check_mix, config_env
+from worker.tools.bench.spec_map_report import fill_vs_none, render
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
 
 __all__ = ["MIX_REQUESTS_PER_STREAM", "bench_spec_map", "controller_step_us", "main", "steady_window"]
@@ -204,11 +204,7 @@ async def bench_spec_map(
         result["table"] = {
             name: {c: _medians(runs) for c, runs in by_c.items() if runs} for name, by_c in result["runs"].items()
         }
-        base = result["table"].get(baseline(configs) or "", {})
-        for by_c in result["table"].values():
-            for c, row in by_c.items():
-                ref = base.get(c, {}).get("throughput_tok_s")
-                row["vs_none"] = row["throughput_tok_s"] / ref if ref and row["throughput_tok_s"] else None
+        fill_vs_none(result["table"], configs)
         result["elapsed_s"] = round(time.monotonic() - started, 1)
         path.write_text(json.dumps(result, indent=1))
 

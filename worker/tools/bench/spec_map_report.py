@@ -10,7 +10,7 @@ from typing import Any
 
 from worker.tools.bench.spec_map_config import baseline, config_env
 
-__all__ = ["fit_step_cost", "render"]
+__all__ = ["fill_vs_none", "fit_step_cost", "render"]
 
 
 def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens: int = 512) -> dict[str, float]:
@@ -53,18 +53,25 @@ def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens:
     }
 
 
+def fill_vs_none(table: dict[str, Any], configs: list[str]) -> None:
+    """Each row's throughput against the baseline's at its concurrency (``vs_none``), where a row has
+    none yet: every row of a fresh table, and the rows of maps saved before ``none+KEY=VALUE``
+    counted as the baseline."""
+    base = table.get(baseline(configs) or "", {})
+    for by_c in table.values():
+        for c, row in by_c.items():
+            if row and row.get("vs_none") is None:
+                ref = (base.get(c) or {}).get("throughput_tok_s")
+                row["vs_none"] = row["throughput_tok_s"] / ref if ref and row.get("throughput_tok_s") else None
+
+
 def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     """Markdown tables of a map (throughput vs no speculation, ITL, acceptance, drafts per verify
     step, steps off per request) from its ``spec_map.json``; with ``plot``, a PNG of the first."""
     table = {name: {c: dict(row) if row else row for c, row in by_c.items()} for name, by_c in result["table"].items()}
     concurrencies = [str(c) for c in result["concurrencies"]]
     names = [name for name in result["configs"] if name in table]
-    base = table.get(baseline(names) or "", {})
-    for by_c in table.values():  # maps saved before ``none+KEY=VALUE`` counted as the baseline
-        for c, row in by_c.items():
-            ref = (base.get(c) or {}).get("throughput_tok_s")
-            if row and row.get("vs_none") is None and ref and row.get("throughput_tok_s"):
-                row["vs_none"] = row["throughput_tok_s"] / ref
+    fill_vs_none(table, names)
     head = "| configuration | " + " | ".join(f"{c} streams" for c in concurrencies) + " |"
     rule = "|---|" + "---|" * len(concurrencies)
 
