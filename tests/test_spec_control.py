@@ -169,6 +169,21 @@ def test_a_request_that_accepts_far_less_than_the_batch_is_capped() -> None:
     assert c.caps == {} and c.draft_cap == K
 
 
+def test_with_full_cuda_graphs_no_request_is_trimmed_alone_only_the_batch_k_comes_down() -> None:
+    # A V2 graph holds every request of a step at one query length: a capped request would make
+    # the batch run without it (the H200's mixed map: 0.50-0.73x static k = 4 at 32 streams).
+    c = controller(graph_batches=[1024] * (K + 1))  # graphs for every k up to 1,024 sequences
+    run_steps(c, steps=100, batch_size=256, accept=0.75)
+    assert c.choose_quietly(256) >= 2
+    good = ("good", [0, 0, 0, 100, 0], 300)
+    bad = ("bad", [90, 10, 0, 0, 0], 300)
+    worse = ("worse", [100, 0, 0, 0, 0], 300)
+    c.review([good, bad], batch_size=256)
+    assert c.caps == {} and c.draft_cap == K  # the trimmed controller above caps "bad" alone
+    c.review([bad, worse], batch_size=256)  # every request capped: the batch's k comes down, for all alike
+    assert c.caps == {} and c.draft_cap == 1 and c.highest_k(256) == 1
+
+
 def test_geometric_rate_inverts_the_mean_accepted() -> None:
     for rate in (0.0, 0.3, 0.6, 0.9, 1.0):
         mean = sum(rate**p for p in range(1, K + 1))

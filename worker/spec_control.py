@@ -20,6 +20,11 @@ acceptance the step outputs show, per draft position:
   (a probe), so that it notices when acceptance recovers;
 - per request, where a request's own acceptance is far below the batch's, it caps how many of
   that request's drafts are verified (the batch's drafting is capped too when every request is).
+  Where the engine replays full CUDA graphs (V2, ``graph_batches``), a graph needs every request
+  of the step at one query length, and a batch with a trimmed request runs piecewise: on the H200,
+  at 32 streams of a mixed workload, ``auto`` ran 0.50-0.73x static k = 4 with the trimming and
+  1.05-1.10x the best static k without it (docs/benchmarks.md). There the review only lowers the
+  batch's k, for every request alike, when every request is capped; no request is trimmed alone.
 
 Nothing here imports vLLM: the scheduler mixin (:mod:`worker.spec_stats.control`) reads vLLM's objects
 by the attributes the pinned version has, and the arithmetic is plain Python, tested on its own.
@@ -218,7 +223,7 @@ class SpeculationController:
         drafts per verify step, drafts verified)``. A request keeps ``cap`` drafts per step where
         its own geometric acceptance ``a`` has ``a^cap`` worth the verification of one token at
         this batch size (a marginal cost next to the batch's tokens per millisecond); at least one,
-        so that it keeps measuring."""
+        so that it keeps measuring. With full CUDA graphs no request is capped alone (module docstring)."""
         self._choices.clear()
         k = self.choose_quietly(batch_size)
         caps: dict[str, int] = {}
@@ -243,8 +248,9 @@ class SpeculationController:
                         cap += 1
                     if cap < k:
                         caps[rid] = cap
-        self.caps = caps
         self.draft_cap = max(caps.values()) if caps and len(caps) == num_requests else self.num_spec_tokens
+        # Full graphs (module docstring): the batch keeps one query length, the draft cap's.
+        self.caps = caps if self.graph_batches is None else {}
 
     def choose_quietly(self, batch_size: int) -> int:
         """The k :meth:`choose` would pick, without counting a step or probing."""

@@ -1,6 +1,7 @@
 """The scheduler hooks of ``SPECULATION_CONTROL=auto`` (:mod:`worker.spec_control` has the controller):
 vLLM's ``dynamic_sd_lookup`` answered by the controller, fed each step's (drafted, accepted) pairs,
-and a capped request's drafts trimmed before a step is scheduled. The mixin is checked against
+and a capped request's drafts trimmed before a step is scheduled (the controller caps none alone
+where the engine replays full CUDA graphs: :mod:`worker.spec_control`). The mixin is checked against
 vLLM's scheduler (imported for the type checker only), whose methods it overrides and calls."""
 
 from __future__ import annotations
