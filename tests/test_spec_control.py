@@ -5,7 +5,7 @@ the noisy draft's acceptance comes back after a stretch at k = 0, the stats stay
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,6 +24,7 @@ from worker.spec_control import (
 from worker.spec_cost import STEP_COSTS
 from worker.spec_stats.control import ControlledScheduling
 from worker.spec_stats.stand_in import StandInScheduler
+from worker.tools.bench.closed_loop import auto_rate, closed_loop, fixed
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -182,6 +183,24 @@ def test_with_full_cuda_graphs_no_request_is_trimmed_alone_only_the_batch_k_come
     assert c.caps == {} and c.draft_cap == K  # the trimmed controller above caps "bad" alone
     c.review([bad, worse], batch_size=256)  # every request capped: the batch's k comes down, for all alike
     assert c.caps == {} and c.draft_cap == 1 and c.highest_k(256) == 1
+
+
+def test_in_a_mixed_closed_loop_auto_weighs_what_k_does_to_the_batch() -> None:
+    # The H200's mixed map at 32 and 64 streams (rates 1, 0.6 and 0), on the cost model
+    # (worker/tools/bench/closed_loop.py): the best static k falls with load, and the batch holds
+    # the requests that accept least the longest.
+    mixed = (1.0, 0.6, 0.0)
+
+    def static(streams: int, ks: Sequence[int]) -> float:  # the best of these static k
+        return max(closed_loop(fixed(k), streams=streams, classes=mixed) for k in ks)
+
+    for streams in (32, 64):
+        assert auto_rate(streams, mixed) >= 0.97 * static(streams, range(K + 1))
+    # Each k judged by the batch as it is (no steady factors): 64 streams miss.
+    assert auto_rate(64, mixed, steady=False) < 0.97 * static(64, (1, 2))
+    # A uniform workload: the factors stay at 1, and auto keeps to the best static k.
+    for streams in (8, 64):
+        assert auto_rate(streams, (0.6,)) >= 0.97 * static(streams, range(K + 1))
 
 
 def test_geometric_rate_inverts_the_mean_accepted() -> None:

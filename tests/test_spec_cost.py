@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from worker.spec_cost import STEP_COSTS, StepCost, best_k, expected_tokens, step_ms, tokens_per_ms
+from worker.spec_cost import (
+    STEP_COSTS,
+    StepCost,
+    acceptance_length,
+    best_k,
+    expected_tokens,
+    steady_factors,
+    step_ms,
+    tokens_per_ms,
+)
 
 DRAFT = STEP_COSTS["draft_model"]
 NGRAM = STEP_COSTS["ngram"]
@@ -72,3 +81,26 @@ def test_the_eagle_figures_choose_the_k_the_map_measured_best() -> None:
     # 1.85x no speculation at 1 / 8 / 32 / 64 streams, k = 4 2.02x / 1.90x / 1.77x / 1.44x.
     for batch in (1, 8, 32, 64):
         assert best_k(EAGLE, batch_size=batch, rates=[1.0, 1.0, 0.0, 0.0], allowed_ks=ALL_KS) == 2
+
+
+def test_steady_factors_give_the_harmonic_mean_of_a_mixed_batch_and_one_for_a_uniform_batch() -> None:
+    # The H200 mixed map at k = 4: classes at rates 1, 0.6 and 0 held in proportion to their
+    # lifetimes (128 tokens at acceptance lengths 5, 2.31 and 1: 12.2% / 26.5% / 61.2%).
+    batch = [(1.0, 4)] * 122 + [(0.6, 4)] * 265 + [(0.0, 4)] * 612
+    factors = steady_factors(batch, 4)
+    mean_now = [sum(acceptance_length(rate, k) for rate, _ in batch) / len(batch) for k in range(5)]
+    steady = [f * m for f, m in zip(factors, mean_now, strict=True)]
+    harmonic = [3 / sum(1 / acceptance_length(rate, k) for rate in (1.0, 0.6, 0.0)) for k in range(5)]
+    assert steady == pytest.approx(harmonic, rel=2e-3)  # the classes as they arrive, each once
+    assert steady[4] == pytest.approx(1.84, abs=0.01) and steady[2] == pytest.approx(1.63, abs=0.01)  # measured
+    assert factors[0] == factors[4] == pytest.approx(1.0, rel=2e-3)  # k = 0, and the k the batch ran at
+    assert factors[2] > 1.05  # a lower k keeps the rate-1 class longer: more than the batch shows now
+    assert steady_factors([(0.6, 4)] * 50, 4) == pytest.approx([1.0] * 5)
+    assert steady_factors([], 4) == [1.0] * 5
+
+
+def test_best_k_weighs_each_k_by_its_factor() -> None:
+    rates = [0.245, 0.76, 0.80, 0.85]  # the mixed batch's rates at 64 streams, as the controller read them
+    assert best_k(NGRAM, batch_size=64, rates=rates, allowed_ks=ALL_KS) == 0
+    factors = steady_factors([(1.0, 4)] * 122 + [(0.6, 4)] * 265 + [(0.0, 4)] * 612, 4)
+    assert best_k(NGRAM, batch_size=64, rates=rates, allowed_ks=ALL_KS, factors=factors) in (1, 2)

@@ -12,7 +12,8 @@ where the schedule holds it).
 
 :class:`SpeculationController` replaces that table with an object that answers each lookup with
 the k of most tokens per millisecond under the cost model (:mod:`worker.spec_cost`), given the
-acceptance the step outputs show, per draft position:
+acceptance the step outputs show, per draft position, and what each k does over time to the make-up
+of a batch whose requests accept differently (``steady_factors``, from the per-request review):
 
 - it never exceeds the configured schedule (``SPECULATIVE_TOKENS_BY_BATCH``) nor the configured k,
   and on V2 no k at a batch size past its largest full CUDA graph (``graph_batches``);
@@ -38,7 +39,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from worker.spec_cost import StepCost, best_k, expected_tokens, step_ms
+from worker.spec_cost import StepCost, best_k, expected_tokens, steady_factors, step_ms
 
 __all__ = [
     "PROBE_EVERY_STEPS",
@@ -146,6 +147,7 @@ class SpeculationController:
         self.acceptance = Acceptance(num_spec_tokens)
         self.draft_cap = num_spec_tokens  # lowered when every running request is capped
         self.caps: dict[str, int] = {}  # request id -> drafts verified at most
+        self.factors = [1.0] * (num_spec_tokens + 1)  # by k: the batch's steady yield over its yield now
         self.steps_by_k = [0] * (num_spec_tokens + 1)
         self.num_probes = 0
         self.time_off_s = 0.0
@@ -180,7 +182,8 @@ class SpeculationController:
         choice = self._choices.get(key)
         if choice is None:
             ks = [x for x in self.allowed_ks if x <= top]
-            best = best_k(self.cost, batch_size=batch_size, rates=self.acceptance.rates(), allowed_ks=ks)
+            rates = self.acceptance.rates()
+            best = best_k(self.cost, batch_size=batch_size, rates=rates, allowed_ks=ks, factors=self.factors)
             # (the k, and the k a probe drafts: the smallest runnable one; 0 where none is allowed)
             choice = self._choices[key] = (best, ks[1] if len(ks) > 1 else 0)
         k, probe_k = choice
@@ -219,30 +222,35 @@ class SpeculationController:
                 self._choices.clear()
 
     def review(self, requests: Iterable[tuple[str, Sequence[int], int]], *, batch_size: int) -> None:
-        """Per-request caps from each request's own counts: ``(request id, histogram of accepted
-        drafts per verify step, drafts verified)``. A request keeps ``cap`` drafts per step where
-        its own geometric acceptance ``a`` has ``a^cap`` worth the verification of one token at
-        this batch size (a marginal cost next to the batch's tokens per millisecond); at least one,
-        so that it keeps measuring. With full CUDA graphs no request is capped alone (module docstring)."""
+        """Each request's own acceptance, from its counts: ``(request id, histogram of accepted drafts
+        per verify step, drafts verified)``. From them, what each k does to the batch's make-up over
+        time (:func:`worker.spec_cost.steady_factors`, which :meth:`choose` weighs each k by), and
+        per-request caps: a request keeps ``cap`` drafts per step where its own geometric acceptance
+        ``a`` has ``a^cap`` worth the verification of one token at this batch size (a marginal cost
+        next to the batch's tokens per millisecond); at least one, so that it keeps measuring. With
+        full CUDA graphs no request is capped alone (module docstring)."""
+        fits: list[tuple[str, float, int]] = []  # (request id, geometric rate, drafts verified a step)
+        num_requests = 0
+        for rid, histogram, drafted in requests:
+            num_requests += 1
+            steps = sum(histogram)
+            if steps < MIN_REQUEST_STEPS:
+                continue
+            accepted = sum(j * n for j, n in enumerate(histogram))
+            # The drafts it verified per step (its k may have changed): the geometric model's k.
+            width = min(self.num_spec_tokens, max(1, round(drafted / steps)))
+            fits.append((rid, geometric_rate(accepted / steps, width, table=self._tables[width]), width))
+        self.factors = steady_factors([(rate, width) for _, rate, width in fits], self.num_spec_tokens)
         self._choices.clear()
         k = self.choose_quietly(batch_size)
         caps: dict[str, int] = {}
-        num_requests = 0
         if k > 1:
             cost, rates = self.cost, self.acceptance.rates()
             base = step_ms(cost, batch_size=batch_size, k=k)
             marginal = step_ms(cost, batch_size=batch_size, k=k, num_verified=batch_size * k + 1) - base
-            threshold = marginal * batch_size * expected_tokens(rates, k) / base
+            threshold = marginal * batch_size * expected_tokens(rates, k) * self.factors[k] / base
             if threshold > 0:
-                for rid, histogram, drafted in requests:
-                    num_requests += 1
-                    steps = sum(histogram)
-                    if steps < MIN_REQUEST_STEPS:
-                        continue
-                    accepted = sum(j * n for j, n in enumerate(histogram))
-                    # The drafts it verified per step (its k may have changed): the geometric model's k.
-                    width = min(self.num_spec_tokens, max(1, round(drafted / steps)))
-                    rate = geometric_rate(accepted / steps, width, table=self._tables[width])
+                for rid, rate, _ in fits:
                     cap = 1
                     while cap < k and rate ** (cap + 1) >= threshold:
                         cap += 1
@@ -256,7 +264,9 @@ class SpeculationController:
         """The k :meth:`choose` would pick, without counting a step or probing."""
         top = min(self.highest_k(batch_size), self.num_spec_tokens)
         ks = [x for x in self.allowed_ks if x <= top]
-        return best_k(self.cost, batch_size=batch_size, rates=self.acceptance.rates(), allowed_ks=ks)
+        return best_k(
+            self.cost, batch_size=batch_size, rates=self.acceptance.rates(), allowed_ks=ks, factors=self.factors
+        )
 
     def report(self) -> dict[str, Any]:
         """Steps by chosen k, probes, and the seconds spent at k = 0."""

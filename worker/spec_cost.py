@@ -4,7 +4,9 @@ A step of ``b`` sequences that each verify ``k`` drafts runs the target on ``b *
 and the drafter: a draft model one pass per drafted position (vLLM 0.32 runs its first pass even at
 ``k = 0``, so that the draft's KV cache stays in step with the target's), n-gram matching on the CPU.
 What a step yields per sequence is ``1 + sum_i prod_{m <= i} p_m`` tokens for the conditional
-acceptance ``p_i`` of each draft position. The best k maximises tokens per millisecond.
+acceptance ``p_i`` of each draft position, scaled, where the requests accept differently, by what
+k does to the batch's make-up over time (:func:`steady_factors`). The best k maximises tokens per
+millisecond.
 
 Parameters are per GPU, model and drafter (:data:`STEP_COSTS`), for an 8B bf16 target on one H200:
 
@@ -27,7 +29,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-__all__ = ["STEP_COSTS", "StepCost", "best_k", "expected_tokens", "step_ms", "tokens_per_ms"]
+__all__ = [
+    "STEP_COSTS",
+    "StepCost",
+    "acceptance_length",
+    "best_k",
+    "expected_tokens",
+    "steady_factors",
+    "step_ms",
+    "tokens_per_ms",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -134,15 +145,67 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return total
 
 
-def tokens_per_ms(cost: StepCost, *, batch_size: int, k: int, rates: Sequence[float]) -> float:
-    return batch_size * expected_tokens(rates, k) / step_ms(cost, batch_size=batch_size, k=k)
+def tokens_per_ms(
+    cost: StepCost, *, batch_size: int, k: int, rates: Sequence[float], factors: Sequence[float] | None = None
+) -> float:
+    """Tokens per millisecond of a step at ``k`` (``factors``: :func:`steady_factors`, by k)."""
+    factor = factors[k] if factors is not None else 1.0
+    return batch_size * expected_tokens(rates, k) * factor / step_ms(cost, batch_size=batch_size, k=k)
 
 
-def best_k(cost: StepCost, *, batch_size: int, rates: Sequence[float], allowed_ks: Iterable[int]) -> int:
+def best_k(
+    cost: StepCost,
+    *,
+    batch_size: int,
+    rates: Sequence[float],
+    allowed_ks: Iterable[int],
+    factors: Sequence[float] | None = None,
+) -> int:
     """The k among ``allowed_ks`` with the most tokens per millisecond (ties: the smaller k)."""
     best, best_rate = 0, -1.0
     for k in sorted(allowed_ks):
-        rate = tokens_per_ms(cost, batch_size=batch_size, k=k, rates=rates)
+        rate = tokens_per_ms(cost, batch_size=batch_size, k=k, rates=rates, factors=factors)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best
+
+
+def acceptance_length(rate: float, k: int) -> float:
+    """Tokens a step of ``k`` drafts yields for a request whose drafts are each accepted with
+    probability ``rate`` given the one before: ``1 + rate + ... + rate^k``."""
+    return 1.0 + sum(rate**p for p in range(1, k + 1))
+
+
+def steady_factors(requests: Sequence[tuple[float, int]], num_spec_tokens: int) -> list[float]:
+    """By k (0..num_spec_tokens), what the batch yields per sequence once it runs at k for a while,
+    over what it yields at k as it is now: ``requests`` are the batch's ``(rate, drafts verified a
+    step)``, each request's own geometric acceptance and the k it has run at.
+
+    A request of ``n`` tokens stays ``n / L(k)`` steps in the batch at acceptance length ``L(k)``, so a
+    batch whose streams start a new request as one ends holds each kind of request in proportion to
+    its lifetime: the ones that accept least the longest. What each slot yields a step is then the
+    harmonic mean of the requests' ``L(k)`` over the requests as they arrive, not their mean over the
+    batch of the moment, and it moves with k: a lower k keeps the requests that accept every draft in
+    the batch longer. The batch now was drawn at each request's own k, so a request weighs
+    ``L_now`` among the arrivals: the steady yield at k is ``sum(L_now) / sum(L_now / L(k))``. On the
+    H200's mixed map (rates 1, 0.6 and 0, 64 streams) that gives 1.84 and 1.63 tokens a step at
+    k = 4 and 2, as measured (1.84-1.85, 1.62-1.64), where the batch's rates read at k = 4 give 1.43
+    at k = 2. Written here: vLLM's scheduler has no model of what k does to the batch's make-up.
+    All factors are 1 when every request accepts alike."""
+    factors = [1.0] * (num_spec_tokens + 1)
+    if not requests:
+        return factors
+    # By request, L(0..num_spec_tokens) in one pass each (the review runs this over up to 256 requests).
+    lengths = []
+    for rate, _ in requests:
+        row, reach = [1.0], 1.0
+        for _ in range(num_spec_tokens):
+            reach *= rate
+            row.append(row[-1] + reach)
+        lengths.append(row)
+    now = [row[min(width, num_spec_tokens)] for row, (_, width) in zip(lengths, requests, strict=True)]
+    total_now = sum(now)
+    for k in range(1, num_spec_tokens + 1):
+        steady = total_now / sum(n / row[k] for n, row in zip(now, lengths, strict=True))
+        factors[k] = steady * len(lengths) / sum(row[k] for row in lengths)
+    return factors

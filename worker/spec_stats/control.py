@@ -100,7 +100,7 @@ class ControlledScheduling(_SchedulerBase):
         controller.observe(pairs)
         step = self._control_steps = self._control_steps + 1
         if step % REVIEW_EVERY_STEPS == 0:
-            # A generator: read only when the load makes per-request caps worth computing.
+            # A generator over the running requests with counts, read once per review.
             live = ((r.request_id, r.spec_decode_metrics) for r in self.running if r.spec_decode_metrics)
             controller.review(
                 ((rid, m.histogram, m.num_draft_tokens) for rid, m in live), batch_size=max(1, len(self.running))
