@@ -159,14 +159,14 @@ def test_a_request_that_accepts_far_less_than_the_batch_is_capped() -> None:
     run_steps(c, steps=100, batch_size=256, accept=0.75)  # compute-bound: verification costs
     k = c.choose_quietly(256)
     assert k >= 2
-    good = ("good", [0, 0, 0, 100, 0], 300)  # 3 of 3 accepted every step
-    bad = ("bad", [90, 10, 0, 0, 0], 300)
+    good = ("good", [0, 0, 0, 100, 0], 300, 400)  # 3 of 3 accepted every step
+    bad = ("bad", [90, 10, 0, 0, 0], 300, 110)
     c.review([good, bad], batch_size=256)
     assert c.caps == {"bad": 1}
     assert c.draft_cap == K  # not every request is capped: the batch still drafts its k
     c.review([bad], batch_size=256)
     assert c.draft_cap == 1 and c.highest_k(256) == 1
-    c.review([("new", [3, 0, 0, 0, 0], 9)], batch_size=256)  # too few steps to judge
+    c.review([("new", [3, 0, 0, 0, 0], 9, 3)], batch_size=256)  # too few steps to judge
     assert c.caps == {} and c.draft_cap == K
 
 
@@ -176,13 +176,29 @@ def test_with_full_cuda_graphs_no_request_is_trimmed_alone_only_the_batch_k_come
     c = controller(graph_batches=[1024] * (K + 1))  # graphs for every k up to 1,024 sequences
     run_steps(c, steps=100, batch_size=256, accept=0.75)
     assert c.choose_quietly(256) >= 2
-    good = ("good", [0, 0, 0, 100, 0], 300)
-    bad = ("bad", [90, 10, 0, 0, 0], 300)
-    worse = ("worse", [100, 0, 0, 0, 0], 300)
+    good = ("good", [0, 0, 0, 100, 0], 300, 400)
+    bad = ("bad", [90, 10, 0, 0, 0], 300, 110)
+    worse = ("worse", [100, 0, 0, 0, 0], 300, 100)
     c.review([good, bad], batch_size=256)
     assert c.caps == {} and c.draft_cap == K  # the trimmed controller above caps "bad" alone
     c.review([bad, worse], batch_size=256)  # every request capped: the batch's k comes down, for all alike
     assert c.caps == {} and c.draft_cap == 1 and c.highest_k(256) == 1
+    c.review([bad, worse], batch_size=256)  # judged afresh, not from the capped k: the same call again
+    assert c.draft_cap == 1
+
+
+def test_the_steady_factors_wait_for_enough_reviewed_requests() -> None:
+    c = controller()
+    mixed = [(f"r{i}", [0, 0, 0, 0, 20] if i % 2 else [20, 0, 0, 0, 0], 80, 100 if i % 2 else 20) for i in range(16)]
+    c.review(mixed[:4] + [(f"new{i}", [1, 0, 0, 0, 0], 4, 2) for i in range(12)], batch_size=16)
+    assert c.factors == [1.0] * (K + 1)  # 4 of 16 reviewed: too few to judge the batch's make-up
+    c.review(mixed, batch_size=16)
+    judged = list(c.factors)
+    assert judged[2] > 1.0  # the rate-1 half stays longer at a lower k
+    c.review([(f"new{i}", [1, 0, 0, 0, 0], 4, 2) for i in range(16)], batch_size=16)
+    assert c.factors == judged  # kept while the new requests have too few counts
+    c.review(mixed[:3], batch_size=3)
+    assert c.factors != judged  # a batch of 3, all reviewed
 
 
 def test_in_a_mixed_closed_loop_auto_weighs_what_k_does_to_the_batch() -> None:
@@ -347,7 +363,7 @@ async def test_a_capped_request_verifies_fewer_drafts_and_the_counts_stay_exact(
     # on a CPU do not produce on demand, so a stand-in review caps every request whose prompt says
     # so to one draft a step (the engine core is forked from this process: it inherits the patch).
     def stand_in_review(self: SpeculationController, requests: Any, *, batch_size: int) -> None:
-        self.caps = {rid: 1 for rid, _, _ in requests if "capped" in rid}
+        self.caps = {rid: 1 for rid, *_ in requests if "capped" in rid}
 
     monkeypatch.setattr(SpeculationController, "review", stand_in_review)
     engine = await boot_engine(

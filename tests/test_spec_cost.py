@@ -83,24 +83,47 @@ def test_the_eagle_figures_choose_the_k_the_map_measured_best() -> None:
         assert best_k(EAGLE, batch_size=batch, rates=[1.0, 1.0, 0.0, 0.0], allowed_ks=ALL_KS) == 2
 
 
+def lived(rate: float, k: int = 4) -> tuple[float, float]:
+    """A request that ran at k throughout: its rate, and its tokens per step so far (L(k))."""
+    return rate, acceptance_length(rate, k)
+
+
+def harmonic(k: int, rates: tuple[float, ...] = (1.0, 0.6, 0.0)) -> float:
+    """What a slot yields a step at k in a steady state: the harmonic mean over the arrivals."""
+    return len(rates) / sum(1 / acceptance_length(rate, k) for rate in rates)
+
+
+def steady(batch: list[tuple[float, float]]) -> list[float]:
+    factors = steady_factors(batch, 4)
+    now = [sum(acceptance_length(rate, k) for rate, _ in batch) / len(batch) for k in range(5)]
+    return [f * m for f, m in zip(factors, now, strict=True)]
+
+
 def test_steady_factors_give_the_harmonic_mean_of_a_mixed_batch_and_one_for_a_uniform_batch() -> None:
     # The H200 mixed map at k = 4: classes at rates 1, 0.6 and 0 held in proportion to their
     # lifetimes (128 tokens at acceptance lengths 5, 2.31 and 1: 12.2% / 26.5% / 61.2%).
-    batch = [(1.0, 4)] * 122 + [(0.6, 4)] * 265 + [(0.0, 4)] * 612
+    batch = [lived(1.0)] * 122 + [lived(0.6)] * 265 + [lived(0.0)] * 612
+    assert steady(batch) == pytest.approx([harmonic(k) for k in range(5)], rel=2e-3)  # each arrival once
+    assert steady(batch)[4] == pytest.approx(1.84, abs=0.01) and steady(batch)[2] == pytest.approx(1.63, abs=0.01)
     factors = steady_factors(batch, 4)
-    mean_now = [sum(acceptance_length(rate, k) for rate, _ in batch) / len(batch) for k in range(5)]
-    steady = [f * m for f, m in zip(factors, mean_now, strict=True)]
-    harmonic = [3 / sum(1 / acceptance_length(rate, k) for rate in (1.0, 0.6, 0.0)) for k in range(5)]
-    assert steady == pytest.approx(harmonic, rel=2e-3)  # the classes as they arrive, each once
-    assert steady[4] == pytest.approx(1.84, abs=0.01) and steady[2] == pytest.approx(1.63, abs=0.01)  # measured
     assert factors[0] == factors[4] == pytest.approx(1.0, rel=2e-3)  # k = 0, and the k the batch ran at
     assert factors[2] > 1.05  # a lower k keeps the rate-1 class longer: more than the batch shows now
-    assert steady_factors([(0.6, 4)] * 50, 4) == pytest.approx([1.0] * 5)
+    assert steady_factors([lived(0.6)] * 50, 4) == pytest.approx([1.0] * 5)
     assert steady_factors([], 4) == [1.0] * 5
+
+
+def test_a_batch_made_while_speculation_was_off_is_weighed_by_the_tokens_it_had() -> None:
+    # Off (k = 0): every request lives 128 steps, so the batch holds the classes alike, and each has
+    # had about one token a step whatever its rate (from the probes' rare drafts).
+    batch = [(rate, 1.0) for rate in (1.0, 0.6, 0.0)] * 100
+    assert steady(batch) == pytest.approx([harmonic(k) for k in range(5)], rel=2e-3)
+    # Read as if each had run at k = 1 (its drafts per verify step), it would be put 8-20% too high.
+    as_if_k1 = [lived(rate, 1) for rate, _ in batch]
+    assert steady(as_if_k1)[4] > 1.15 * harmonic(4)
 
 
 def test_best_k_weighs_each_k_by_its_factor() -> None:
     rates = [0.245, 0.76, 0.80, 0.85]  # the mixed batch's rates at 64 streams, as the controller read them
     assert best_k(NGRAM, batch_size=64, rates=rates, allowed_ks=ALL_KS) == 0
-    factors = steady_factors([(1.0, 4)] * 122 + [(0.6, 4)] * 265 + [(0.0, 4)] * 612, 4)
+    factors = steady_factors([lived(1.0)] * 122 + [lived(0.6)] * 265 + [lived(0.0)] * 612, 4)
     assert best_k(NGRAM, batch_size=64, rates=rates, allowed_ks=ALL_KS, factors=factors) in (1, 2)

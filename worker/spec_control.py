@@ -70,6 +70,8 @@ PRIOR_RATE = 0.7
 PRIOR_TRIALS = 2.0
 # A request is reviewed once it has verified this many steps.
 MIN_REQUEST_STEPS = 8
+# Reviewed requests the steady factors need (or every request of a smaller batch).
+MIN_STEADY_REQUESTS = 8
 
 
 class Acceptance:
@@ -221,17 +223,19 @@ class SpeculationController:
             if self._num_observed % RECHOOSE_EVERY_STEPS == 0:
                 self._choices.clear()
 
-    def review(self, requests: Iterable[tuple[str, Sequence[int], int]], *, batch_size: int) -> None:
+    def review(self, requests: Iterable[tuple[str, Sequence[int], int, int]], *, batch_size: int) -> None:
         """Each request's own acceptance, from its counts: ``(request id, histogram of accepted drafts
-        per verify step, drafts verified)``. From them, what each k does to the batch's make-up over
-        time (:func:`worker.spec_cost.steady_factors`, which :meth:`choose` weighs each k by), and
-        per-request caps: a request keeps ``cap`` drafts per step where its own geometric acceptance
-        ``a`` has ``a^cap`` worth the verification of one token at this batch size (a marginal cost
-        next to the batch's tokens per millisecond); at least one, so that it keeps measuring. With
-        full CUDA graphs no request is capped alone (module docstring)."""
-        fits: list[tuple[str, float, int]] = []  # (request id, geometric rate, drafts verified a step)
+        per verify step, drafts verified, tokens so far)``. From them, what each k does to the batch's
+        make-up over time (:func:`worker.spec_cost.steady_factors`, which :meth:`choose` weighs each k
+        by; kept from the review before while fewer than ``MIN_STEADY_REQUESTS`` requests, or not all
+        of a smaller batch, have counts enough), and per-request caps: a request keeps ``cap`` drafts
+        per step where its own geometric acceptance ``a`` has ``a^cap`` worth the verification of one
+        token at this batch size (a marginal cost next to the batch's tokens per millisecond); at
+        least one, so that it keeps measuring. With full CUDA graphs no request is capped alone
+        (module docstring). The caps are judged afresh each review, from the k chosen without them."""
+        fits: list[tuple[str, float, float]] = []  # (request id, geometric rate, tokens per step so far)
         num_requests = 0
-        for rid, histogram, drafted in requests:
+        for rid, histogram, drafted, num_tokens in requests:
             num_requests += 1
             steps = sum(histogram)
             if steps < MIN_REQUEST_STEPS:
@@ -239,8 +243,12 @@ class SpeculationController:
             accepted = sum(j * n for j, n in enumerate(histogram))
             # The drafts it verified per step (its k may have changed): the geometric model's k.
             width = min(self.num_spec_tokens, max(1, round(drafted / steps)))
-            fits.append((rid, geometric_rate(accepted / steps, width, table=self._tables[width]), width))
-        self.factors = steady_factors([(rate, width) for _, rate, width in fits], self.num_spec_tokens)
+            rate = geometric_rate(accepted / steps, width, table=self._tables[width])
+            # Every step gave it one token besides those accepted, steps without drafts included.
+            fits.append((rid, rate, num_tokens / max(1, num_tokens - accepted)))
+        if fits and len(fits) >= min(MIN_STEADY_REQUESTS, num_requests):
+            self.factors = steady_factors([(rate, now) for _, rate, now in fits], self.num_spec_tokens)
+        self.draft_cap = self.num_spec_tokens
         self._choices.clear()
         k = self.choose_quietly(batch_size)
         caps: dict[str, int] = {}

@@ -176,22 +176,23 @@ def acceptance_length(rate: float, k: int) -> float:
     return 1.0 + sum(rate**p for p in range(1, k + 1))
 
 
-def steady_factors(requests: Sequence[tuple[float, int]], num_spec_tokens: int) -> list[float]:
+def steady_factors(requests: Sequence[tuple[float, float]], num_spec_tokens: int) -> list[float]:
     """By k (0..num_spec_tokens), what the batch yields per sequence once it runs at k for a while,
-    over what it yields at k as it is now: ``requests`` are the batch's ``(rate, drafts verified a
-    step)``, each request's own geometric acceptance and the k it has run at.
+    over what it yields at k as it is now: ``requests`` are the batch's ``(rate, tokens per step so
+    far)``, each request's own geometric acceptance and the tokens it has had per engine step.
 
     A request of ``n`` tokens stays ``n / L(k)`` steps in the batch at acceptance length ``L(k)``, so a
     batch whose streams start a new request as one ends holds each kind of request in proportion to
     its lifetime: the ones that accept least the longest. What each slot yields a step is then the
     harmonic mean of the requests' ``L(k)`` over the requests as they arrive, not their mean over the
     batch of the moment, and it moves with k: a lower k keeps the requests that accept every draft in
-    the batch longer. The batch now was drawn at each request's own k, so a request weighs
-    ``L_now`` among the arrivals: the steady yield at k is ``sum(L_now) / sum(L_now / L(k))``. On the
-    H200's mixed map (rates 1, 0.6 and 0, 64 streams) that gives 1.84 and 1.63 tokens a step at
-    k = 4 and 2, as measured (1.84-1.85, 1.62-1.64), where the batch's rates read at k = 4 give 1.43
-    at k = 2. Written here: vLLM's scheduler has no model of what k does to the batch's make-up.
-    All factors are 1 when every request accepts alike."""
+    the batch longer. The batch now holds each request in proportion to the steps it has taken per
+    token, so a request weighs its tokens per step so far, ``L_now``, among the arrivals: the steady
+    yield at k is ``sum(L_now) / sum(L_now / L(k))``. On the H200's mixed map (rates 1, 0.6 and 0,
+    64 streams) that gives 1.84 and 1.63 tokens a step at k = 4 and 2, as measured (1.83-1.87,
+    1.62-1.64), where the batch's rates read at k = 4 give 1.43 at k = 2. Written here: vLLM's
+    scheduler has no model of what k does to the batch's make-up. All factors are 1 when every
+    request accepts alike."""
     factors = [1.0] * (num_spec_tokens + 1)
     if not requests:
         return factors
@@ -203,7 +204,7 @@ def steady_factors(requests: Sequence[tuple[float, int]], num_spec_tokens: int) 
             reach *= rate
             row.append(row[-1] + reach)
         lengths.append(row)
-    now = [row[min(width, num_spec_tokens)] for row, (_, width) in zip(lengths, requests, strict=True)]
+    now = [tokens_per_step for _, tokens_per_step in requests]
     total_now = sum(now)
     for k in range(1, num_spec_tokens + 1):
         steady = total_now / sum(n / row[k] for n, row in zip(now, lengths, strict=True))

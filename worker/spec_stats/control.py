@@ -101,9 +101,10 @@ class ControlledScheduling(_SchedulerBase):
         step = self._control_steps = self._control_steps + 1
         if step % REVIEW_EVERY_STEPS == 0:
             # A generator over the running requests with counts, read once per review.
-            live = ((r.request_id, r.spec_decode_metrics) for r in self.running if r.spec_decode_metrics)
+            live = ((r, r.spec_decode_metrics) for r in self.running if r.spec_decode_metrics)
             controller.review(
-                ((rid, m.histogram, m.num_draft_tokens) for rid, m in live), batch_size=max(1, len(self.running))
+                ((r.request_id, m.histogram, m.num_draft_tokens, r.num_output_tokens) for r, m in live),
+                batch_size=max(1, len(self.running)),
             )
         return super().update_from_output(scheduler_output, model_runner_output)
 

@@ -56,6 +56,9 @@ def closed_loop(
         made += 1
         return [f"r{made}", classes[made % len(classes)], tokens, [0] * (num_spec_tokens + 1), 0]
 
+    def counts(request: list[Any]) -> tuple[str, list[int], int, int]:
+        return request[0], request[3], request[4], tokens - request[2]
+
     slots = [new() for _ in range(streams)]
     clock = counted_from = 0.0
     counted = 0
@@ -82,7 +85,7 @@ def closed_loop(
         clock += step_ms(cost, batch_size=streams, k=k)
         counted_from = clock if step == warm - 1 else counted_from
         if controller is not None and (step + 1) % REVIEW_EVERY_STEPS == 0:
-            controller.review([(r[0], r[3], r[4]) for r in slots if any(r[3])], batch_size=streams)
+            controller.review([counts(r) for r in slots if any(r[3])], batch_size=streams)
     return counted / (clock - counted_from)
 
 
