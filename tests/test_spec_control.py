@@ -187,18 +187,59 @@ def test_with_full_cuda_graphs_no_request_is_trimmed_alone_only_the_batch_k_come
     assert c.draft_cap == 1
 
 
-def test_the_steady_factors_wait_for_enough_reviewed_requests() -> None:
+def test_the_steady_factors_need_enough_reviewed_requests_and_weigh_each_by_its_tokens_per_step() -> None:
     c = controller()
+    # Half accept every draft (20 steps of 4: 100 tokens), half none (20 tokens).
     mixed = [(f"r{i}", [0, 0, 0, 0, 20] if i % 2 else [20, 0, 0, 0, 0], 80, 100 if i % 2 else 20) for i in range(16)]
-    c.review(mixed[:4] + [(f"new{i}", [1, 0, 0, 0, 0], 4, 2) for i in range(12)], batch_size=16)
+    fresh = [(f"new{i}", [1, 0, 0, 0, 0], 4, 2) for i in range(12)]
+    c.review(mixed[:4] + fresh, batch_size=16)
     assert c.factors == [1.0] * (K + 1)  # 4 of 16 reviewed: too few to judge the batch's make-up
     c.review(mixed, batch_size=16)
     judged = list(c.factors)
     assert judged[2] > 1.0  # the rate-1 half stays longer at a lower k
-    c.review([(f"new{i}", [1, 0, 0, 0, 0], 4, 2) for i in range(16)], batch_size=16)
-    assert c.factors == judged  # kept while the new requests have too few counts
     c.review(mixed[:3], batch_size=3)
-    assert c.factors != judged  # a batch of 3, all reviewed
+    assert c.factors != judged and c.factors[2] > 1.0  # a batch of 3, all reviewed
+    # The same requests, having had one token a step (off but for their verify steps): a make-up
+    # drawn at k = 0, which a higher k would thin of its rate-1 half.
+    slow = [(rid, histogram, drafted, 20 + 80 * (tokens > 20)) for rid, histogram, drafted, tokens in mixed]
+    c.review([(rid, h, d, 400 if t > 20 else 100) for rid, h, d, t in slow], batch_size=16)
+    assert judged[4] == pytest.approx(1.0) and c.factors[4] < 0.9
+    c.review([(f"new{i}", [1, 0, 0, 0, 0], 4, 2) for i in range(16)], batch_size=16)
+    assert c.factors == [1.0] * (K + 1)  # none reviewed (as after a stretch at k = 0): no factors
+
+
+def test_the_scheduler_hooks_give_the_review_each_requests_tokens_so_far() -> None:
+    from worker.spec_stats.stand_in import ControlledStandIn, make_request, step_inputs
+
+    scheduler = ControlledStandIn(num_spec_tokens=K, max_batch_size=4)
+    ids = [f"req-{i}" for i in range(4)]
+    for rid in ids:
+        request = make_request(rid, num_spec_tokens=K, stop=None)
+        request.spec_token_ids = [-1] * K
+        scheduler.add_request(request)
+    seen: list[Any] = []
+    scheduler.controller.review = lambda requests, *, batch_size: seen.append(  # type: ignore[method-assign]
+        [(rid, list(histogram), drafted, tokens) for rid, histogram, drafted, tokens in requests]  # as they are then
+    )
+    for step in range(REVIEW_EVERY_STEPS):
+        accepted = step % (K + 1)
+        scheduler.update_from_output(
+            *step_inputs(
+                num_scheduled_tokens={rid: 1 + K for rid in ids},
+                drafts={rid: [-1] * K for rid in ids},
+                invalid_drafts=None,
+                sampled={rid: [0] * (1 + accepted) for rid in ids},
+            )
+        )
+        for request in scheduler.running:
+            request.spec_token_ids = [-1] * K
+    assert len(seen) == 1 and len(seen[0]) == 4
+    # The review runs before vLLM's update of the step: its counts stop one step short.
+    last = 1 + (REVIEW_EVERY_STEPS - 1) % (K + 1)
+    tokens = {r.request_id: r.num_output_tokens - last for r in scheduler.running}
+    for rid, histogram, drafted, num_tokens in seen[0]:
+        assert num_tokens == tokens[rid] == sum(histogram) + sum(j * n for j, n in enumerate(histogram))
+        assert drafted == K * sum(histogram)
 
 
 def test_in_a_mixed_closed_loop_auto_weighs_what_k_does_to_the_batch() -> None:

@@ -149,7 +149,8 @@ class SpeculationController:
         self.acceptance = Acceptance(num_spec_tokens)
         self.draft_cap = num_spec_tokens  # lowered when every running request is capped
         self.caps: dict[str, int] = {}  # request id -> drafts verified at most
-        self.factors = [1.0] * (num_spec_tokens + 1)  # by k: the batch's steady yield over its yield now
+        self.no_factors = [1.0] * (num_spec_tokens + 1)
+        self.factors = self.no_factors  # by k: the batch's steady yield over its yield now
         self.steps_by_k = [0] * (num_spec_tokens + 1)
         self.num_probes = 0
         self.time_off_s = 0.0
@@ -227,8 +228,8 @@ class SpeculationController:
         """Each request's own acceptance, from its counts: ``(request id, histogram of accepted drafts
         per verify step, drafts verified, tokens so far)``. From them, what each k does to the batch's
         make-up over time (:func:`worker.spec_cost.steady_factors`, which :meth:`choose` weighs each k
-        by; kept from the review before while fewer than ``MIN_STEADY_REQUESTS`` requests, or not all
-        of a smaller batch, have counts enough), and per-request caps: a request keeps ``cap`` drafts
+        by; all 1 while fewer than ``MIN_STEADY_REQUESTS`` requests, or not all of a smaller batch,
+        have counts enough), and per-request caps: a request keeps ``cap`` drafts
         per step where its own geometric acceptance ``a`` has ``a^cap`` worth the verification of one
         token at this batch size (a marginal cost next to the batch's tokens per millisecond); at
         least one, so that it keeps measuring. With full CUDA graphs no request is capped alone
@@ -244,10 +245,16 @@ class SpeculationController:
             # The drafts it verified per step (its k may have changed): the geometric model's k.
             width = min(self.num_spec_tokens, max(1, round(drafted / steps)))
             rate = geometric_rate(accepted / steps, width, table=self._tables[width])
-            # Every step gave it one token besides those accepted, steps without drafts included.
-            fits.append((rid, rate, num_tokens / max(1, num_tokens - accepted)))
-        if fits and len(fits) >= min(MIN_STEADY_REQUESTS, num_requests):
-            self.factors = steady_factors([(rate, now) for _, rate, now in fits], self.num_spec_tokens)
+            # Every step gave it one token besides those accepted, steps without drafts included (a
+            # count short of its accepted drafts, as where vLLM starts a session's output afresh, is skipped).
+            if num_tokens > accepted:
+                fits.append((rid, rate, min(num_tokens / (num_tokens - accepted), 1.0 + width)))
+        enough = bool(fits) and len(fits) >= min(MIN_STEADY_REQUESTS, num_requests)
+        # Too few (as after a stretch at k = 0, where requests see a probe every PROBE_EVERY_STEPS
+        # steps): each k judged by the batch as it is, not by a make-up the batch no longer has.
+        self.factors = (
+            steady_factors([(r, now) for _, r, now in fits], self.num_spec_tokens) if enough else self.no_factors
+        )
         self.draft_cap = self.num_spec_tokens
         self._choices.clear()
         k = self.choose_quietly(batch_size)
@@ -284,4 +291,6 @@ class SpeculationController:
             "time_off_s": round(self.time_off_s, 3),
             "rates": [round(r, 3) for r in self.acceptance.rates()],
             "num_capped_requests": len(self.caps),
+            "draft_cap": self.draft_cap,
+            "factors": [round(f, 3) for f in self.factors],
         }

@@ -189,7 +189,7 @@ def steady_factors(requests: Sequence[tuple[float, float]], num_spec_tokens: int
     the batch longer. The batch now holds each request in proportion to the steps it has taken per
     token, so a request weighs its tokens per step so far, ``L_now``, among the arrivals: the steady
     yield at k is ``sum(L_now) / sum(L_now / L(k))``. On the H200's mixed map (rates 1, 0.6 and 0,
-    64 streams) that gives 1.84 and 1.63 tokens a step at k = 4 and 2, as measured (1.83-1.87,
+    64 streams) that gives 1.84 and 1.63 tokens a step at k = 4 and 2, as measured (1.84-1.85,
     1.62-1.64), where the batch's rates read at k = 4 give 1.43 at k = 2. Written here: vLLM's
     scheduler has no model of what k does to the batch's make-up. All factors are 1 when every
     request accepts alike."""
