@@ -234,7 +234,8 @@ def test_the_controllers_cost_per_step_is_measured() -> None:
     assert 0 < controller_step_us(8, steps=200) < 10_000
 
 
-def test_the_step_cost_is_read_back_off_a_map() -> None:
+@pytest.mark.parametrize("plain_name", ["none", "none+MODEL_RUNNER=v2"])
+def test_the_step_cost_is_read_back_off_a_map(plain_name: str) -> None:
     from worker.spec_cost import StepCost, step_ms
     from worker.tools.bench.spec_map_report import fit_step_cost
 
@@ -247,7 +248,7 @@ def test_the_step_cost_is_read_back_off_a_map() -> None:
 
     result = {
         "table": {
-            "none": rows(lambda b: step_ms(plain, batch_size=b, k=0)),
+            plain_name: rows(lambda b: step_ms(plain, batch_size=b, k=0)),
             "d:4:2.5:static": rows(lambda b: step_ms(truth, batch_size=b, k=4)),
             "d:4:1.0:auto": rows(lambda b: step_ms(truth, batch_size=b, k=0)),
         }

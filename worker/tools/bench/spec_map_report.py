@@ -15,7 +15,8 @@ __all__ = ["fill_vs_none", "fit_step_cost", "render"]
 
 def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens: int = 512) -> dict[str, float]:
     """:class:`worker.spec_cost.StepCost` figures read off a map's engine steps (``ms_per_step``):
-    ``none`` gives the target's step (``base_ms`` at one stream, ``per_seq_ms`` the least-squares
+    the baseline (``none``, or ``none+KEY=VALUE``: :func:`.spec_map_config.baseline`) gives the
+    target's step (``base_ms`` at one stream, ``per_seq_ms`` the least-squares
     slope up to 64 streams); ``off``, a draft-model configuration the controller held at k = 0,
     gives the draft's KV-sync pass over ``none`` (``draft_pass_ms`` and ``draft_per_seq_ms``, a
     line through its two smallest loads); ``static`` (k drafts every step) the rest of a verify step
@@ -27,7 +28,10 @@ def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens:
         rows = table.get(name, {})
         return {int(c): row["ms_per_step"] for c, row in rows.items() if row.get("ms_per_step")}
 
-    none, spec, idle = steps("none"), steps(static), steps(off)
+    plain = baseline(list(table))
+    if plain is None:
+        raise ValueError("the map has no configuration without speculation (none) to fit against")
+    none, spec, idle = steps(plain), steps(static), steps(off)
     low = sorted(b for b in none if b <= 64)
     base = none[low[0]]
     xs = [b - 1 for b in low]
@@ -117,7 +121,7 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     lines += ["Acceptance length / drafts per verify step / steps off per wave:", "", head, rule, *rows(spec)]
     statics = [n for n in names if n.endswith(":static") and not n.startswith("ngram:")]
     offs = [n for n in names if n.endswith(":1.0:auto") and not n.startswith("ngram:")]
-    if "none" in names and statics and offs:
+    if baseline(names) is not None and statics and offs:
         fitted = fit_step_cost(result, static=statics[0], off=offs[0])
         lines += ["", f"Step cost read off `{statics[0]}` and `{offs[0]}` (`fit_step_cost`): {fitted}"]
     if result.get("mix"):
