@@ -201,8 +201,7 @@ def test_the_steady_factors_need_enough_reviewed_requests_and_weigh_each_by_its_
     assert c.factors != judged and c.factors[2] > 1.0  # a batch of 3, all reviewed
     # The same requests, having had one token a step (off but for their verify steps): a make-up
     # drawn at k = 0, which a higher k would thin of its rate-1 half.
-    slow = [(rid, histogram, drafted, 20 + 80 * (tokens > 20)) for rid, histogram, drafted, tokens in mixed]
-    c.review([(rid, h, d, 400 if t > 20 else 100) for rid, h, d, t in slow], batch_size=16)
+    c.review([(rid, h, d, 400 if t > 20 else 100) for rid, h, d, t in mixed], batch_size=16)
     assert judged[4] == pytest.approx(1.0) and c.factors[4] < 0.9
     c.review([(f"new{i}", [1, 0, 0, 0, 0], 4, 2) for i in range(16)], batch_size=16)
     assert c.factors == [1.0] * (K + 1)  # none reviewed (as after a stretch at k = 0): no factors

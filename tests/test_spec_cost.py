@@ -7,7 +7,6 @@ import pytest
 from worker.spec_cost import (
     STEP_COSTS,
     StepCost,
-    acceptance_length,
     best_k,
     expected_tokens,
     steady_factors,
@@ -83,9 +82,19 @@ def test_the_eagle_figures_choose_the_k_the_map_measured_best() -> None:
         assert best_k(EAGLE, batch_size=batch, rates=[1.0, 1.0, 0.0, 0.0], allowed_ks=ALL_KS) == 2
 
 
+def acceptance_length(rate: float, k: int) -> float:
+    """``1 + rate + ... + rate^k``: what a step of k drafts yields at a geometric ``rate``."""
+    return expected_tokens([rate] * k, k)
+
+
 def lived(rate: float, k: int = 4) -> tuple[float, float]:
     """A request that ran at k throughout: its rate, and its tokens per step so far (L(k))."""
     return rate, acceptance_length(rate, k)
+
+
+# The H200 mixed map at k = 4: classes at rates 1, 0.6 and 0 held in proportion to their lifetimes
+# (128 tokens at acceptance lengths 5, 2.31 and 1: 12.2% / 26.5% / 61.2%).
+MIXED_AT_K4 = [lived(1.0)] * 122 + [lived(0.6)] * 265 + [lived(0.0)] * 612
 
 
 def harmonic(k: int, rates: tuple[float, ...] = (1.0, 0.6, 0.0)) -> float:
@@ -100,9 +109,7 @@ def steady(batch: list[tuple[float, float]]) -> list[float]:
 
 
 def test_steady_factors_give_the_harmonic_mean_of_a_mixed_batch_and_one_for_a_uniform_batch() -> None:
-    # The H200 mixed map at k = 4: classes at rates 1, 0.6 and 0 held in proportion to their
-    # lifetimes (128 tokens at acceptance lengths 5, 2.31 and 1: 12.2% / 26.5% / 61.2%).
-    batch = [lived(1.0)] * 122 + [lived(0.6)] * 265 + [lived(0.0)] * 612
+    batch = MIXED_AT_K4
     assert steady(batch) == pytest.approx([harmonic(k) for k in range(5)], rel=2e-3)  # each arrival once
     assert steady(batch)[4] == pytest.approx(1.84, abs=0.01) and steady(batch)[2] == pytest.approx(1.63, abs=0.01)
     factors = steady_factors(batch, 4)
@@ -125,5 +132,5 @@ def test_a_batch_made_while_speculation_was_off_is_weighed_by_the_tokens_it_had(
 def test_best_k_weighs_each_k_by_its_factor() -> None:
     rates = [0.245, 0.76, 0.80, 0.85]  # the mixed batch's rates at 64 streams, as the controller read them
     assert best_k(NGRAM, batch_size=64, rates=rates, allowed_ks=ALL_KS) == 0
-    factors = steady_factors([lived(1.0)] * 122 + [lived(0.6)] * 265 + [lived(0.0)] * 612, 4)
+    factors = steady_factors(MIXED_AT_K4, 4)
     assert best_k(NGRAM, batch_size=64, rates=rates, allowed_ks=ALL_KS, factors=factors) in (1, 2)

@@ -149,8 +149,7 @@ class SpeculationController:
         self.acceptance = Acceptance(num_spec_tokens)
         self.draft_cap = num_spec_tokens  # lowered when every running request is capped
         self.caps: dict[str, int] = {}  # request id -> drafts verified at most
-        self.no_factors = [1.0] * (num_spec_tokens + 1)
-        self.factors = self.no_factors  # by k: the batch's steady yield over its yield now
+        self.factors = steady_factors([], num_spec_tokens)  # by k: the batch's steady yield over its yield now
         self.steps_by_k = [0] * (num_spec_tokens + 1)
         self.num_probes = 0
         self.time_off_s = 0.0
@@ -252,9 +251,7 @@ class SpeculationController:
         enough = bool(fits) and len(fits) >= min(MIN_STEADY_REQUESTS, num_requests)
         # Too few (as after a stretch at k = 0, where requests see a probe every PROBE_EVERY_STEPS
         # steps): each k judged by the batch as it is, not by a make-up the batch no longer has.
-        self.factors = (
-            steady_factors([(r, now) for _, r, now in fits], self.num_spec_tokens) if enough else self.no_factors
-        )
+        self.factors = steady_factors([(r, now) for _, r, now in fits] if enough else [], self.num_spec_tokens)
         self.draft_cap = self.num_spec_tokens
         self._choices.clear()
         k = self.choose_quietly(batch_size)

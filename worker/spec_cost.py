@@ -32,7 +32,6 @@ from collections.abc import Iterable, Sequence
 __all__ = [
     "STEP_COSTS",
     "StepCost",
-    "acceptance_length",
     "best_k",
     "expected_tokens",
     "steady_factors",
@@ -170,12 +169,6 @@ def best_k(
     return best
 
 
-def acceptance_length(rate: float, k: int) -> float:
-    """Tokens a step of ``k`` drafts yields for a request whose drafts are each accepted with
-    probability ``rate`` given the one before: ``1 + rate + ... + rate^k``."""
-    return 1.0 + sum(rate**p for p in range(1, k + 1))
-
-
 def steady_factors(requests: Sequence[tuple[float, float]], num_spec_tokens: int) -> list[float]:
     """By k (0..num_spec_tokens), what the batch yields per sequence once it runs at k for a while,
     over what it yields at k as it is now: ``requests`` are the batch's ``(rate, tokens per step so
@@ -196,7 +189,8 @@ def steady_factors(requests: Sequence[tuple[float, float]], num_spec_tokens: int
     factors = [1.0] * (num_spec_tokens + 1)
     if not requests:
         return factors
-    # By request, L(0..num_spec_tokens) in one pass each (the review runs this over up to 256 requests).
+    # By request, L(0..num_spec_tokens) in one pass each: expected_tokens([rate] * k, k) for every k at
+    # once (the review runs this over up to 256 requests).
     lengths = []
     for rate, _ in requests:
         row, reach = [1.0], 1.0

@@ -18,7 +18,7 @@ def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens:
     the baseline (``none``, or ``none+KEY=VALUE``: :func:`.spec_map_config.baseline`) gives the
     target's step (``base_ms`` at one stream, ``per_seq_ms`` the least-squares
     slope up to 64 streams); ``off``, a draft-model configuration the controller held at k = 0,
-    gives the draft's KV-sync pass over ``none`` (``draft_pass_ms`` and ``draft_per_seq_ms``, a
+    gives the draft's KV-sync pass over the baseline (``draft_pass_ms`` and ``draft_per_seq_ms``, a
     line through its two smallest loads); ``static`` (k drafts every step) the rest of a verify step
     below the knee (``verify_ms``) and, past ``knee_tokens``, ``per_token_ms``."""
     table = result["table"]
@@ -121,7 +121,7 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     lines += ["Acceptance length / drafts per verify step / steps off per wave:", "", head, rule, *rows(spec)]
     statics = [n for n in names if n.endswith(":static") and not n.startswith("ngram:")]
     offs = [n for n in names if n.endswith(":1.0:auto") and not n.startswith("ngram:")]
-    if baseline(names) is not None and statics and offs:
+    if has_none and statics and offs:
         fitted = fit_step_cost(result, static=statics[0], off=offs[0])
         lines += ["", f"Step cost read off `{statics[0]}` and `{offs[0]}` (`fit_step_cost`): {fitted}"]
     if result.get("mix"):
