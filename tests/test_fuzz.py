@@ -199,9 +199,17 @@ async def test_pod_extremes_and_recovery(pod_and_worker: tuple[httpx.AsyncClient
     http, _ = pod_and_worker
     deep = b"[" * 100_000 + b"]" * 100_000
     huge = json.dumps({"model": "tiny:target", "prompt": "x" * 100_000}).encode()
-    for body, status in [(deep, 413), (huge, 413), (b"\xff\xfe\x00bad", 400), (b"[" * 5000 + b"]" * 5000, 400)]:
+    utf16_odd = b'p\x00."\x17Vq'  # read as UTF-16 (a NUL second byte), an odd length: found by the fuzz test above
+    for body, status in [
+        (deep, 413),
+        (huge, 413),
+        (b"\xff\xfe\x00bad", 400),
+        (utf16_odd, 400),
+        (b"[" * 5000 + b"]" * 5000, 400),
+    ]:
         response = await http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == status, (status, response.text[:200])
+        assert "error" in response.json(), response.text[:200]  # OpenAI's shape, not FastAPI's
     ok = await http.post(
         "/v1/completions", json={"model": "tiny:target", "prompt": "hi", "max_tokens": 3, "temperature": 0}
     )

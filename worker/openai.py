@@ -25,14 +25,17 @@ from typing import Any, cast
 
 import pydantic
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler as fastapi_http_exception_handler
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
+from starlette.exceptions import HTTPException
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+from vllm.entrypoints.serve.exception_handling.handlers.http import http_exception_handler
 from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
 from vllm.exceptions import VLLMValidationError
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -103,7 +106,13 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
     uvicorn server through ``app.state.server``, which only vLLM's launcher sets, so here it
     raised, and a request in flight when the engine died got ``500 "'State' object has no
     attribute 'server'"``. A dead engine is the typed engine-dead error (503) that serverless jobs
-    get; the pod exits by its own watch (``worker/pod.py``)."""
+    get; the pod exits by its own watch (``worker/pod.py``).
+
+    And FastAPI's own refusals in vLLM's error shape: vLLM registers its handler for FastAPI's
+    ``HTTPException``, but FastAPI raises Starlette's, the base class, for a body it cannot read
+    (one ``json.loads`` fails on other than a syntax error: too deeply nested, or not decodable in
+    the encoding json tells from its first bytes), which then got ``{"detail": ...}``, not OpenAI's
+    ``{"error": ...}``. Only that 400: FastAPI's 404 and 405 keep their shape."""
 
     async def answer(request: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, EngineDeadError) or engine.is_dead:
@@ -114,6 +123,16 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
 
     app.add_exception_handler(EngineDeadError, answer)
     app.add_exception_handler(EngineGenerateError, answer)
+
+    async def unreadable(request: Request, exc: HTTPException) -> Response:
+        # A 400 is FastAPI's "error parsing the body"; its 404 and 405 (no such route, method) stay
+        # FastAPI's, which the serverless route turns into sentences naming the route.
+        if exc.status_code == 400:
+            # vLLM's own handler, typed for FastAPI's subclass; it reads status_code and detail only.
+            return cast("Response", await http_exception_handler(request, cast("Any", exc)))
+        return await fastapi_http_exception_handler(request, exc)
+
+    app.exception_handler(HTTPException)(unreadable)
     # Starlette reads its handlers when it builds the middleware stack, which vLLM's set-up has
     # already built: build it again with these.
     app.middleware_stack = app.build_middleware_stack()
