@@ -19,9 +19,10 @@ from worker.spec_control import (
     REVIEW_EVERY_STEPS,
     Acceptance,
     SpeculationController,
+    StepTimes,
     geometric_rate,
 )
-from worker.spec_cost import STEP_COSTS
+from worker.spec_cost import STEP_COSTS, step_ms
 from worker.spec_stats.control import ControlledScheduling
 from worker.spec_stats.stand_in import StandInScheduler
 from worker.tools.bench.closed_loop import auto_rate, closed_loop, fixed
@@ -126,6 +127,7 @@ class _V2GraphsStandIn(StandInScheduler):
             compilation_config=compilation,
             model_config=SimpleNamespace(enforce_eager=False),
             scheduler_config=SimpleNamespace(async_scheduling=is_async),
+            device_config=SimpleNamespace(device_type="cuda"),
         )
         self.vllm_config = cast("VllmConfig", config)
 
@@ -257,6 +259,87 @@ def test_in_a_mixed_closed_loop_auto_weighs_what_k_does_to_the_batch() -> None:
     # A uniform workload: the factors stay at 1, and auto keeps to the best static k.
     for streams in (8, 64):
         assert auto_rate(streams, (0.6,)) >= 0.97 * static(streams, range(K + 1))
+
+
+def test_step_times_learn_each_k_and_lean_on_the_verifying_ks_measured() -> None:
+    times = StepTimes()
+    assert times.scales(64, K) == [1.0] * (K + 1)  # nothing measured: the model's figures
+    for _ in range(200):
+        times.add(batch_size=64, k=2, ratio=1.4)
+        times.add(batch_size=64, k=0, ratio=1.0)
+    scales = times.scales(64, K)
+    assert scales[0] == pytest.approx(1.0) and scales[2] == pytest.approx(1.4, rel=0.01)
+    # k = 1, 3 and 4, never measured at this batch size: the host's cost of verifying, k = 2's.
+    assert scales[1] == scales[3] == scales[4] == pytest.approx(1.4, rel=0.01)
+    assert times.scales(100, K) == scales and times.scales(128, K) == [1.0] * (K + 1)  # by power of two
+    times.add(batch_size=8, k=0, ratio=2.0)  # one step: mostly the prior still
+    assert 1.0 < times.scales(8, K)[0] < 2.0**0.5
+    times.add(batch_size=256, k=0, ratio=10.0)  # an idle engine between two steps is no step's cost
+    assert times.scales(256, K) == [1.0] * (K + 1)
+
+
+def test_a_steps_time_runs_from_one_outcome_to_the_next_and_a_prefills_step_is_left_out() -> None:
+    c = controller()
+    model = step_ms(c.cost, batch_size=64, k=2)
+    now = 0.0
+    c.observe({}, now=now)
+    for _ in range(100):
+        now += 1.5 * model / 1000
+        c.observe({(2, 1): 64}, now=now, step=(64, 2, 128, 192))
+    c.choose(64)
+    assert c.report()["step_scales"][2] == pytest.approx(1.5, rel=0.02)
+    # A step that ran a prompt's chunk besides its decode tokens: not a decode step's time.
+    now += 4 * model / 1000
+    c.observe({}, now=now, step=(65, 2, 128, 192 + 500))
+    assert c.report()["step_scales"][2] == pytest.approx(1.5, rel=0.02)
+    assert controller(calibrate=False).report()["step_scales"] is None
+
+
+def test_the_scheduler_hooks_give_the_controller_each_steps_shape() -> None:
+    from worker.spec_stats.stand_in import ControlledStandIn, make_request, step_inputs
+
+    scheduler = ControlledStandIn(num_spec_tokens=K, max_batch_size=4)
+    widths = {"req-0": K, "req-1": K, "req-2": 2}
+    for rid, width in widths.items():
+        request = make_request(rid, num_spec_tokens=K, stop=None)
+        request.spec_token_ids = [-1] * width
+        scheduler.add_request(request)
+    shapes: list[Any] = []
+    observe = scheduler.controller.observe
+
+    def spy(pairs: Any, *, now: float | None = None, step: Any = None) -> None:
+        shapes.append(step)
+        observe(pairs, now=now, step=step)
+
+    scheduler.controller.observe = spy  # type: ignore[method-assign]
+    scheduler.update_from_output(
+        *step_inputs(
+            num_scheduled_tokens={rid: 1 + width for rid, width in widths.items()},
+            drafts={rid: [-1] * width for rid, width in widths.items()},
+            invalid_drafts=None,
+            sampled={rid: [0] for rid in widths},
+        )
+    )
+    assert shapes == [(3, K, 2 * K + 2, 3 + 2 * K + 2)]  # sequences, k, drafts verified, tokens
+    # A CPU engine's steps would rescale the GPU's figures: the model's alone there.
+    assert scheduler.controller.step_times is not None
+    assert ControlledStandIn(num_spec_tokens=K, max_batch_size=4, device_type="cpu").controller.step_times is None
+
+
+def test_in_a_closed_loop_auto_weighs_the_step_times_it_measures() -> None:
+    # A host on which verifying costs more (or less) than where the model's figures were fitted: the
+    # H200's mixed map measured static k = 2 steps at 64 streams 1.0x the model on one host and 1.4x
+    # on another, with no speculation 1.0x on both. The loop's steps cost the model's times the skew.
+    mixed = (1.0, 0.6, 0.0)
+
+    def best_static(streams: int, classes: Sequence[float], skew: Sequence[float]) -> float:
+        return max(closed_loop(fixed(k), streams=streams, classes=classes, skew=skew) for k in range(K + 1))
+
+    dear, cheap = (1.0, 1.3, 1.3, 1.3, 1.3), (1.0, 0.85, 0.85, 0.85, 0.85)
+    for streams, classes, skew in ((64, mixed, dear), (128, (0.6,), dear), (256, (0.6,), cheap)):
+        best = best_static(streams, classes, skew)
+        assert auto_rate(streams, classes, skew=skew) >= 0.97 * best
+        assert auto_rate(streams, classes, skew=skew, calibrate=False) < 0.93 * best  # by the model alone
 
 
 def test_geometric_rate_inverts_the_mean_accepted() -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "REVIEW_EVERY_STEPS",
     "Acceptance",
     "SpeculationController",
+    "StepTimes",
     "geometric_rate",
 ]
 
@@ -72,6 +74,13 @@ PRIOR_TRIALS = 2.0
 MIN_REQUEST_STEPS = 8
 # Reviewed requests the steady factors need (or every request of a smaller batch).
 MIN_STEADY_REQUESTS = 8
+# Step times (StepTimes): a cell's evidence halves every this many of its steps; a cell counts as
+# this many steps of its prior; a step outside this factor of the model's time is not a step's cost
+# (an idle engine between steps, a pause); a step whose target runs more than one prompt token per
+# sequence besides its decode tokens is a prefill's, whose cost the model does not price.
+STEP_TIME_HALF_LIFE_STEPS = 32
+STEP_TIME_PRIOR_STEPS = 4.0
+MAX_STEP_TIME_RATIO = 4.0
 
 
 class Acceptance:
@@ -108,6 +117,48 @@ class Acceptance:
         return rates
 
 
+class StepTimes:
+    """How long steps take against the cost model, by k and batch size (its power of two): the
+    decaying mean of ``log(measured / modelled)`` per cell, read as a scale on the model's step time.
+
+    The model's figures are one H200 host's: another host, a busier CPU or a driver can make the
+    steps that verify drafts dearer than they were there, and not the ones without (the H200's mixed
+    map measured static k = 2 steps at 64 streams 1.0x the model on one host and 1.4x on another,
+    with no speculation 1.0x on both), which moves the break-even the model alone puts k at. A cell
+    with little evidence leans on its prior: for k > 0, the other measured k > 0 of its batch size
+    (the host's cost of verifying, so that one k measured dear does not send the choice to another
+    never measured), else the model."""
+
+    def __init__(self, *, half_life_steps: float = STEP_TIME_HALF_LIFE_STEPS) -> None:
+        self.decay = 0.5 ** (1 / half_life_steps)
+        self.cells: dict[tuple[int, int], list[float]] = {}  # (k, batch bucket) -> [weight, mean log ratio]
+
+    def add(self, *, batch_size: int, k: int, ratio: float) -> None:
+        """One step's measured time over the model's (outside ``MAX_STEP_TIME_RATIO``: ignored)."""
+        if not 1 / MAX_STEP_TIME_RATIO <= ratio <= MAX_STEP_TIME_RATIO:
+            return
+        cell = self.cells.setdefault((k, batch_size.bit_length()), [0.0, 0.0])
+        cell[0] = cell[0] * self.decay + 1.0
+        cell[1] += (math.log(ratio) - cell[1]) / cell[0]
+
+    def scales(self, batch_size: int, num_spec_tokens: int) -> list[float]:
+        """By k (0..num_spec_tokens), the scale on the model's step time at this batch size."""
+        bucket = batch_size.bit_length()
+        cells = [self.cells.get((k, bucket)) for k in range(num_spec_tokens + 1)]
+        verifying = [cell for cell in cells[1:] if cell is not None]
+        weight = sum(cell[0] for cell in verifying)
+        spec_prior = sum(cell[0] * cell[1] for cell in verifying) / weight if weight else 0.0
+        scales = []
+        for k, cell in enumerate(cells):
+            prior = spec_prior if k else 0.0
+            if cell is None:
+                scales.append(math.exp(prior))
+                continue
+            w, mean = cell
+            scales.append(math.exp((w * mean + STEP_TIME_PRIOR_STEPS * prior) / (w + STEP_TIME_PRIOR_STEPS)))
+        return scales
+
+
 def geometric_rate(mean_accepted: float, k: int, *, table: Sequence[float] | None = None) -> float:
     """The per-position rate a whose geometric model accepts ``mean_accepted`` drafts per step of
     ``k``: ``a + a^2 + ... + a^k``. ``table``: :func:`_geometric_table` for k (a bisection in C)."""
@@ -127,7 +178,8 @@ class SpeculationController:
     for ``num_spec_tokens`` at every size. ``allowed_ks``: the k values the engine can run (all of
     0..num_spec_tokens on vLLM's V1 runner). ``graph_batches``: by k (index), the most sequences a
     step can carry at that k and replay a full CUDA graph (V2), or None: a batch of ``b`` sequences
-    then runs a k only where ``b`` is within it (0 always runs)."""
+    then runs a k only where ``b`` is within it (0 always runs). ``calibrate``: each step's time,
+    between one outcome and the next, scales the model's (:class:`StepTimes`)."""
 
     def __init__(
         self,
@@ -138,6 +190,7 @@ class SpeculationController:
         allowed_ks: Iterable[int] | None = None,
         graph_batches: Sequence[int] | None = None,
         probe_every: int = PROBE_EVERY_STEPS,
+        calibrate: bool = True,
     ) -> None:
         self.num_spec_tokens = num_spec_tokens
         self.cost = cost
@@ -160,6 +213,9 @@ class SpeculationController:
         self._num_observed = 0
         self._choices: dict[tuple[int, int], tuple[int, int]] = {}  # (batch, top k) -> (k, probe k)
         self._tables = [_geometric_table(k) for k in range(num_spec_tokens + 1)]  # by drafts per step
+        # Measured step times against the model's (None: the model's figures alone).
+        self.step_times = StepTimes() if calibrate else None
+        self._last_batch = 1
 
     # vLLM's scheduler reads ``dynamic_sd_lookup[batch_size]``.
     def __getitem__(self, batch_size: int) -> int:
@@ -184,8 +240,7 @@ class SpeculationController:
         choice = self._choices.get(key)
         if choice is None:
             ks = [x for x in self.allowed_ks if x <= top]
-            rates = self.acceptance.rates()
-            best = best_k(self.cost, batch_size=batch_size, rates=rates, allowed_ks=ks, factors=self.factors)
+            best = self._best_k(batch_size, ks)
             # (the k, and the k a probe drafts: the smallest runnable one; 0 where none is allowed)
             choice = self._choices[key] = (best, ks[1] if len(ks) > 1 else 0)
         k, probe_k = choice
@@ -205,12 +260,26 @@ class SpeculationController:
         self._last_k = k
         return k
 
-    def observe(self, pairs: Mapping[tuple[int, int], int], *, now: float | None = None) -> None:
-        """One step's outcome: ``(drafted, accepted) -> sequences`` (empty: nothing was verified)."""
+    def observe(
+        self,
+        pairs: Mapping[tuple[int, int], int],
+        *,
+        now: float | None = None,
+        step: tuple[int, int, int, int] | None = None,
+    ) -> None:
+        """One step's outcome: ``(drafted, accepted) -> sequences`` (empty: nothing was verified).
+        ``step``: that step's ``(sequences, k, drafts verified, tokens the target ran)``, whose time is
+        the one since the outcome before (with async scheduling, the engine's period)."""
         now = time.monotonic() if now is None else now
-        if self._last_k == 0 and self._last_time is not None:
-            self.time_off_s += now - self._last_time
+        last = self._last_time
+        if self._last_k == 0 and last is not None:
+            self.time_off_s += now - last
         self._last_time = now
+        if step is not None and last is not None and self.step_times is not None:
+            batch_size, k, verified, tokens = step
+            if batch_size and tokens <= 2 * batch_size + verified:  # a decode step (StepTimes' constants)
+                model = step_ms(self.cost, batch_size=batch_size, k=k, num_verified=verified, num_tokens=tokens)
+                self.step_times.add(batch_size=batch_size, k=k, ratio=(now - last) * 1000 / model)
         if pairs:
             # Evidence ages with new evidence only: while off, what made the controller stop stays
             # until a probe says otherwise (aged by the clock, it would drift back to the prior).
@@ -275,13 +344,25 @@ class SpeculationController:
     def choose_quietly(self, batch_size: int) -> int:
         """The k :meth:`choose` would pick, without counting a step or probing."""
         top = min(self.highest_k(batch_size), self.num_spec_tokens)
-        ks = [x for x in self.allowed_ks if x <= top]
+        return self._best_k(batch_size, [x for x in self.allowed_ks if x <= top])
+
+    def _best_k(self, batch_size: int, ks: Sequence[int]) -> int:
+        self._last_batch = batch_size
+        times = self.step_times
         return best_k(
-            self.cost, batch_size=batch_size, rates=self.acceptance.rates(), allowed_ks=ks, factors=self.factors
+            self.cost,
+            batch_size=batch_size,
+            rates=self.acceptance.rates(),
+            allowed_ks=ks,
+            factors=self.factors,
+            scales=times.scales(batch_size, self.num_spec_tokens) if times is not None else None,
         )
 
     def report(self) -> dict[str, Any]:
-        """Steps by chosen k, probes, and the seconds spent at k = 0."""
+        """Steps by chosen k, probes, the seconds spent at k = 0, and the rest of what choices weigh
+        (``step_scales``: by k, measured step time over the model's at the last batch size chosen for)."""
+        times = self.step_times
+        scales = times.scales(self._last_batch, self.num_spec_tokens) if times is not None else None
         return {
             "steps_by_k": list(self.steps_by_k),
             "num_probes": self.num_probes,
@@ -290,4 +371,5 @@ class SpeculationController:
             "num_capped_requests": len(self.caps),
             "draft_cap": self.draft_cap,
             "factors": [round(f, 3) for f in self.factors],
+            "step_scales": [round(x, 3) for x in scales] if scales is not None else None,
         }

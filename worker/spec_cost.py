@@ -119,11 +119,15 @@ STEP_COSTS: dict[str, StepCost] = {
 }
 
 
-def step_ms(cost: StepCost, *, batch_size: int, k: int, num_verified: int | None = None) -> float:
+def step_ms(
+    cost: StepCost, *, batch_size: int, k: int, num_verified: int | None = None, num_tokens: int | None = None
+) -> float:
     """One step of ``batch_size`` sequences drafting ``k`` tokens for the next step and verifying
-    ``num_verified`` drafts in all (default ``batch_size * k``: every sequence verifies k)."""
+    ``num_verified`` drafts in all (default ``batch_size * k``: every sequence verifies k), the target
+    running ``num_tokens`` tokens (default one per sequence and each verified draft; more where a
+    prompt's chunk shares the step)."""
     verified = batch_size * k if num_verified is None else num_verified
-    tokens = batch_size + verified
+    tokens = batch_size + verified if num_tokens is None else num_tokens
     target = cost.base_ms + cost.per_seq_ms * (batch_size - 1) + cost.per_token_ms * max(0, tokens - cost.knee_tokens)
     if verified:
         target += cost.verify_ms
@@ -145,11 +149,19 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
 
 
 def tokens_per_ms(
-    cost: StepCost, *, batch_size: int, k: int, rates: Sequence[float], factors: Sequence[float] | None = None
+    cost: StepCost,
+    *,
+    batch_size: int,
+    k: int,
+    rates: Sequence[float],
+    factors: Sequence[float] | None = None,
+    scales: Sequence[float] | None = None,
 ) -> float:
-    """Tokens per millisecond of a step at ``k`` (``factors``: :func:`steady_factors`, by k)."""
+    """Tokens per millisecond of a step at ``k`` (``factors``: :func:`steady_factors`, by k;
+    ``scales``: by k, the step's measured time over the model's, where measured)."""
     factor = factors[k] if factors is not None else 1.0
-    return batch_size * expected_tokens(rates, k) * factor / step_ms(cost, batch_size=batch_size, k=k)
+    scale = scales[k] if scales is not None else 1.0
+    return batch_size * expected_tokens(rates, k) * factor / (step_ms(cost, batch_size=batch_size, k=k) * scale)
 
 
 def best_k(
@@ -159,11 +171,12 @@ def best_k(
     rates: Sequence[float],
     allowed_ks: Iterable[int],
     factors: Sequence[float] | None = None,
+    scales: Sequence[float] | None = None,
 ) -> int:
     """The k among ``allowed_ks`` with the most tokens per millisecond (ties: the smaller k)."""
     best, best_rate = 0, -1.0
     for k in sorted(allowed_ks):
-        rate = tokens_per_ms(cost, batch_size=batch_size, k=k, rates=rates, factors=factors)
+        rate = tokens_per_ms(cost, batch_size=batch_size, k=k, rates=rates, factors=factors, scales=scales)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best

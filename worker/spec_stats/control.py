@@ -62,6 +62,9 @@ class ControlledScheduling(_SchedulerBase):
             schedule=ceiling,
             allowed_ks=allowed,
             graph_batches=graph_batches,
+            # The model's figures are a GPU's; a CPU's steps (the tests' engines) would rescale them
+            # out of the choices they check.
+            calibrate=self.vllm_config.device_config.device_type != "cpu",
         )
         # vLLM only indexes its table by batch size (``dynamic_sd_lookup[n]``), as the controller answers.
         self.dynamic_sd_lookup = cast("list[int]", self.controller)
@@ -83,21 +86,25 @@ class ControlledScheduling(_SchedulerBase):
         spec = scheduler_output.scheduled_spec_decode_tokens
         sampled = model_runner_output.sampled_token_ids
         pairs: dict[tuple[int, int], int] = {}
+        k = verified = 0
+        if spec:
+            widths = set(map(len, spec.values()))
+            k = max(widths)
+            verified = k * len(spec) if len(widths) == 1 else sum(map(len, spec.values()))
         if spec and sampled:
             # (drafts verified, drafts accepted) -> sequences, in C-level passes over the batch.
             # The first SAMPLE_SEQUENCES of the batch: evidence enough per step, at a bounded cost.
             yielded = list(map(len, sampled[:SAMPLE_SEQUENCES]))  # 1 + accepted, where drafts were verified
-            widths = set(map(len, spec.values()))
             if len(widths) == 1 and len(spec) == len(sampled):  # every request verified the same k
-                d = widths.pop()
-                pairs = {(d, y - 1): n for y in range(1, d + 2) if (n := yielded.count(y))}
+                pairs = {(k, y - 1): n for y in range(1, k + 2) if (n := yielded.count(y))}
             else:
                 req_ids = model_runner_output.req_ids[:SAMPLE_SEQUENCES]
                 drafted = map(len, map(spec.get, req_ids, itertools.repeat(_NO_DRAFTS)))
                 counted = collections.Counter(zip(drafted, yielded, strict=False))
                 pairs = {(d, y - 1): n for (d, y), n in counted.items() if d and y}
         controller = self.controller
-        controller.observe(pairs)
+        num_seqs = len(scheduler_output.num_scheduled_tokens)
+        controller.observe(pairs, step=(num_seqs, k, verified, scheduler_output.total_num_scheduled_tokens))
         step = self._control_steps = self._control_steps + 1
         if step % REVIEW_EVERY_STEPS == 0:
             # A generator over the running requests with counts, read once per review.

@@ -48,7 +48,8 @@ class StandInScheduler:
     step's tokens in place, as vLLM does). ``entered`` / ``returned``: ``perf_counter_ns()`` at the
     update's start and end, so that a caller can time the hooks around it. ``num_spec_tokens`` and
     ``method`` set what vLLM's scheduler reads off its config (k; the speculative method), with
-    vLLM's batch-size table (``dynamic_sd_lookup``) at k for up to ``max_batch_size`` requests."""
+    vLLM's batch-size table (``dynamic_sd_lookup``) at k for up to ``max_batch_size`` requests, on
+    ``device_type`` (a GPU's unless told)."""
 
     def __init__(
         self,
@@ -57,6 +58,7 @@ class StandInScheduler:
         num_spec_tokens: int = 0,
         method: str = "draft_model",
         max_batch_size: int = 0,
+        device_type: str = "cuda",
     ) -> None:
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
@@ -66,7 +68,13 @@ class StandInScheduler:
         self.num_spec_tokens = num_spec_tokens
         self.dynamic_sd_lookup: list[int] | None = [num_spec_tokens] * (max_batch_size + 1) if max_batch_size else None
         self.use_v2_model_runner = False
-        self.vllm_config = cast("VllmConfig", SimpleNamespace(speculative_config=SimpleNamespace(method=method)))
+        self.vllm_config = cast(
+            "VllmConfig",
+            SimpleNamespace(
+                speculative_config=SimpleNamespace(method=method),
+                device_config=SimpleNamespace(device_type=device_type),
+            ),
+        )
 
     def add_request(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
@@ -161,6 +169,7 @@ def step_inputs(
     stand-in read."""
     scheduler_output = SimpleNamespace(
         num_scheduled_tokens=dict(num_scheduled_tokens),
+        total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
         scheduled_spec_decode_tokens=dict(drafts),
         num_invalid_spec_tokens=None if invalid_drafts is None else dict(invalid_drafts),
     )
