@@ -265,17 +265,22 @@ def test_step_times_learn_each_k_and_lean_on_the_verifying_ks_measured() -> None
     times = StepTimes()
     assert times.scales(64, K) == [1.0] * (K + 1)  # nothing measured: the model's figures
     for _ in range(200):
-        times.add(batch_size=64, k=2, ratio=1.4)
-        times.add(batch_size=64, k=0, ratio=1.0)
+        times.add(batch_size=64, k=2, measured_ms=14.0, model_ms=10.0)
+        times.add(batch_size=64, k=0, measured_ms=6.0, model_ms=6.0)
     scales = times.scales(64, K)
     assert scales[0] == pytest.approx(1.0) and scales[2] == pytest.approx(1.4, rel=0.01)
     # k = 1, 3 and 4, never measured at this batch size: the host's cost of verifying, k = 2's.
     assert scales[1] == scales[3] == scales[4] == pytest.approx(1.4, rel=0.01)
     assert times.scales(100, K) == scales and times.scales(128, K) == [1.0] * (K + 1)  # by power of two
-    times.add(batch_size=8, k=0, ratio=2.0)  # one step: mostly the prior still
-    assert 1.0 < times.scales(8, K)[0] < 2.0**0.5
-    times.add(batch_size=256, k=0, ratio=10.0)  # an idle engine between two steps is no step's cost
+    times.add(batch_size=8, k=0, measured_ms=10.0, model_ms=5.0)  # one step: mostly the prior still
+    assert 1.0 < times.scales(8, K)[0] < 1.3
+    times.add(batch_size=256, k=0, measured_ms=100.0, model_ms=10.0)  # an idle engine: no step's cost
     assert times.scales(256, K) == [1.0] * (K + 1)
+    # Outputs that come unevenly (a short interval, then a long one): the time the steps took.
+    uneven = StepTimes()
+    for measured in [3.0, 17.0] * 100:
+        uneven.add(batch_size=32, k=1, measured_ms=measured, model_ms=10.0)
+    assert uneven.scales(32, K)[1] == pytest.approx(1.0, rel=0.02)  # a mean of logs: 0.71
 
 
 def test_a_steps_time_runs_from_one_outcome_to_the_next_and_a_prefills_step_is_left_out() -> None:

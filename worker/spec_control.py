@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -75,7 +74,7 @@ MIN_REQUEST_STEPS = 8
 # Reviewed requests the steady factors need (or every request of a smaller batch).
 MIN_STEADY_REQUESTS = 8
 # Step times (StepTimes): a cell's evidence halves every this many of its steps; a cell counts as
-# this many steps of its prior; a step outside this factor of the model's time is not a step's cost
+# this many steps of its prior; a step past this factor of the model's time is not a step's cost
 # (an idle engine between steps, a pause); a step whose target runs more than one prompt token per
 # sequence besides its decode tokens is a prefill's, whose cost the model does not price.
 STEP_TIME_HALF_LIFE_STEPS = 32
@@ -118,28 +117,35 @@ class Acceptance:
 
 
 class StepTimes:
-    """How long steps take against the cost model, by k and batch size (its power of two): the
-    decaying mean of ``log(measured / modelled)`` per cell, read as a scale on the model's step time.
+    """How long steps take against the cost model, by k and batch size (its power of two): per cell,
+    the decaying sums of the steps' measured and modelled milliseconds, whose ratio scales the model's
+    step time.
 
     The model's figures are one H200 host's: another host, a busier CPU or a driver can make the
     steps that verify drafts dearer than they were there, and not the ones without (the H200's mixed
     map measured static k = 2 steps at 64 streams 1.0x the model on one host and 1.4x on another,
-    with no speculation 1.0x on both), which moves the break-even the model alone puts k at. A cell
-    with little evidence leans on its prior: for k > 0, the other measured k > 0 of its batch size
-    (the host's cost of verifying, so that one k measured dear does not send the choice to another
-    never measured), else the model."""
+    with no speculation 1.0x on both), which moves the break-even the model alone puts k at. Sums,
+    not a mean of each step's ratio: the engine's outputs come unevenly (a short interval after a
+    long one), and only their sum is the time the steps took (on the H200 a mean of logs read the
+    steps at 0.7x what the throughput gave). A cell with little evidence leans on its prior: for
+    k > 0, the other measured k > 0 of its batch size (the host's cost of verifying, so that one k
+    measured dear does not send the choice to another never measured), else the model."""
 
     def __init__(self, *, half_life_steps: float = STEP_TIME_HALF_LIFE_STEPS) -> None:
         self.decay = 0.5 ** (1 / half_life_steps)
-        self.cells: dict[tuple[int, int], list[float]] = {}  # (k, batch bucket) -> [weight, mean log ratio]
+        # (k, batch bucket) -> [weight, measured ms, modelled ms], each decayed per step of the cell
+        self.cells: dict[tuple[int, int], list[float]] = {}
 
-    def add(self, *, batch_size: int, k: int, ratio: float) -> None:
-        """One step's measured time over the model's (outside ``MAX_STEP_TIME_RATIO``: ignored)."""
-        if not 1 / MAX_STEP_TIME_RATIO <= ratio <= MAX_STEP_TIME_RATIO:
+    def add(self, *, batch_size: int, k: int, measured_ms: float, model_ms: float) -> None:
+        """One step's time and the model's for it (past ``MAX_STEP_TIME_RATIO`` times the model's:
+        not a step's time, an idle engine's)."""
+        if not 0 <= measured_ms <= MAX_STEP_TIME_RATIO * model_ms:
             return
-        cell = self.cells.setdefault((k, batch_size.bit_length()), [0.0, 0.0])
-        cell[0] = cell[0] * self.decay + 1.0
-        cell[1] += (math.log(ratio) - cell[1]) / cell[0]
+        cell = self.cells.setdefault((k, batch_size.bit_length()), [0.0, 0.0, 0.0])
+        decay = self.decay
+        cell[0] = cell[0] * decay + 1.0
+        cell[1] = cell[1] * decay + measured_ms
+        cell[2] = cell[2] * decay + model_ms
 
     def scales(self, batch_size: int, num_spec_tokens: int) -> list[float]:
         """By k (0..num_spec_tokens), the scale on the model's step time at this batch size."""
@@ -147,15 +153,15 @@ class StepTimes:
         cells = [self.cells.get((k, bucket)) for k in range(num_spec_tokens + 1)]
         verifying = [cell for cell in cells[1:] if cell is not None]
         weight = sum(cell[0] for cell in verifying)
-        spec_prior = sum(cell[0] * cell[1] for cell in verifying) / weight if weight else 0.0
+        spec_prior = sum(cell[0] * cell[1] / cell[2] for cell in verifying) / weight if weight else 1.0
         scales = []
         for k, cell in enumerate(cells):
-            prior = spec_prior if k else 0.0
+            prior = spec_prior if k else 1.0
             if cell is None:
-                scales.append(math.exp(prior))
+                scales.append(prior)
                 continue
-            w, mean = cell
-            scales.append(math.exp((w * mean + STEP_TIME_PRIOR_STEPS * prior) / (w + STEP_TIME_PRIOR_STEPS)))
+            w, measured, model = cell
+            scales.append((w * measured / model + STEP_TIME_PRIOR_STEPS * prior) / (w + STEP_TIME_PRIOR_STEPS))
         return scales
 
 
@@ -279,7 +285,7 @@ class SpeculationController:
             batch_size, k, verified, tokens = step
             if batch_size and tokens <= 2 * batch_size + verified:  # a decode step (StepTimes' constants)
                 model = step_ms(self.cost, batch_size=batch_size, k=k, num_verified=verified, num_tokens=tokens)
-                self.step_times.add(batch_size=batch_size, k=k, ratio=(now - last) * 1000 / model)
+                self.step_times.add(batch_size=batch_size, k=k, measured_ms=(now - last) * 1000, model_ms=model)
         if pairs:
             # Evidence ages with new evidence only: while off, what made the controller stop stays
             # until a probe says otherwise (aged by the clock, it would drift back to the prior).
