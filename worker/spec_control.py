@@ -12,8 +12,10 @@ where the schedule holds it).
 
 :class:`SpeculationController` replaces that table with an object that answers each lookup with
 the k of most tokens per millisecond under the cost model (:mod:`worker.spec_cost`), given the
-acceptance the step outputs show, per draft position, and what each k does over time to the make-up
-of a batch whose requests accept differently (``steady_factors``, from the per-request review):
+acceptance the step outputs show, per draft position, what each k does over time to the make-up
+of a batch whose requests accept differently (``steady_factors``, from the per-request review), and
+how long this engine's steps take against the model's figures, by k and batch size (``StepTimes``
+in :mod:`worker.spec_measure`, with the acceptance):
 
 - it never exceeds the configured schedule (``SPECULATIVE_TOKENS_BY_BATCH``) nor the configured k,
   and on V2 no k at a batch size past its largest full CUDA graph (``graph_batches``);
@@ -33,21 +35,18 @@ by the attributes the pinned version has, and the arithmetic is plain Python, te
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from worker.spec_cost import StepCost, best_k, expected_tokens, steady_factors, step_ms
+from worker.spec_measure import Acceptance, StepTimes, geometric_rate, geometric_table
 
 __all__ = [
     "PROBE_EVERY_STEPS",
     "REVIEW_EVERY_STEPS",
-    "Acceptance",
     "SpeculationController",
-    "StepTimes",
-    "geometric_rate",
 ]
 
 # A child of vLLM's logger: the controller runs in vLLM's engine-core process, where only vLLM's
@@ -63,118 +62,10 @@ REVIEW_EVERY_STEPS = 64
 SAMPLE_SEQUENCES = 64
 # Steps with evidence between re-evaluations of the cost model per batch size.
 RECHOOSE_EVERY_STEPS = 4
-# Evidence halves every this many steps, so that a change of acceptance shows within a few hundred.
-HALF_LIFE_STEPS = 64
-# Before any evidence, each position is assumed accepted this often (so that drafting starts, and
-# measures); a position with little evidence leans on the one before it with this many pseudo-trials.
-PRIOR_RATE = 0.7
-PRIOR_TRIALS = 2.0
 # A request is reviewed once it has verified this many steps.
 MIN_REQUEST_STEPS = 8
 # Reviewed requests the steady factors need (or every request of a smaller batch).
 MIN_STEADY_REQUESTS = 8
-# Step times (StepTimes): a cell's evidence halves every this many of its steps; a cell counts as
-# this many steps of its prior; a step past this factor of the model's time is not a step's cost
-# (an idle engine between steps, a pause); a step whose target runs more than one prompt token per
-# sequence besides its decode tokens is a prefill's, whose cost the model does not price.
-STEP_TIME_HALF_LIFE_STEPS = 32
-STEP_TIME_PRIOR_STEPS = 4.0
-MAX_STEP_TIME_RATIO = 4.0
-
-
-class Acceptance:
-    """Conditional acceptance per draft position, from the (drafted, accepted) pairs of each step,
-    with exponentially decaying weights. Position ``i`` (1-based) is tried when at least ``i``
-    drafts were verified and the ``i - 1`` before it were accepted; it succeeds when accepted."""
-
-    def __init__(self, num_positions: int, *, half_life_steps: float = HALF_LIFE_STEPS) -> None:
-        self.num_positions = num_positions
-        self.decay = 0.5 ** (1 / half_life_steps)
-        self.trials = [0.0] * num_positions
-        self.successes = [0.0] * num_positions
-
-    def age(self) -> None:
-        """One step of evidence passed."""
-        decay = self.decay
-        self.trials = [t * decay for t in self.trials]
-        self.successes = [s * decay for s in self.successes]
-
-    def observe(self, pairs: Mapping[tuple[int, int], int]) -> None:
-        """``(drafted, accepted) -> number of sequences`` of one step (pairs with no drafts ignored)."""
-        trials, successes = self.trials, self.successes
-        for (drafted, accepted), count in pairs.items():
-            for i in range(min(drafted, accepted + 1, self.num_positions)):
-                trials[i] += count
-            for i in range(min(accepted, self.num_positions)):
-                successes[i] += count
-
-    def rates(self) -> list[float]:
-        rates, previous = [], PRIOR_RATE
-        for trials, successes in zip(self.trials, self.successes, strict=True):
-            previous = (successes + PRIOR_TRIALS * previous) / (trials + PRIOR_TRIALS)
-            rates.append(previous)
-        return rates
-
-
-class StepTimes:
-    """How long steps take against the cost model, by k and batch size (its power of two): per cell,
-    the decaying sums of the steps' measured and modelled milliseconds, whose ratio scales the model's
-    step time.
-
-    The model's figures are one H200 host's: another host, a busier CPU or a driver can make the
-    steps that verify drafts dearer than they were there, and not the ones without (the H200's mixed
-    map measured static k = 2 steps at 64 streams 1.0x the model on one host and 1.4x on another,
-    with no speculation 1.0x on both), which moves the break-even the model alone puts k at. Sums,
-    not a mean of each step's ratio: the engine's outputs come unevenly (a short interval after a
-    long one), and only their sum is the time the steps took (on the H200 a mean of logs read the
-    steps at 0.7x what the throughput gave). A cell with little evidence leans on its prior: for
-    k > 0, the other measured k > 0 of its batch size (the host's cost of verifying, so that one k
-    measured dear does not send the choice to another never measured), else the model."""
-
-    def __init__(self, *, half_life_steps: float = STEP_TIME_HALF_LIFE_STEPS) -> None:
-        self.decay = 0.5 ** (1 / half_life_steps)
-        # (k, batch bucket) -> [weight, measured ms, modelled ms], each decayed per step of the cell
-        self.cells: dict[tuple[int, int], list[float]] = {}
-
-    def add(self, *, batch_size: int, k: int, measured_ms: float, model_ms: float) -> None:
-        """One step's time and the model's for it (past ``MAX_STEP_TIME_RATIO`` times the model's:
-        not a step's time, an idle engine's)."""
-        if not 0 <= measured_ms <= MAX_STEP_TIME_RATIO * model_ms:
-            return
-        cell = self.cells.setdefault((k, batch_size.bit_length()), [0.0, 0.0, 0.0])
-        decay = self.decay
-        cell[0] = cell[0] * decay + 1.0
-        cell[1] = cell[1] * decay + measured_ms
-        cell[2] = cell[2] * decay + model_ms
-
-    def scales(self, batch_size: int, num_spec_tokens: int) -> list[float]:
-        """By k (0..num_spec_tokens), the scale on the model's step time at this batch size."""
-        bucket = batch_size.bit_length()
-        cells = [self.cells.get((k, bucket)) for k in range(num_spec_tokens + 1)]
-        verifying = [cell for cell in cells[1:] if cell is not None]
-        weight = sum(cell[0] for cell in verifying)
-        spec_prior = sum(cell[0] * cell[1] / cell[2] for cell in verifying) / weight if weight else 1.0
-        scales = []
-        for k, cell in enumerate(cells):
-            prior = spec_prior if k else 1.0
-            if cell is None:
-                scales.append(prior)
-                continue
-            w, measured, model = cell
-            scales.append((w * measured / model + STEP_TIME_PRIOR_STEPS * prior) / (w + STEP_TIME_PRIOR_STEPS))
-        return scales
-
-
-def geometric_rate(mean_accepted: float, k: int, *, table: Sequence[float] | None = None) -> float:
-    """The per-position rate a whose geometric model accepts ``mean_accepted`` drafts per step of
-    ``k``: ``a + a^2 + ... + a^k``. ``table``: :func:`_geometric_table` for k (a bisection in C)."""
-    table = table if table is not None else _geometric_table(k)
-    index = bisect.bisect_left(table, mean_accepted)
-    return min(index, len(table) - 1) / (len(table) - 1)
-
-
-def _geometric_table(k: int, steps: int = 200) -> list[float]:
-    return [sum((i / steps) ** p for p in range(1, k + 1)) for i in range(steps + 1)]
 
 
 class SpeculationController:
@@ -218,7 +109,7 @@ class SpeculationController:
         self._last_time: float | None = None
         self._num_observed = 0
         self._choices: dict[tuple[int, int], tuple[int, int]] = {}  # (batch, top k) -> (k, probe k)
-        self._tables = [_geometric_table(k) for k in range(num_spec_tokens + 1)]  # by drafts per step
+        self._tables = [geometric_table(k) for k in range(num_spec_tokens + 1)]  # by drafts per step
         # Measured step times against the model's (None: the model's figures alone).
         self.step_times = StepTimes() if calibrate else None
         self._last_batch = 1
@@ -272,10 +163,13 @@ class SpeculationController:
         *,
         now: float | None = None,
         step: tuple[int, int, int, int] | None = None,
+        scheduled_at: float | None = None,
     ) -> None:
         """One step's outcome: ``(drafted, accepted) -> sequences`` (empty: nothing was verified).
-        ``step``: that step's ``(sequences, k, drafts verified, tokens the target ran)``, whose time is
-        the one since the outcome before (with async scheduling, the engine's period)."""
+        ``step``: that step's ``(sequences, k drafted, drafts verified, tokens the target ran)``,
+        whose time is the one since the outcome before (with async scheduling, the engine's period),
+        or since it was scheduled (``scheduled_at``) where the engine had waited for work longer than
+        the model's step before scheduling it (an idle engine's wait is no step's time)."""
         now = time.monotonic() if now is None else now
         last = self._last_time
         if self._last_k == 0 and last is not None:
@@ -283,9 +177,14 @@ class SpeculationController:
         self._last_time = now
         if step is not None and last is not None and self.step_times is not None:
             batch_size, k, verified, tokens = step
-            if batch_size and tokens <= 2 * batch_size + verified:  # a decode step (StepTimes' constants)
+            # A decode step: at most one prompt token per sequence besides its decode tokens (a
+            # prompt's chunk costs what the model does not price).
+            if batch_size and tokens <= 2 * batch_size + verified:
                 model = step_ms(self.cost, batch_size=batch_size, k=k, num_verified=verified, num_tokens=tokens)
-                self.step_times.add(batch_size=batch_size, k=k, measured_ms=(now - last) * 1000, model_ms=model)
+                start = last
+                if scheduled_at is not None and (scheduled_at - last) * 1000 > model:
+                    start = scheduled_at
+                self.step_times.add(batch_size=batch_size, k=k, measured_ms=(now - start) * 1000, model_ms=model)
         if pairs:
             # Evidence ages with new evidence only: while off, what made the controller stop stays
             # until a probe says otherwise (aged by the clock, it would drift back to the prior).

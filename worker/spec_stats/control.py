@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import time
 from typing import TYPE_CHECKING, Any, cast
 
 from worker.config.speculation import EAGLE_METHODS, NGRAM_METHODS, is_graph_schedule
@@ -69,6 +70,7 @@ class ControlledScheduling(_SchedulerBase):
         # vLLM only indexes its table by batch size (``dynamic_sd_lookup[n]``), as the controller answers.
         self.dynamic_sd_lookup = cast("list[int]", self.controller)
         self._control_steps = 0
+        self._scheduled_at: dict[int, float] = {}
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         caps = self.controller.caps
@@ -78,7 +80,14 @@ class ControlledScheduling(_SchedulerBase):
                 request = requests.get(rid)
                 if request is not None and len(request.spec_token_ids) > cap:
                     request.spec_token_ids = request.spec_token_ids[:cap]
-        return super().schedule(throttle_prefills)
+        output = super().schedule(throttle_prefills)
+        # When each step was scheduled, for its time (the controller's observe): by the output's id,
+        # which its update gets back (a few in flight with async scheduling; cleared if any is lost).
+        scheduled = self._scheduled_at
+        if len(scheduled) > 8:
+            scheduled.clear()
+        scheduled[id(output)] = time.monotonic()
+        return output
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
@@ -86,25 +95,32 @@ class ControlledScheduling(_SchedulerBase):
         spec = scheduler_output.scheduled_spec_decode_tokens
         sampled = model_runner_output.sampled_token_ids
         pairs: dict[tuple[int, int], int] = {}
-        k = verified = 0
+        d = verified = 0  # the drafts a request verified this step (where all verified alike), in all
         if spec:
             widths = set(map(len, spec.values()))
-            k = max(widths)
-            verified = k * len(spec) if len(widths) == 1 else sum(map(len, spec.values()))
+            d = max(widths)
+            verified = d * len(spec) if len(widths) == 1 else sum(map(len, spec.values()))
         if spec and sampled:
             # (drafts verified, drafts accepted) -> sequences, in C-level passes over the batch.
             # The first SAMPLE_SEQUENCES of the batch: evidence enough per step, at a bounded cost.
             yielded = list(map(len, sampled[:SAMPLE_SEQUENCES]))  # 1 + accepted, where drafts were verified
             if len(widths) == 1 and len(spec) == len(sampled):  # every request verified the same k
-                pairs = {(k, y - 1): n for y in range(1, k + 2) if (n := yielded.count(y))}
+                pairs = {(d, y - 1): n for y in range(1, d + 2) if (n := yielded.count(y))}
             else:
                 req_ids = model_runner_output.req_ids[:SAMPLE_SEQUENCES]
                 drafted = map(len, map(spec.get, req_ids, itertools.repeat(_NO_DRAFTS)))
                 counted = collections.Counter(zip(drafted, yielded, strict=False))
                 pairs = {(d, y - 1): n for (d, y), n in counted.items() if d and y}
         controller = self.controller
-        num_seqs = len(scheduler_output.num_scheduled_tokens)
-        controller.observe(pairs, step=(num_seqs, k, verified, scheduler_output.total_num_scheduled_tokens))
+        # The step's shape as the cost model prices it: the k it drafted for the next step (vLLM's
+        # num_spec_tokens_to_schedule, the controller's answer), the drafts it verified (drafted the step before).
+        shape = (
+            len(scheduler_output.num_scheduled_tokens),
+            scheduler_output.num_spec_tokens_to_schedule,
+            verified,
+            scheduler_output.total_num_scheduled_tokens,
+        )
+        controller.observe(pairs, step=shape, scheduled_at=self._scheduled_at.pop(id(scheduler_output), None))
         step = self._control_steps = self._control_steps + 1
         if step % REVIEW_EVERY_STEPS == 0:
             # A generator over the running requests with counts, read once per review.

@@ -164,12 +164,20 @@ def step_inputs(
     drafts: Mapping[str, list[int]],
     invalid_drafts: Mapping[str, int] | None,
     sampled: Mapping[str, list[int]],
+    num_spec_tokens_to_schedule: int | None = None,
 ) -> tuple[SchedulerOutput, ModelRunnerOutput]:
     """vLLM's scheduler and model outputs of one step, holding only the fields the hooks and the
-    stand-in read."""
+    stand-in read; the step drafts ``num_spec_tokens_to_schedule`` (default: as many as the most
+    any request verifies)."""
+    drafted = (
+        max(map(len, drafts.values()), default=0)
+        if num_spec_tokens_to_schedule is None
+        else num_spec_tokens_to_schedule
+    )
     scheduler_output = SimpleNamespace(
         num_scheduled_tokens=dict(num_scheduled_tokens),
         total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+        num_spec_tokens_to_schedule=drafted,
         scheduled_spec_decode_tokens=dict(drafts),
         num_invalid_spec_tokens=None if invalid_drafts is None else dict(invalid_drafts),
     )

@@ -1,0 +1,135 @@
+"""What ``SPECULATION_CONTROL=auto`` measures (:mod:`worker.spec_control` has the controller): the
+acceptance of each draft position, and how long steps take against the cost model. Plain Python,
+no vLLM: the scheduler hooks feed it (:mod:`worker.spec_stats.control`)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+
+__all__ = ["Acceptance", "StepTimes", "geometric_rate", "geometric_table"]
+
+# Evidence halves every this many steps, so that a change of acceptance shows within a few hundred.
+HALF_LIFE_STEPS = 64
+# Before any evidence, each position is assumed accepted this often (so that drafting starts, and
+# measures); a position with little evidence leans on the one before it with this many pseudo-trials.
+PRIOR_RATE = 0.7
+PRIOR_TRIALS = 2.0
+# Step times: a cell's evidence halves every this many of its batch size's steps, or every this many
+# of them where its own k has not run since (then it fades to its prior, so that a k once measured
+# dear, as in a warm-up, is tried again, seldom); a cell counts as this many steps of its prior.
+STEP_TIME_HALF_LIFE_STEPS = 32
+STEP_TIME_STALE_HALF_LIFE_STEPS = 512
+STEP_TIME_PRIOR_STEPS = 2.0
+# A scale is never read below this (a run of zero-length intervals).
+MIN_STEP_SCALE = 0.1
+
+
+class Acceptance:
+    """Conditional acceptance per draft position, from the (drafted, accepted) pairs of each step,
+    with exponentially decaying weights. Position ``i`` (1-based) is tried when at least ``i``
+    drafts were verified and the ``i - 1`` before it were accepted; it succeeds when accepted."""
+
+    def __init__(self, num_positions: int, *, half_life_steps: float = HALF_LIFE_STEPS) -> None:
+        self.num_positions = num_positions
+        self.decay = 0.5 ** (1 / half_life_steps)
+        self.trials = [0.0] * num_positions
+        self.successes = [0.0] * num_positions
+
+    def age(self) -> None:
+        """One step of evidence passed."""
+        decay = self.decay
+        self.trials = [t * decay for t in self.trials]
+        self.successes = [s * decay for s in self.successes]
+
+    def observe(self, pairs: Mapping[tuple[int, int], int]) -> None:
+        """``(drafted, accepted) -> number of sequences`` of one step (pairs with no drafts ignored)."""
+        trials, successes = self.trials, self.successes
+        for (drafted, accepted), count in pairs.items():
+            for i in range(min(drafted, accepted + 1, self.num_positions)):
+                trials[i] += count
+            for i in range(min(accepted, self.num_positions)):
+                successes[i] += count
+
+    def rates(self) -> list[float]:
+        rates, previous = [], PRIOR_RATE
+        for trials, successes in zip(self.trials, self.successes, strict=True):
+            previous = (successes + PRIOR_TRIALS * previous) / (trials + PRIOR_TRIALS)
+            rates.append(previous)
+        return rates
+
+
+class StepTimes:
+    """How long steps take against the cost model, by the k a step drafts and its batch size (up
+    to a power of two: 33-64, 65-128, ...): per cell, the decaying sums of the steps' measured and
+    modelled milliseconds, whose ratio scales the model's step time.
+
+    The model's figures are one H200 host's: another host, a busier CPU or a driver can make the
+    steps that verify drafts dearer than they were there, and not the ones without (the H200's mixed
+    map measured static k = 2 steps at 64 streams 0.95x the model on one host and 1.3-1.65x on
+    another, with no speculation within 8% on both), which moves the break-even the model alone puts
+    k at. Sums, not a mean of each step's ratio: the engine's outputs come unevenly (a short interval
+    after a long one), and only their sum is the time the steps took (on the H200 a mean of logs read
+    verifying steps at 0.70-0.74x what the throughput gave). A cell with little evidence leans on its
+    prior: for k > 0, the other measured k > 0 of its batch size (the host's cost of verifying, so
+    that one k measured dear does not send the choice to another never measured), else k = 0's (a
+    host slow at every step); for k = 0, the model's figures, so that a host measured dear at
+    verifying tries k = 0 and measures it."""
+
+    def __init__(
+        self,
+        *,
+        half_life_steps: float = STEP_TIME_HALF_LIFE_STEPS,
+        stale_half_life_steps: float = STEP_TIME_STALE_HALF_LIFE_STEPS,
+    ) -> None:
+        self.decay = 0.5 ** (1 / half_life_steps)
+        self.stale_decay = 0.5 ** (1 / stale_half_life_steps)
+        # batch bucket -> k -> [weight, measured ms, modelled ms]
+        self.buckets: dict[int, dict[int, list[float]]] = {}
+
+    def add(self, *, batch_size: int, k: int, measured_ms: float, model_ms: float) -> None:
+        """One step's time and the model's for it."""
+        if measured_ms < 0 or model_ms <= 0:
+            return
+        cells = self.buckets.setdefault((batch_size - 1).bit_length(), {})
+        stale = self.stale_decay
+        for other, cell in cells.items():
+            if other != k:
+                cell[0] *= stale
+                cell[1] *= stale
+                cell[2] *= stale
+        cell = cells.setdefault(k, [0.0, 0.0, 0.0])
+        decay = self.decay
+        cell[0] = cell[0] * decay + 1.0
+        cell[1] = cell[1] * decay + measured_ms
+        cell[2] = cell[2] * decay + model_ms
+
+    def scales(self, batch_size: int, num_spec_tokens: int) -> list[float]:
+        """By k (0..num_spec_tokens), the scale on the model's step time at this batch size."""
+        cells = self.buckets.get((batch_size - 1).bit_length(), {})
+        ratios = {k: (w, measured / model) for k, (w, measured, model) in cells.items() if model > 0}
+        spec = [(w, r) for k, (w, r) in ratios.items() if k > 0]
+        weight = sum(w for w, _ in spec)
+        spec_ratio = sum(w * r for w, r in spec) / weight if weight else None
+        zero = ratios.get(0)
+        spec_prior = spec_ratio if spec_ratio is not None else zero[1] if zero is not None else 1.0
+        scales = []
+        for k in range(num_spec_tokens + 1):
+            prior = spec_prior if k else 1.0
+            w, ratio = ratios.get(k, (0.0, prior))
+            scale = (w * ratio + STEP_TIME_PRIOR_STEPS * prior) / (w + STEP_TIME_PRIOR_STEPS)
+            scales.append(max(MIN_STEP_SCALE, scale))
+        return scales
+
+
+def geometric_rate(mean_accepted: float, k: int, *, table: Sequence[float] | None = None) -> float:
+    """The per-position rate a whose geometric model accepts ``mean_accepted`` drafts per step of
+    ``k``: ``a + a^2 + ... + a^k``. ``table``: :func:`geometric_table` for k (a bisection in C)."""
+    table = table if table is not None else geometric_table(k)
+    index = bisect.bisect_left(table, mean_accepted)
+    return min(index, len(table) - 1) / (len(table) - 1)
+
+
+def geometric_table(k: int, steps: int = 200) -> list[float]:
+    """``a + a^2 + ... + a^k`` for ``a`` in ``steps`` steps from 0 to 1 (:func:`geometric_rate`)."""
+    return [sum((i / steps) ** p for p in range(1, k + 1)) for i in range(steps + 1)]
