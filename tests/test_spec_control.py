@@ -262,9 +262,9 @@ def test_step_times_learn_each_k_and_lean_on_the_verifying_ks_measured() -> None
         times.add(batch_size=64, k=2, measured_ms=14.0, model_ms=10.0)
         times.add(batch_size=64, k=0, measured_ms=6.0, model_ms=6.0)
     scales = times.scales(64, K)
-    assert scales[0] == pytest.approx(1.0) and scales[2] == pytest.approx(1.4, rel=0.01)
+    assert scales[0] == pytest.approx(1.0) and scales[2] == pytest.approx(1.4, rel=0.03)
     # k = 1, 3 and 4, never measured at this batch size: the host's cost of verifying, k = 2's.
-    assert scales[1] == scales[3] == scales[4] == pytest.approx(1.4, rel=0.01)
+    assert scales[1] == scales[3] == scales[4] == pytest.approx(1.4, rel=0.03)
     assert times.scales(33, K) == scales and times.scales(65, K) == [1.0] * (K + 1)  # 33-64, 65-128, ...
     times.add(batch_size=8, k=0, measured_ms=10.0, model_ms=5.0)  # one step: mostly the prior still
     assert 1.0 < times.scales(8, K)[0] < 1.5
@@ -323,6 +323,33 @@ def test_a_steps_time_runs_from_one_outcome_to_the_next_and_a_prefills_step_is_l
         c.observe({(2, 1): 64}, now=now, step=(64, 2, 128, 192), scheduled_at=now - 1.5 * model / 1000)
     assert c.report()["step_scales"][2] == pytest.approx(1.5, rel=0.02)
     assert controller(calibrate=False).report()["step_scales"] is None
+
+
+def test_where_the_engine_drafts_after_its_outcome_a_steps_time_holds_the_drafts_of_the_step_before() -> None:
+    # vLLM's V2 runner copies a step's outcome once sampled, then drafts: the time up to the next
+    # outcome is the drafting of this step's k and the next step's verification of those drafts.
+    c = controller(drafts_after_output=True)
+    times = c.step_times
+    assert times is not None
+    now = 0.0
+    c.observe({}, now=now, step=(64, 0, 0, 64))
+    for step in range(200):
+        probe = step % 2 == 0  # a probe step drafts 1 and verifies nothing; the one after verifies 1 each
+        now += 0.010
+        c.observe({}, now=now, step=(64, 1, 0, 64) if probe else (64, 0, 64, 128))
+    cells = times.buckets[(64 - 1).bit_length()]
+    # The steps after a probe (drafted 1 the step before, verifying 1 each) under k = 1, priced so.
+    measured, model = cells[1][1], cells[1][2]
+    assert model / cells[1][0] == pytest.approx(step_ms(c.cost, batch_size=64, k=1, num_verified=64, num_tokens=128))
+    assert measured / cells[1][0] == pytest.approx(10.0)
+    # A step after a prompt's chunk is not counted either: its time holds the chunk's drafting.
+    weights = {k: cell[0] for k, cell in cells.items()}
+    c.observe({}, now=now + 0.01, step=(64, 1, 0, 64 + 500))
+    c.observe({}, now=now + 0.02, step=(64, 0, 64, 128))
+    assert {k: cell[0] for k, cell in cells.items()} == weights
+    c.observe({}, now=now + 0.03, step=(64, 1, 0, 64))  # then a probe and its verification count again
+    c.observe({}, now=now + 0.04, step=(64, 0, 64, 128))
+    assert cells[1][0] == pytest.approx(weights[1] * times.stale_decay * times.decay + 1)
 
 
 def test_the_scheduler_hooks_give_the_controller_each_steps_shape() -> None:

@@ -76,7 +76,10 @@ class SpeculationController:
     0..num_spec_tokens on vLLM's V1 runner). ``graph_batches``: by k (index), the most sequences a
     step can carry at that k and replay a full CUDA graph (V2), or None: a batch of ``b`` sequences
     then runs a k only where ``b`` is within it (0 always runs). ``calibrate``: each step's time,
-    between one outcome and the next, scales the model's (:class:`StepTimes`)."""
+    between one outcome and the next, scales the model's (:class:`StepTimes`). ``drafts_after_output``:
+    the engine drafts after a step's outcome is out (vLLM's V2 runner: its output is copied once
+    sampled, before the proposer runs), so the time up to an outcome holds the drafting of the step
+    before; V1 drafts before its outcome."""
 
     def __init__(
         self,
@@ -88,6 +91,7 @@ class SpeculationController:
         graph_batches: Sequence[int] | None = None,
         probe_every: int = PROBE_EVERY_STEPS,
         calibrate: bool = True,
+        drafts_after_output: bool = False,
     ) -> None:
         self.num_spec_tokens = num_spec_tokens
         self.cost = cost
@@ -112,6 +116,8 @@ class SpeculationController:
         self._tables = [geometric_table(k) for k in range(num_spec_tokens + 1)]  # by drafts per step
         # Measured step times against the model's (None: the model's figures alone).
         self.step_times = StepTimes() if calibrate else None
+        self.drafts_after_output = drafts_after_output
+        self._before: tuple[int, bool] | None = None  # the step before: (k it drafted, whether a decode step)
         self._last_batch = 1
 
     # vLLM's scheduler reads ``dynamic_sd_lookup[batch_size]``.
@@ -168,22 +174,26 @@ class SpeculationController:
         """One step's outcome: ``(drafted, accepted) -> sequences`` (empty: nothing was verified).
         ``step``: that step's ``(sequences, k drafted, drafts verified, tokens the target ran)``,
         whose time is the one since the outcome before (with async scheduling, the engine's period),
-        or since it was scheduled (``scheduled_at``) where the engine had waited for work longer than
-        the model's step before scheduling it (an idle engine's wait is no step's time)."""
+        or since it was scheduled where that came later (``scheduled_at``, given for a step scheduled
+        on an idle engine: an idle engine's wait is no step's time)."""
         now = time.monotonic() if now is None else now
         last = self._last_time
         if self._last_k == 0 and last is not None:
             self.time_off_s += now - last
         self._last_time = now
-        if step is not None and last is not None and self.step_times is not None:
+        if step is not None and self.step_times is not None:
             batch_size, k, verified, tokens = step
             # A decode step: at most one prompt token per sequence besides its decode tokens (a
             # prompt's chunk costs what the model does not price).
-            if batch_size and tokens <= 2 * batch_size + verified:
+            is_decode = bool(batch_size) and tokens <= 2 * batch_size + verified
+            counts = is_decode and last is not None
+            if self.drafts_after_output:  # the time holds the step before's drafting (of its chunk too)
+                before, self._before = self._before, (k, is_decode)
+                counts = counts and before is not None and before[1]
+                k = before[0] if before is not None else 0
+            if counts and last is not None:
                 model = step_ms(self.cost, batch_size=batch_size, k=k, num_verified=verified, num_tokens=tokens)
-                start = last
-                if scheduled_at is not None and (scheduled_at - last) * 1000 > model:
-                    start = scheduled_at
+                start = max(last, scheduled_at) if scheduled_at is not None else last
                 self.step_times.add(batch_size=batch_size, k=k, measured_ms=(now - start) * 1000, model_ms=model)
         if pairs:
             # Evidence ages with new evidence only: while off, what made the controller stop stays

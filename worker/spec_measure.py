@@ -15,9 +15,9 @@ HALF_LIFE_STEPS = 64
 # measures); a position with little evidence leans on the one before it with this many pseudo-trials.
 PRIOR_RATE = 0.7
 PRIOR_TRIALS = 2.0
-# Step times: a cell's evidence halves every this many of its batch size's steps, or every this many
-# of them where its own k has not run since (then it fades to its prior, so that a k once measured
-# dear, as in a warm-up, is tried again, seldom); a cell counts as this many steps of its prior.
+# Step times: a cell's evidence halves every this many steps of its own k, and every this many steps
+# of its batch size's other k values (so that a k not run fades to its prior, and one measured dear
+# once, as in a warm-up, is tried again, seldom); a cell counts as this many steps of its prior.
 STEP_TIME_HALF_LIFE_STEPS = 32
 STEP_TIME_STALE_HALF_LIFE_STEPS = 512
 STEP_TIME_PRIOR_STEPS = 2.0
@@ -60,9 +60,9 @@ class Acceptance:
 
 
 class StepTimes:
-    """How long steps take against the cost model, by the k a step drafts and its batch size (up
-    to a power of two: 33-64, 65-128, ...): per cell, the decaying sums of the steps' measured and
-    modelled milliseconds, whose ratio scales the model's step time.
+    """How long steps take against the cost model, by the k whose drafts a step's time holds and its
+    batch size (up to a power of two: 33-64, 65-128, ...): per cell, the decaying sums of the steps'
+    measured and modelled milliseconds, whose ratio scales the model's step time.
 
     The model's figures are one H200 host's: another host, a busier CPU or a driver can make the
     steps that verify drafts dearer than they were there, and not the ones without (the H200's mixed
@@ -71,10 +71,10 @@ class StepTimes:
     k at. Sums, not a mean of each step's ratio: the engine's outputs come unevenly (a short interval
     after a long one), and only their sum is the time the steps took (on the H200 a mean of logs read
     verifying steps at 0.70-0.74x what the throughput gave). A cell with little evidence leans on its
-    prior: for k > 0, the other measured k > 0 of its batch size (the host's cost of verifying, so
-    that one k measured dear does not send the choice to another never measured), else k = 0's (a
-    host slow at every step); for k = 0, the model's figures, so that a host measured dear at
-    verifying tries k = 0 and measures it."""
+    prior: for k > 0, the other k > 0 measured at its batch size, by their weight (the host's cost of
+    verifying, so that one k measured dear does not send the choice to another never measured),
+    leaning on k = 0's scale (a host slow at every step); for k = 0, the model's figures, so that a
+    host measured dear at verifying tries k = 0 and measures it."""
 
     def __init__(
         self,
@@ -108,17 +108,19 @@ class StepTimes:
         """By k (0..num_spec_tokens), the scale on the model's step time at this batch size."""
         cells = self.buckets.get((batch_size - 1).bit_length(), {})
         ratios = {k: (w, measured / model) for k, (w, measured, model) in cells.items() if model > 0}
-        spec = [(w, r) for k, (w, r) in ratios.items() if k > 0]
-        weight = sum(w for w, _ in spec)
-        spec_ratio = sum(w * r for w, r in spec) / weight if weight else None
-        zero = ratios.get(0)
-        spec_prior = spec_ratio if spec_ratio is not None else zero[1] if zero is not None else 1.0
-        scales = []
-        for k in range(num_spec_tokens + 1):
-            prior = spec_prior if k else 1.0
-            w, ratio = ratios.get(k, (0.0, prior))
-            scale = (w * ratio + STEP_TIME_PRIOR_STEPS * prior) / (w + STEP_TIME_PRIOR_STEPS)
-            scales.append(max(MIN_STEP_SCALE, scale))
+        prior_steps = STEP_TIME_PRIOR_STEPS
+
+        def blend(w: float, ratio: float, prior: float) -> float:
+            return (w * ratio + prior_steps * prior) / (w + prior_steps)
+
+        zero = blend(*ratios.get(0, (0.0, 1.0)), 1.0)  # k = 0 leans on the model's figures
+        scales = [max(MIN_STEP_SCALE, zero)]
+        for k in range(1, num_spec_tokens + 1):
+            # Its prior: the other k > 0 measured here, by their weight, leaning on k = 0's scale.
+            others = [(w, r) for other, (w, r) in ratios.items() if other > 0 and other != k]
+            weight = sum(w for w, _ in others)
+            pooled = sum(w * r for w, r in others) / weight if weight else zero
+            scales.append(max(MIN_STEP_SCALE, blend(*ratios.get(k, (0.0, 1.0)), blend(weight, pooled, zero))))
         return scales
 
 

@@ -66,6 +66,7 @@ class ControlledScheduling(_SchedulerBase):
             # The model's figures are a GPU's; a CPU's steps (the tests' engines) would rescale them
             # out of the choices they check.
             calibrate=self.vllm_config.device_config.device_type != "cpu",
+            drafts_after_output=bool(getattr(self, "use_v2_model_runner", False)),
         )
         # vLLM only indexes its table by batch size (``dynamic_sd_lookup[n]``), as the controller answers.
         self.dynamic_sd_lookup = cast("list[int]", self.controller)
@@ -80,13 +81,16 @@ class ControlledScheduling(_SchedulerBase):
                 request = requests.get(rid)
                 if request is not None and len(request.spec_token_ids) > cap:
                     request.spec_token_ids = request.spec_token_ids[:cap]
+        was_idle = not self.running
         output = super().schedule(throttle_prefills)
-        # When each step was scheduled, for its time (the controller's observe): by the output's id,
-        # which its update gets back (a few in flight with async scheduling; cleared if any is lost).
-        scheduled = self._scheduled_at
-        if len(scheduled) > 8:
-            scheduled.clear()
-        scheduled[id(output)] = time.monotonic()
+        if was_idle:
+            # A step scheduled on an idle engine: its time runs from here, not from the last outcome
+            # (the controller's observe). By the output's id, which its update gets back (a few in
+            # flight with async scheduling; cleared if any is ever lost).
+            scheduled = self._scheduled_at
+            if len(scheduled) > 8:
+                scheduled.clear()
+            scheduled[id(output)] = time.monotonic()
         return output
 
     def update_from_output(
@@ -113,7 +117,8 @@ class ControlledScheduling(_SchedulerBase):
                 pairs = {(d, y - 1): n for (d, y), n in counted.items() if d and y}
         controller = self.controller
         # The step's shape as the cost model prices it: the k it drafted for the next step (vLLM's
-        # num_spec_tokens_to_schedule, the controller's answer), the drafts it verified (drafted the step before).
+        # num_spec_tokens_to_schedule, the controller's answer; on V2 the controller files the time
+        # under the step before's), the drafts it verified (drafted the step before).
         shape = (
             len(scheduler_output.num_scheduled_tokens),
             scheduler_output.num_spec_tokens_to_schedule,
