@@ -95,13 +95,14 @@ async def assert_engine_empties(engine: Any, timeout_s: float = 5.0) -> None:
 
 
 async def wait_for_spec_snapshot(engine: Any, timeout_s: float = 60.0) -> None:
-    """Wait until every running request's frontend state holds a spec-decode snapshot (the engine
-    core attaches one to every request every ``SNAPSHOT_EVERY_STEPS`` steps): what a request
-    cancelled from then on reports."""
+    """Wait until every running request's frontend state holds a spec-decode snapshot with a verify
+    step in it (the engine core attaches one to every request every ``SNAPSHOT_EVERY_STEPS`` steps;
+    one taken at the prompt's step has none): what a request cancelled from then on reports."""
     states = engine._llm.output_processor.request_states
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if states and all(state.spec_decode_metrics is not None for state in states.values()):
+        snapshots = [state.spec_decode_metrics for state in states.values()]
+        if snapshots and all(m is not None and sum(m.histogram) > 0 for m in snapshots):
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"no spec-decode snapshot within {timeout_s} s")
