@@ -386,6 +386,45 @@ def test_the_scheduler_hooks_give_the_controller_each_steps_shape() -> None:
     assert ControlledStandIn(num_spec_tokens=K, max_batch_size=4, device_type="cpu").controller.step_times is None
 
 
+def test_a_step_scheduled_on_an_idle_engine_is_timed_from_its_scheduling() -> None:
+    from worker.spec_stats.stand_in import make_request, step_inputs
+
+    class _Returning(StandInScheduler):
+        """A fake: the stand-in, whose schedule() hands back a prepared step (vLLM's returns the
+        object its update then gets)."""
+
+        prepared: Any = None
+
+        def schedule(self, throttle_prefills: bool = False) -> Any:
+            return self.prepared
+
+    class _Controlled(ControlledScheduling, _Returning):
+        pass
+
+    scheduler = _Controlled(num_spec_tokens=K, max_batch_size=4)
+    seen: list[float | None] = []
+    observe = scheduler.controller.observe
+
+    def spy(pairs: Any, *, now: float | None = None, step: Any = None, scheduled_at: float | None = None) -> None:
+        seen.append(scheduled_at)
+        observe(pairs, now=now, step=step, scheduled_at=scheduled_at)
+
+    scheduler.controller.observe = spy  # type: ignore[method-assign]
+
+    def one_step() -> None:
+        inputs = step_inputs(num_scheduled_tokens={"req-0": 1}, drafts={}, invalid_drafts=None, sampled={"req-0": [0]})
+        scheduler.prepared = inputs[0]
+        scheduler.schedule()
+        if not scheduler.running:
+            request = make_request("req-0", num_spec_tokens=K, stop=None)
+            scheduler.add_request(request)
+        scheduler.update_from_output(*inputs)
+
+    one_step()  # scheduled with nothing running: an idle engine
+    one_step()  # scheduled while the request runs
+    assert seen[0] is not None and seen[1] is None
+
+
 def test_in_a_closed_loop_auto_weighs_the_step_times_it_measures() -> None:
     # A host on which verifying costs more (or less) than where the model's figures were fitted: the
     # H200's mixed map measured static k = 2 steps at 64 streams 1.0x the model on one host and 1.4x
