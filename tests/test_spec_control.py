@@ -43,6 +43,19 @@ def run_steps(c: SpeculationController, *, steps: int, batch_size: int, accept: 
     return chosen
 
 
+def spy_on_observe(c: SpeculationController) -> list[dict[str, Any]]:
+    """The keyword arguments of each of ``c.observe``'s calls from now on (it still observes)."""
+    calls: list[dict[str, Any]] = []
+    observe = c.observe
+
+    def spy(pairs: Any, **kwargs: Any) -> None:
+        calls.append(kwargs)
+        observe(pairs, **kwargs)
+
+    c.observe = spy  # type: ignore[method-assign]
+    return calls
+
+
 def test_acceptance_is_estimated_per_position() -> None:
     a = Acceptance(3)
     # 10 sequences drafted 3: 4 accepted none, 3 accepted one, 3 accepted all three.
@@ -204,14 +217,11 @@ def test_the_steady_factors_need_enough_reviewed_requests_and_weigh_each_by_its_
 
 
 def test_the_scheduler_hooks_give_the_review_each_requests_tokens_so_far() -> None:
-    from worker.spec_stats.stand_in import ControlledStandIn, make_request, step_inputs
+    from worker.spec_stats.stand_in import ControlledStandIn, add_drafting, step_inputs
 
     scheduler = ControlledStandIn(num_spec_tokens=K, max_batch_size=4)
     ids = [f"req-{i}" for i in range(4)]
-    for rid in ids:
-        request = make_request(rid, num_spec_tokens=K, stop=None)
-        request.spec_token_ids = [-1] * K
-        scheduler.add_request(request)
+    add_drafting(scheduler, dict.fromkeys(ids, K), num_spec_tokens=K)
     seen: list[Any] = []
     scheduler.controller.review = lambda requests, *, batch_size: seen.append(  # type: ignore[method-assign]
         [(rid, list(histogram), drafted, tokens) for rid, histogram, drafted, tokens in requests]  # as they are then
@@ -353,22 +363,12 @@ def test_where_the_engine_drafts_after_its_outcome_a_steps_time_holds_the_drafts
 
 
 def test_the_scheduler_hooks_give_the_controller_each_steps_shape() -> None:
-    from worker.spec_stats.stand_in import ControlledStandIn, make_request, step_inputs
+    from worker.spec_stats.stand_in import ControlledStandIn, add_drafting, step_inputs
 
     scheduler = ControlledStandIn(num_spec_tokens=K, max_batch_size=4)
     widths = {"req-0": K, "req-1": K, "req-2": 2}
-    for rid, width in widths.items():
-        request = make_request(rid, num_spec_tokens=K, stop=None)
-        request.spec_token_ids = [-1] * width
-        scheduler.add_request(request)
-    shapes: list[Any] = []
-    observe = scheduler.controller.observe
-
-    def spy(pairs: Any, *, now: float | None = None, step: Any = None, scheduled_at: float | None = None) -> None:
-        shapes.append(step)
-        observe(pairs, now=now, step=step, scheduled_at=scheduled_at)
-
-    scheduler.controller.observe = spy  # type: ignore[method-assign]
+    add_drafting(scheduler, widths, num_spec_tokens=K)
+    observed = spy_on_observe(scheduler.controller)
     tokens = {rid: 1 + width for rid, width in widths.items()}
     scheduler.update_from_output(
         *step_inputs(
@@ -380,14 +380,14 @@ def test_the_scheduler_hooks_give_the_controller_each_steps_shape() -> None:
         )
     )
     # sequences, k drafted, drafts verified (the step before drafted them), tokens the target ran
-    assert shapes == [(4, 1, 2 * K + 2, 3 + 2 * K + 2 + 2)]
+    assert [call["step"] for call in observed] == [(4, 1, 2 * K + 2, 3 + 2 * K + 2 + 2)]
     # A CPU engine's steps would rescale the GPU's figures: the model's alone there.
     assert scheduler.controller.step_times is not None
     assert ControlledStandIn(num_spec_tokens=K, max_batch_size=4, device_type="cpu").controller.step_times is None
 
 
 def test_a_step_scheduled_on_an_idle_engine_is_timed_from_its_scheduling() -> None:
-    from worker.spec_stats.stand_in import make_request, step_inputs
+    from worker.spec_stats.stand_in import add_drafting, step_inputs
 
     class _Returning(StandInScheduler):
         """A fake: the stand-in, whose schedule() hands back a prepared step (vLLM's returns the
@@ -402,27 +402,19 @@ def test_a_step_scheduled_on_an_idle_engine_is_timed_from_its_scheduling() -> No
         pass
 
     scheduler = _Controlled(num_spec_tokens=K, max_batch_size=4)
-    seen: list[float | None] = []
-    observe = scheduler.controller.observe
-
-    def spy(pairs: Any, *, now: float | None = None, step: Any = None, scheduled_at: float | None = None) -> None:
-        seen.append(scheduled_at)
-        observe(pairs, now=now, step=step, scheduled_at=scheduled_at)
-
-    scheduler.controller.observe = spy  # type: ignore[method-assign]
+    observed = spy_on_observe(scheduler.controller)
 
     def one_step() -> None:
         inputs = step_inputs(num_scheduled_tokens={"req-0": 1}, drafts={}, invalid_drafts=None, sampled={"req-0": [0]})
         scheduler.prepared = inputs[0]
         scheduler.schedule()
         if not scheduler.running:
-            request = make_request("req-0", num_spec_tokens=K, stop=None)
-            scheduler.add_request(request)
+            add_drafting(scheduler, {"req-0": 0}, num_spec_tokens=K)
         scheduler.update_from_output(*inputs)
 
     one_step()  # scheduled with nothing running: an idle engine
     one_step()  # scheduled while the request runs
-    assert seen[0] is not None and seen[1] is None
+    assert observed[0]["scheduled_at"] is not None and observed[1]["scheduled_at"] is None
 
 
 def test_in_a_closed_loop_auto_weighs_the_step_times_it_measures() -> None:

@@ -186,7 +186,7 @@ class SpeculationController:
             # A decode step: at most one prompt token per sequence besides its decode tokens (a
             # prompt's chunk costs what the model does not price).
             is_decode = bool(batch_size) and tokens <= 2 * batch_size + verified
-            counts = is_decode and last is not None
+            counts = is_decode
             if self.drafts_after_output:  # the time holds the step before's drafting (of its chunk too)
                 before, self._before = self._before, (k, is_decode)
                 counts = counts and before is not None and before[1]

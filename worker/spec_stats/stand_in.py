@@ -35,6 +35,7 @@ __all__ = [
     "ControlledStandIn",
     "HookedStandIn",
     "StandInScheduler",
+    "add_drafting",
     "make_request",
     "step_inputs",
     "step_outputs",
@@ -156,6 +157,15 @@ def make_request(
     request = Request(rid, [1, 2, 3], params, None, client_index=client)
     request.spec_decode_metrics = RequestSpecDecodeMetrics.new(num_spec_tokens)
     return request
+
+
+def add_drafting(scheduler: StandInScheduler, widths: Mapping[str, int], *, num_spec_tokens: int) -> None:
+    """Running requests on ``scheduler``, each with its drafts for the next step (request id ->
+    how many)."""
+    for rid, width in widths.items():
+        request = make_request(rid, num_spec_tokens=num_spec_tokens, stop=None)
+        request.spec_token_ids = [-1] * width
+        scheduler.add_request(request)
 
 
 def step_inputs(

@@ -259,15 +259,12 @@ def controller_step_us(batch_size: int, *, k: int = 4, steps: int = 4000, caps: 
     less the stand-in's own update (its ``entered`` / ``returned`` marks)."""
     import random
 
-    from worker.spec_stats.stand_in import ControlledStandIn, make_request, step_inputs
+    from worker.spec_stats.stand_in import ControlledStandIn, add_drafting, step_inputs
 
     rng = random.Random(0)
     scheduler = ControlledStandIn(num_spec_tokens=k, max_batch_size=batch_size)
     ids = [f"req-{i}" for i in range(batch_size)]
-    for rid in ids:
-        request = make_request(rid, num_spec_tokens=k, stop=None)
-        request.spec_token_ids = [-1] * k
-        scheduler.add_request(request)
+    add_drafting(scheduler, dict.fromkeys(ids, k), num_spec_tokens=k)
 
     def inputs() -> Any:
         return step_inputs(
