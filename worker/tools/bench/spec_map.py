@@ -53,6 +53,8 @@ from worker.config import load_settings
 from worker.tools.bench.acceptance_mix import MIX_ENV, install, mix_request_id, parse_mix
 from worker.tools.bench.spec_map_config import check_mix, config_env
 from worker.tools.bench.spec_map_report import fill_vs_none, render
+from worker.tools.bench.step_trace import TRACE_ENV
+from worker.tools.bench.step_trace import install as install_step_trace
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
 
 __all__ = ["MIX_REQUESTS_PER_STREAM", "bench_spec_map", "controller_step_us", "main", "steady_window"]
@@ -184,6 +186,8 @@ async def bench_spec_map(
     if mix:
         check_mix(base_env, configs)
         install(mix)  # before the boots: the engine cores fork from this process
+    if trace := os.environ.get(TRACE_ENV):
+        install_step_trace(trace)  # the same way
 
     started = time.monotonic()
     share = float(base_env.get("GPU_MEMORY_UTILIZATION", "0.9")) / len(configs)
