@@ -31,10 +31,10 @@ def controller(**kwargs: Any) -> SpeculationController:
     return SpeculationController(num_spec_tokens=K, cost=STEP_COSTS["ngram"], **kwargs)
 
 
-def run_steps(c: SpeculationController, *, steps: int, batch_size: int, accept: float) -> list[int]:
+def run_steps(c: SpeculationController, *, steps: int, batch_size: int, accept: float, previous: int = 0) -> list[int]:
     """``steps`` steps of ``batch_size`` sequences, each accepting the first ``round(accept * k)``
-    drafts of the k chosen the step before: the k of each step."""
-    chosen, previous = [], 0
+    drafts of the k chosen the step before (``previous``, for the first): the k of each step."""
+    chosen = []
     for _ in range(steps):
         pairs = {(previous, round(accept * previous)): batch_size} if previous else {}
         c.observe(pairs)
@@ -86,6 +86,43 @@ def test_a_probe_notices_when_acceptance_recovers() -> None:
     assert c.choose_quietly(1) == 0
     recovered = run_steps(c, steps=8 * PROBE_EVERY_STEPS, batch_size=1, accept=1.0)
     assert recovered[-10:] == [K] * 10
+
+
+def test_while_off_a_request_that_joins_is_probed_without_waiting_its_turn() -> None:
+    # One stream: a request that accepts nothing turned speculation off; the next one is judged by
+    # probes from its first step, not by the one before it for up to PROBE_EVERY_STEPS steps.
+    c = controller()
+    run_steps(c, steps=400, batch_size=1, accept=0.0)
+    assert c.choose_quietly(1) == 0
+    probes = c.num_probes
+    c.observe({}, step=(1, 0, 0, 5), joined=1)  # its prompt's step
+    assert c.choose(1) == 1 and c.num_probes == probes + 1  # the smallest k: a probe
+    # It accepts its drafts: probes follow while they accept, and within a few speculation is on.
+    after = run_steps(c, steps=12, batch_size=1, accept=1.0, previous=1)
+    assert 0 not in after and after[-4:] == [K] * 4
+    # A request that joins and accepts nothing, like those before it, is off after one probe, at 1
+    # stream as at 4.
+    for batch_size in (1, 4):
+        c = controller()
+        run_steps(c, steps=400, batch_size=batch_size, accept=0.0)
+        c.observe({}, step=(batch_size, 0, 0, 4 + batch_size), joined=batch_size // 2 or 1)
+        assert c.choose(batch_size) == 1
+        assert run_steps(c, steps=PROBE_EVERY_STEPS - 1, batch_size=batch_size, accept=0.0, previous=1) == [0] * (
+            PROBE_EVERY_STEPS - 1
+        )
+    # In the closed loop, one stream of the mixed classes on a host where verifying costs 1.3x the
+    # model: off during a request that accepts nothing, auto waited for a probe to see that the next
+    # accepts every draft, and ran 0.89x static k = 4.
+    mixed, dear = (1.0, 0.6, 0.0), (1.0, 1.3, 1.3, 1.3, 1.3)
+    best = max(closed_loop(fixed(k), streams=1, classes=mixed, skew=dear) for k in range(K + 1))
+    assert auto_rate(1, mixed, skew=dear) >= 0.97 * best
+    # At 64 streams, requests that join one a step do not bring a probe forward.
+    c = controller()
+    run_steps(c, steps=400, batch_size=64, accept=0.0)
+    c._off_streak = 0
+    for _ in range(PROBE_EVERY_STEPS - 1):
+        c.observe({}, step=(64, 0, 0, 64), joined=1)
+        assert c.choose(64) == 0
 
 
 def test_the_schedule_and_the_engines_ks_bound_the_choice() -> None:
@@ -327,6 +364,16 @@ def test_a_steps_time_runs_from_one_outcome_to_the_next_and_a_prefills_step_is_l
     now += 4 * model / 1000
     c.observe({}, now=now, step=(64, 2, 128, 192 + 500))
     assert c.report()["step_scales"][2] == pytest.approx(1.5, rel=0.02)
+    # A step that a request joins, and the step before it, are left out: the host prepares the join's
+    # step before it takes in the outcome of the one before (on the H200, 13-22 ms where a step took 6-8).
+    now += 10 * model / 1000
+    c.observe({(2, 1): 64}, now=now, step=(64, 2, 128, 192))
+    now += 10 * model / 1000
+    c.observe({(2, 1): 64}, now=now, step=(64, 2, 128, 192 + 6), joined=1)
+    for _ in range(2):
+        now += 1.5 * model / 1000
+        c.observe({(2, 1): 64}, now=now, step=(64, 2, 128, 192))
+    assert c.report()["step_scales"][2] == pytest.approx(1.5, rel=0.02)
     # An engine idle for a second, then one step scheduled: its time runs from when it was scheduled.
     for _ in range(100):
         now += 1.0
@@ -352,13 +399,15 @@ def test_where_the_engine_drafts_after_its_outcome_a_steps_time_holds_the_drafts
     measured, model = cells[1][1], cells[1][2]
     assert model / cells[1][0] == pytest.approx(step_ms(c.cost, batch_size=64, k=1, num_verified=64, num_tokens=128))
     assert measured / cells[1][0] == pytest.approx(10.0)
-    # A step after a prompt's chunk is not counted either: its time holds the chunk's drafting.
-    weights = {k: cell[0] for k, cell in cells.items()}
+    # A step after a prompt's chunk is not counted either: its time holds the chunk's drafting. (A
+    # step's time is filed at the next outcome, unless a request joins there.)
     c.observe({}, now=now + 0.01, step=(64, 1, 0, 64 + 500))
+    weights = {k: cell[0] for k, cell in cells.items()}
     c.observe({}, now=now + 0.02, step=(64, 0, 64, 128))
+    c.observe({}, now=now + 0.03, step=(64, 1, 0, 64))
     assert {k: cell[0] for k, cell in cells.items()} == weights
-    c.observe({}, now=now + 0.03, step=(64, 1, 0, 64))  # then a probe and its verification count again
-    c.observe({}, now=now + 0.04, step=(64, 0, 64, 128))
+    c.observe({}, now=now + 0.04, step=(64, 0, 64, 128))  # then a probe and its verification count again
+    c.observe({}, now=now + 0.05, step=(64, 1, 0, 64))
     assert cells[1][0] == pytest.approx(weights[1] * times.stale_decay * times.decay + 1)
 
 
@@ -377,10 +426,12 @@ def test_the_scheduler_hooks_give_the_controller_each_steps_shape() -> None:
             invalid_drafts=None,
             sampled={rid: [0] for rid in widths},
             num_spec_tokens_to_schedule=1,  # the step drafts 1 for the next (as a probe's step before)
+            new_requests=["new"],
         )
     )
     # sequences, k drafted, drafts verified (the step before drafted them), tokens the target ran
     assert [call["step"] for call in observed] == [(4, 1, 2 * K + 2, 3 + 2 * K + 2 + 2)]
+    assert [call["joined"] for call in observed] == [1]
     # A CPU engine's steps would rescale the GPU's figures: the model's alone there.
     assert scheduler.controller.step_times is not None
     assert ControlledStandIn(num_spec_tokens=K, max_batch_size=4, device_type="cpu").controller.step_times is None

@@ -64,6 +64,10 @@ SAMPLE_SEQUENCES = 64
 RECHOOSE_EVERY_STEPS = 4
 # A request is reviewed once it has verified this many steps.
 MIN_REQUEST_STEPS = 8
+# While off, the share of the batch new since the last probe that brings the next one forward, and the
+# sequences such probes try at most in a row (at one stream, enough accepted drafts to turn it on).
+JOINED_SHARE_PROBE = 0.5
+PROBE_CHAIN_SEQUENCES = 16
 # Reviewed requests the steady factors need (or every request of a smaller batch).
 MIN_STEADY_REQUESTS = 8
 
@@ -77,9 +81,7 @@ class SpeculationController:
     step can carry at that k and replay a full CUDA graph (V2), or None: a batch of ``b`` sequences
     then runs a k only where ``b`` is within it (0 always runs). ``calibrate``: each step's time,
     between one outcome and the next, scales the model's (:class:`StepTimes`). ``drafts_after_output``:
-    the engine drafts after a step's outcome is out (vLLM's V2 runner: its output is copied once
-    sampled, before the proposer runs), so the time up to an outcome holds the drafting of the step
-    before; V1 drafts before its outcome."""
+    the engine drafts after a step's outcome is out (vLLM's V2 runner: :meth:`StepTimes.observe`)."""
 
     def __init__(
         self,
@@ -105,19 +107,16 @@ class SpeculationController:
         self.caps: dict[str, int] = {}  # request id -> drafts verified at most
         self.factors = steady_factors([], num_spec_tokens)  # by k: the batch's steady yield over its yield now
         self.steps_by_k = [0] * (num_spec_tokens + 1)
-        self.num_probes = 0
-        self.time_off_s = 0.0
-        self._off_streak = 0
+        self.num_probes, self.time_off_s = 0, 0.0
+        self._off_streak, self._num_observed, self._is_off = 0, 0, False
         self._last_k: int | None = None
-        self._is_off = False
         self._last_time: float | None = None
-        self._num_observed = 0
+        self._joined_share = 0.0  # of the batch, joined while off since the last probe
+        self._probing, self._probed = False, 0  # probes brought forward by joins, and the sequences they tried
         self._choices: dict[tuple[int, int], tuple[int, int]] = {}  # (batch, top k) -> (k, probe k)
         self._tables = [geometric_table(k) for k in range(num_spec_tokens + 1)]  # by drafts per step
         # Measured step times against the model's (None: the model's figures alone).
-        self.step_times = StepTimes() if calibrate else None
-        self.drafts_after_output = drafts_after_output
-        self._before: tuple[int, bool] | None = None  # the step before: (k it drafted, whether a decode step)
+        self.step_times = StepTimes(drafts_after_output=drafts_after_output) if calibrate else None
         self._last_batch = 1
 
     # vLLM's scheduler reads ``dynamic_sd_lookup[batch_size]``.
@@ -150,11 +149,13 @@ class SpeculationController:
         is_off = k == 0 and probe_k > 0  # off by acceptance, not by the schedule
         if is_off != self._is_off:
             self._is_off = is_off
+            self._probing = False
             log.info("speculation %s at batch %d: %s", "off" if is_off else "on", batch_size, self.report())
         if is_off:
             self._off_streak += 1
             if self._off_streak >= self.probe_every:
                 self._off_streak = 0
+                self._joined_share = 0.0
                 self.num_probes += 1
                 k = probe_k
         else:
@@ -170,31 +171,36 @@ class SpeculationController:
         now: float | None = None,
         step: tuple[int, int, int, int] | None = None,
         scheduled_at: float | None = None,
+        joined: int = 0,
     ) -> None:
         """One step's outcome: ``(drafted, accepted) -> sequences`` (empty: nothing was verified).
-        ``step``: that step's ``(sequences, k drafted, drafts verified, tokens the target ran)``,
-        whose time is the one since the outcome before (with async scheduling, the engine's period),
-        or since it was scheduled where that came later (``scheduled_at``, given for a step scheduled
-        on an idle engine: an idle engine's wait is no step's time)."""
+        ``step``: its ``(sequences, k drafted, drafts verified, tokens the target ran)``, whose time
+        is the one since the outcome before (with async scheduling, the engine's period), or since it
+        was scheduled where that came later (``scheduled_at``, given for a step scheduled on an idle
+        engine); ``joined``: requests new in that step (:meth:`StepTimes.observe`)."""
         now = time.monotonic() if now is None else now
         last = self._last_time
         if self._last_k == 0 and last is not None:
             self.time_off_s += now - last
         self._last_time = now
         if step is not None and self.step_times is not None:
-            batch_size, k, verified, tokens = step
-            # A decode step: at most one prompt token per sequence besides its decode tokens (a
-            # prompt's chunk costs what the model does not price).
-            is_decode = bool(batch_size) and tokens <= 2 * batch_size + verified
-            counts = is_decode
-            if self.drafts_after_output:  # the time holds the step before's drafting (of its chunk too)
-                before, self._before = self._before, (k, is_decode)
-                counts = counts and before is not None and before[1]
-                k = before[0] if before is not None else 0
-            if counts and last is not None:
-                model = step_ms(self.cost, batch_size=batch_size, k=k, num_verified=verified, num_tokens=tokens)
-                start = max(last, scheduled_at) if scheduled_at is not None else last
-                self.step_times.add(batch_size=batch_size, k=k, measured_ms=(now - start) * 1000, model_ms=model)
+            since = None if last is None else max(last, scheduled_at) if scheduled_at is not None else last
+            self.step_times.observe(self.cost, step=step, since=since, now=now, joined=joined)
+        if joined and self._is_off:
+            # While off, the batch's requests change: once half the batch is new since the last probe,
+            # the next step probes, and the next again while half its sequences accept, so that a new
+            # request that accepts is not judged for probe_every steps by the ones before it.
+            self._joined_share += min(1.0, joined / max(1, step[0] if step is not None else self._last_batch))
+            if self._joined_share >= JOINED_SHARE_PROBE:
+                self._off_streak = self.probe_every - 1
+                self._probing, self._probed = True, 0
+        if pairs and self._is_off:
+            self._choices.clear()  # a probe's evidence: judged at once (off, few steps have any)
+            if self._probing:
+                self._probed += (tried := sum(pairs.values()))
+                accepting = sum(n for (_, accepted), n in pairs.items() if accepted)
+                self._probing = 2 * accepting >= tried and self._probed < PROBE_CHAIN_SEQUENCES
+                self._off_streak = self.probe_every - 1 if self._probing else self._off_streak
         if pairs:
             # Evidence ages with new evidence only: while off, what made the controller stop stays
             # until a probe says otherwise (aged by the clock, it would drift back to the prior).

@@ -7,6 +7,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 
+from worker.spec_cost import StepCost, step_ms
+
 __all__ = ["Acceptance", "StepTimes", "geometric_rate", "geometric_table"]
 
 # Evidence halves every this many steps, so that a change of acceptance shows within a few hundred.
@@ -81,11 +83,46 @@ class StepTimes:
         *,
         half_life_steps: float = STEP_TIME_HALF_LIFE_STEPS,
         stale_half_life_steps: float = STEP_TIME_STALE_HALF_LIFE_STEPS,
+        drafts_after_output: bool = False,
     ) -> None:
         self.decay = 0.5 ** (1 / half_life_steps)
         self.stale_decay = 0.5 ** (1 / stale_half_life_steps)
         # batch bucket -> k -> [weight, measured ms, modelled ms]
         self.buckets: dict[int, dict[int, list[float]]] = {}
+        self.drafts_after_output = drafts_after_output
+        self._before: tuple[int, bool] | None = None  # the step before: (k it drafted, whether a decode step)
+        self._pending: tuple[int, int, float, float] | None = None  # the step before's, filed unless one joins
+
+    def observe(
+        self, cost: StepCost, *, step: tuple[int, int, int, int], since: float | None, now: float, joined: int = 0
+    ) -> None:
+        """One step's outcome at ``now`` (seconds): its ``(sequences, k drafted, drafts verified,
+        tokens the target ran)``, its time running from ``since`` (None: unknown), ``joined`` requests
+        new in it. Which k its time is filed under, and which steps are left out:
+
+        - the engine drafts after its outcome (vLLM's V2 runner: its output is copied once sampled,
+          before the proposer runs): the time holds the step before's drafting, so the step before's
+          k; V1 drafts before its outcome, the step's own;
+        - a step with more than one prompt token per sequence besides its decode tokens (a prompt's
+          chunk costs what the model does not price), and on V2 the step after it (its drafting);
+        - a step that a request joins, and the step before it: with async scheduling the host
+          prepares a step, with its new requests, before it takes in the outcome of the one before,
+          and on the H200 that held the interval up to that outcome at 13-22 ms where a decode step
+          took 6-8 (docs/benchmarks.md, the twentieth run's trace). What a join costs comes with the
+          arrivals, not with k, so a step's time waits one step to be filed."""
+        batch_size, k, verified, tokens = step
+        is_decode = bool(batch_size) and tokens <= 2 * batch_size + verified
+        counts = is_decode
+        if self.drafts_after_output:
+            before, self._before = self._before, (k, is_decode)
+            counts = counts and before is not None and before[1]
+            k = before[0] if before is not None else 0
+        pending, self._pending = self._pending, None
+        if pending is not None and not joined:
+            self.add(batch_size=pending[0], k=pending[1], measured_ms=pending[2], model_ms=pending[3])
+        if counts and since is not None and not joined:
+            model = step_ms(cost, batch_size=batch_size, k=k, num_verified=verified, num_tokens=tokens)
+            self._pending = (batch_size, k, (now - since) * 1000, model)
 
     def add(self, *, batch_size: int, k: int, measured_ms: float, model_ms: float) -> None:
         """One step's time and the model's for it."""

@@ -125,7 +125,12 @@ class ControlledScheduling(_SchedulerBase):
             verified,
             scheduler_output.total_num_scheduled_tokens,
         )
-        controller.observe(pairs, step=shape, scheduled_at=self._scheduled_at.pop(id(scheduler_output), None))
+        controller.observe(
+            pairs,
+            step=shape,
+            scheduled_at=self._scheduled_at.pop(id(scheduler_output), None),
+            joined=len(scheduler_output.scheduled_new_reqs),
+        )
         step = self._control_steps = self._control_steps + 1
         if step % REVIEW_EVERY_STEPS == 0:
             # A generator over the running requests with counts, read once per review.

@@ -14,7 +14,7 @@ never by the serving code.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -175,10 +175,11 @@ def step_inputs(
     invalid_drafts: Mapping[str, int] | None,
     sampled: Mapping[str, list[int]],
     num_spec_tokens_to_schedule: int | None = None,
+    new_requests: Sequence[str] = (),
 ) -> tuple[SchedulerOutput, ModelRunnerOutput]:
     """vLLM's scheduler and model outputs of one step, holding only the fields the hooks and the
     stand-in read; the step drafts ``num_spec_tokens_to_schedule`` (default: as many as the most
-    any request verifies)."""
+    any request verifies); ``new_requests``: those scheduled for the first time."""
     drafted = (
         max(map(len, drafts.values()), default=0)
         if num_spec_tokens_to_schedule is None
@@ -188,6 +189,7 @@ def step_inputs(
         num_scheduled_tokens=dict(num_scheduled_tokens),
         total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
         num_spec_tokens_to_schedule=drafted,
+        scheduled_new_reqs=[SimpleNamespace(req_id=rid) for rid in new_requests],
         scheduled_spec_decode_tokens=dict(drafts),
         num_invalid_spec_tokens=None if invalid_drafts is None else dict(invalid_drafts),
     )

@@ -68,9 +68,11 @@ def closed_loop(
     counted = 0
     pairs: dict[tuple[int, int], int] = {}
     shape: tuple[int, int, int, int] | None = None  # the last step's (sequences, k, verified, tokens)
+    joined = joining = 0  # requests new in the last step, and in this one
     for step in range(steps):
         if controller is not None:
-            controller.observe(pairs, now=clock / 1000, step=shape)
+            controller.observe(pairs, now=clock / 1000, step=shape, joined=joined)
+        joined, joining = joining, 0
         k = k_of(streams)
         shape = (streams, k, streams * k, streams * (k + 1))
         pairs = {}
@@ -88,6 +90,7 @@ def closed_loop(
             counted += got if step >= warm else 0
             if not request[2]:
                 slots[i] = new()
+                joining += 1
         clock += step_ms(cost, batch_size=streams, k=k) * (skew[k] if skew is not None else 1.0)
         counted_from = clock if step == warm - 1 else counted_from
         if controller is not None and (step + 1) % REVIEW_EVERY_STEPS == 0:
