@@ -98,7 +98,8 @@
 #                     SPECULATION_CONTROL=auto (V2, ngram_gpu, the worker's schedule) at L=2.5 and at L=1 (0%), side by side at
 #                     $MAP_CONCURRENCY (default 1,8,32,64,128,256), $MAP_TOKENS tokens (128), $MAP_REPEATS alternating
 #                     runs (3; none started after $MAP_DEADLINE_S s): $MAP_CONFIGS names others (spec_map.py);
-#                     $MAP_MIX (e.g. 1.0,0.6,0.0; unset: none) mixes acceptance classes in each wave (V2, LENGTH K + 1)
+#                     $MAP_MIX (e.g. 1.0,0.6,0.0; unset: none) mixes acceptance classes in each wave (V2, LENGTH K + 1);
+#                     $MAP_LENGTH_SPREAD (e.g. 0.5; default 0) gives each request a length of its own around $MAP_TOKENS
 #   spec              n-gram at k=2/4/8, the target as its own draft and a 1B-shaped draft at k=4, single stream,
 #                     with the acceptance watchdog's verdict per point (4 requests, $SPEC_ROUNDS rounds of them, default 3);
 #                     its two halves run alone as spec-ngram and spec-draft
@@ -460,7 +461,8 @@ for stage in "$@"; do
       SPEC_MAP_ACCEPTANCE_MIX=${MAP_MIX:-} timeout -k 20 "${STAGE_TIMEOUT:-0}" python3 -m worker.tools.bench.spec_map --out "$OUT/spec-map" \
         --configs "${MAP_CONFIGS:-none,ngram_gpu:2:2.5:static+MODEL_RUNNER=v2,ngram:4:2.5:auto,ngram:4:1.0:auto}" \
         --concurrency "${MAP_CONCURRENCY:-1,8,32,64,128,256}" --max-tokens "${MAP_TOKENS:-128}" \
-        --repeats "${MAP_REPEATS:-3}" --deadline-s "${MAP_DEADLINE_S:-400}" > "$OUT/spec-map.log" 2>&1
+        --repeats "${MAP_REPEATS:-3}" --deadline-s "${MAP_DEADLINE_S:-400}" \
+        --length-spread "${MAP_LENGTH_SPREAD:-0}" > "$OUT/spec-map.log" 2>&1
       echo "=== spec-map: exit $? at $(date +%T)"; grep "^spec_map" "$OUT/spec-map.log" | tail -40
       if [ -n "${ARCHIVE:-}" ]; then tar czf "$ARCHIVE" -C "$OUT" .; fi ;;
     stats-ngram)

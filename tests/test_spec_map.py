@@ -15,6 +15,7 @@ import pytest
 from tests.helpers import CACHE_DIR
 from worker.config import load_settings
 from worker.tiny_models import TinyModels
+from worker.tools.bench import spec_map
 from worker.tools.bench.acceptance_mix import mix_class
 from worker.tools.bench.shapes import llama3_config
 from worker.tools.bench.spec_map import (
@@ -23,6 +24,7 @@ from worker.tools.bench.spec_map import (
     _wave,
     bench_spec_map,
     controller_step_us,
+    request_tokens,
     steady_window,
 )
 from worker.tools.bench.spec_map_config import baseline, check_mix, config_env
@@ -276,3 +278,19 @@ async def test_a_small_map_on_the_cpu_engines(tiny_models: TinyModels, tmp_path:
     assert stock["throughput_tok_s"] > 0 and stock["ms_per_step"] is None and stock["mean_acceptance_length"] is None
     assert json.loads((tmp_path / "spec_map.json").read_text())["table"] == json.loads(json.dumps(result["table"]))
     assert "| `none` |" in render(result)
+
+
+def test_a_length_spread_gives_each_request_its_own_length_the_same_in_every_configuration(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lengths = [request_tokens(i, 128, 0.5) for i in range(2000)]
+    assert lengths == [request_tokens(i, 128, 0.5) for i in range(2000)]  # by index: every engine alike
+    assert min(lengths) >= 64 and max(lengths) <= 192 and len(set(lengths)) > 100
+    assert sum(lengths) / len(lengths) == pytest.approx(128, rel=0.03)
+    assert {request_tokens(i, 128, 0.0) for i in range(50)} == {128}
+    with pytest.raises(SystemExit):
+        spec_map.main(["--length-spread", "1.5"])
+    monkeypatch.delenv("SPEC_MAP_ACCEPTANCE_MIX", raising=False)
+    with pytest.raises(SystemExit):  # without a mix: no steady window to measure in
+        spec_map.main(["--length-spread", "0.5"])
+    assert "--length-spread needs SPEC_MAP_ACCEPTANCE_MIX" in capsys.readouterr().err

@@ -34,6 +34,13 @@ from the wave before (which ends with the slowest class alone) has aged by the s
 lifetime. Its engine step is not reported (the batch's requests no longer decode in lockstep), and
 its ITL and TTFT are every request's.
 
+With a mix, ``--length-spread S`` gives request ``i`` its own length, ``max_tokens`` times ``1 + S * u`` with
+``u`` in [-1, 1) drawn from ``i`` (the same in every configuration; the mean stays ``max_tokens``).
+With one length for all, requests without speculation end, and are replaced, together, where
+speculation's uneven acceptance spreads their ends; on the H200 a step that a request joins held
+the host 13-22 ms where a decode step took 6-8 (docs/benchmarks.md, the twentieth run), so the
+spread gives every configuration the staggered turnover real traffic has.
+
     python -m worker.tools.bench.spec_map --out DIR --configs none,/tmp/d:4:2.5:static,... \\
         --concurrency 1,8,64,256 --max-tokens 128 --repeats 3
 """
@@ -44,6 +51,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import time
 from pathlib import Path
@@ -79,7 +87,16 @@ def steady_window(timings: list[RequestTiming], *, concurrency: int) -> tuple[fl
     return (start, end) if end is not None and end > start else None
 
 
-async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[float] | None = None) -> dict[str, Any]:
+def request_tokens(index: int, max_tokens: int, spread: float) -> int:
+    """Request ``index``'s length under ``--length-spread`` (module docstring)."""
+    if not spread:
+        return max_tokens
+    return max(1, round(max_tokens * (1 + spread * random.Random(index).uniform(-1.0, 1.0))))
+
+
+async def _wave(
+    engine: Any, *, concurrency: int, max_tokens: int, mix: list[float] | None = None, spread: float = 0.0
+) -> dict[str, Any]:
     """``concurrency`` requests at once through the worker's engine path; throughput, ITL, and the
     per-request spec-decode counts summed (steps with speculation off: the request's tokens after
     the first that no verify step yielded). ``mix``: the classes' rates (:mod:`.acceptance_mix`);
@@ -94,7 +111,11 @@ async def _wave(engine: Any, *, concurrency: int, max_tokens: int, mix: list[flo
         request = parse_request(
             {
                 "prompt": f"{PROMPT} {i}",
-                "sampling_params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+                "sampling_params": {
+                    "max_tokens": request_tokens(i, max_tokens, spread),
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
             }
         )
 
@@ -177,10 +198,12 @@ async def bench_spec_map(
     out: Path,
     deadline_s: float | None = None,
     mix: list[float] | None = None,
+    spread: float = 0.0,
 ) -> dict[str, Any]:
     """The map (module docstring); ``spec_map.json`` under ``out`` after every point, so that a run
     cut short keeps what it measured. ``deadline_s``: no new repeat starts after this many seconds.
-    ``mix``: acceptance classes within each wave (:mod:`.acceptance_mix`)."""
+    ``mix``: acceptance classes within each wave (:mod:`.acceptance_mix`); ``spread``: requests'
+    own lengths (``--length-spread``)."""
     from worker.runtime import boot_engine
 
     if mix:
@@ -197,6 +220,7 @@ async def bench_spec_map(
         "max_tokens": max_tokens,
         "repeats": repeats,
         "mix": mix,
+        "length_spread": spread,
         "boot_s": {},
         "errors": {},
         "runs": {name: {str(c): [] for c in concurrencies} for name in configs},
@@ -235,7 +259,7 @@ async def bench_spec_map(
                 names = names[repeat % len(names) :] + names[: repeat % len(names)]
                 for name in names:
                     try:
-                        point = await _wave(engines[name], concurrency=c, max_tokens=max_tokens, mix=mix)
+                        point = await _wave(engines[name], concurrency=c, max_tokens=max_tokens, mix=mix, spread=spread)
                     except Exception as exc:
                         result["errors"][name] = f"c={c}: {exc}"
                         engines.pop(name).shutdown()
@@ -315,7 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--deadline-s", type=float, default=None, help="start no repeat after this many seconds")
+    parser.add_argument("--length-spread", type=float, default=0.0, help="requests' own lengths, 0 to 0.9 (docstring)")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.length_spread <= 0.9:
+        parser.error(f"--length-spread {args.length_spread}: give a fraction from 0 to 0.9")
+    if args.length_spread and not os.environ.get(MIX_ENV):
+        parser.error(f"--length-spread needs {MIX_ENV}: its throughput is a mixed wave's steady window")
     if args.render:
         print(render(json.loads(args.render.read_text()), plot=args.render.with_suffix(".png")))
         return 0
@@ -349,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out,
             deadline_s=args.deadline_s,
             mix=mix,
+            spread=args.length_spread,
         )
     )
     print(json.dumps(result["table"], indent=1))
