@@ -14,7 +14,12 @@ import pytest
 from tests.helpers import boot_engine
 from worker.config.speculation import auto_schedule
 from worker.schema import SpecDecodeStats, parse_request
-from worker.spec_control import PROBE_EVERY_STEPS, REVIEW_EVERY_STEPS, SpeculationController
+from worker.spec_control import (
+    PROBE_CHAIN_SEQUENCES,
+    PROBE_EVERY_STEPS,
+    REVIEW_EVERY_STEPS,
+    SpeculationController,
+)
 from worker.spec_cost import STEP_COSTS, step_ms
 from worker.spec_measure import Acceptance, StepTimes, geometric_rate
 from worker.spec_stats.control import ControlledScheduling
@@ -110,6 +115,22 @@ def test_while_off_a_request_that_joins_is_probed_without_waiting_its_turn() -> 
         assert run_steps(c, steps=PROBE_EVERY_STEPS - 1, batch_size=batch_size, accept=0.0, previous=1) == [0] * (
             PROBE_EVERY_STEPS - 1
         )
+    # At 4 streams one probe is not evidence enough: probes follow one another while half their
+    # sequences accept (without: 31 steps off), and stop after PROBE_CHAIN_SEQUENCES sequences.
+    c = controller()
+    run_steps(c, steps=400, batch_size=4, accept=0.0)
+    c.observe({}, step=(4, 0, 0, 4 + 4 * 6), joined=4)  # the whole batch replaced
+    assert c.choose(4) == 1
+    after = run_steps(c, steps=8, batch_size=4, accept=1.0, previous=1)
+    assert after[0] == 1 and after[-1] == K
+    c = controller()
+    run_steps(c, steps=400, batch_size=8, accept=0.0)
+    c.observe({}, step=(8, 0, 0, 8 + 8 * 6), joined=8)
+    chained = [c.choose(8)]
+    for _ in range(6):  # probes that half accept: evidence too weak to turn it on, yet they go on
+        c.observe({(1, 1): 4, (1, 0): 4} if chained[-1] else {})
+        chained.append(c.choose(8))
+    assert chained == [1] * (PROBE_CHAIN_SEQUENCES // 8) + [0] * (7 - PROBE_CHAIN_SEQUENCES // 8)
     # In the closed loop, one stream of the mixed classes on a host where verifying costs 1.3x the
     # model: off during a request that accepts nothing, auto waited for a probe to see that the next
     # accepts every draft, and ran 0.89x static k = 4.

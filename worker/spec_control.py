@@ -20,7 +20,7 @@ in :mod:`worker.spec_measure`, with the acceptance):
 - it never exceeds the configured schedule (``SPECULATIVE_TOKENS_BY_BATCH``) nor the configured k,
   and on V2 no k at a batch size past its largest full CUDA graph (``graph_batches``);
 - below break-even it returns 0, and one step in ``probe_every`` it drafts the smallest k again
-  (a probe), so that it notices when acceptance recovers;
+  (a probe), so that it notices when acceptance recovers; sooner once half the batch is new;
 - per request, where a request's own acceptance is far below the batch's, it caps how many of
   that request's drafts are verified (the batch's drafting is capped too when every request is).
   Where the engine replays full CUDA graphs (V2, ``graph_batches``), a graph needs every request
@@ -148,8 +148,7 @@ class SpeculationController:
         k, probe_k = choice
         is_off = k == 0 and probe_k > 0  # off by acceptance, not by the schedule
         if is_off != self._is_off:
-            self._is_off = is_off
-            self._probing = False
+            self._is_off, self._probing, self._joined_share = is_off, False, 0.0
             log.info("speculation %s at batch %d: %s", "off" if is_off else "on", batch_size, self.report())
         if is_off:
             self._off_streak += 1
@@ -187,9 +186,11 @@ class SpeculationController:
             since = None if last is None else max(last, scheduled_at) if scheduled_at is not None else last
             self.step_times.observe(self.cost, step=step, since=since, now=now, joined=joined)
         if joined and self._is_off:
-            # While off, the batch's requests change: once half the batch is new since the last probe,
-            # the next step probes, and the next again while half its sequences accept, so that a new
-            # request that accepts is not judged for probe_every steps by the ones before it.
+            # While off, the batch's requests change: once half the batch is new since the last probe
+            # (on V2 a resumed request counts too), the next step chosen probes, and so on while half
+            # a probe's sequences accept, so that a new request that accepts is not judged for
+            # probe_every steps by the ones before it. (With async scheduling vLLM chooses a step's
+            # k before the outcome of the step before is in: a probe follows its evidence by two.)
             self._joined_share += min(1.0, joined / max(1, step[0] if step is not None else self._last_batch))
             if self._joined_share >= JOINED_SHARE_PROBE:
                 self._off_streak = self.probe_every - 1

@@ -14,10 +14,12 @@ the drafts it verified, the tokens the target ran, the requests new in it), in b
 
     python -m worker.tools.bench.step_trace TRACE...   # intervals by batch size, k, and joins near
 
-The split, as ``StepTimes`` files a step on vLLM's V2 runner: the interval up to a step's outcome
-under the k the step before drafted; "join" where a request is new in the step, the one before or
-the one after (with async scheduling the host prepares the next step, with its new requests, before
-it takes in this step's outcome); "switch" where the k drafted changed from the step before.
+The split: the interval up to a step's outcome under the k the step before drafted (where
+``StepTimes`` files it on vLLM's V2 runner); "join" where a request is new in the step, the one
+before or the one after (with async scheduling the host prepares the next step, with its new
+requests, before it takes in this step's outcome; ``StepTimes`` leaves out the step and the one
+before it, and keeps the one after, which the traces show at a decode step's time); "switch" where
+the k drafted changed from the step before.
 """
 
 from __future__ import annotations
