@@ -21,7 +21,7 @@ from worker.spec_control import (
     SpeculationController,
 )
 from worker.spec_cost import STEP_COSTS, step_ms
-from worker.spec_measure import Acceptance, StepTimes, geometric_rate
+from worker.spec_measure import Acceptance, StepTimes, batch_bucket, geometric_rate
 from worker.spec_stats.control import ControlledScheduling
 from worker.spec_stats.stand_in import StandInScheduler
 from worker.tools.bench.closed_loop import auto_rate, closed_loop, fixed
@@ -415,7 +415,7 @@ def test_where_the_engine_drafts_after_its_outcome_a_steps_time_holds_the_drafts
         probe = step % 2 == 0  # a probe step drafts 1 and verifies nothing; the one after verifies 1 each
         now += 0.010
         c.observe({}, now=now, step=(64, 1, 0, 64) if probe else (64, 0, 64, 128))
-    cells = times.buckets[(64 - 1).bit_length()]
+    cells = times.buckets[batch_bucket(64)]
     # The steps after a probe (drafted 1 the step before, verifying 1 each) under k = 1, priced so.
     measured, model = cells[1][1], cells[1][2]
     assert model / cells[1][0] == pytest.approx(step_ms(c.cost, batch_size=64, k=1, num_verified=64, num_tokens=128))

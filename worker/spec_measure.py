@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from worker.spec_cost import StepCost, step_ms
 
-__all__ = ["Acceptance", "StepTimes", "geometric_rate", "geometric_table"]
+__all__ = ["Acceptance", "StepTimes", "batch_bucket", "geometric_rate", "geometric_table"]
 
 # Evidence halves every this many steps, so that a change of acceptance shows within a few hundred.
 HALF_LIFE_STEPS = 64
@@ -128,7 +128,7 @@ class StepTimes:
         """One step's time and the model's for it."""
         if measured_ms < 0 or model_ms <= 0:
             return
-        cells = self.buckets.setdefault((batch_size - 1).bit_length(), {})
+        cells = self.buckets.setdefault(batch_bucket(batch_size), {})
         stale = self.stale_decay
         for other, cell in cells.items():
             if other != k:
@@ -143,7 +143,7 @@ class StepTimes:
 
     def scales(self, batch_size: int, num_spec_tokens: int) -> list[float]:
         """By k (0..num_spec_tokens), the scale on the model's step time at this batch size."""
-        cells = self.buckets.get((batch_size - 1).bit_length(), {})
+        cells = self.buckets.get(batch_bucket(batch_size), {})
         ratios = {k: (w, measured / model) for k, (w, measured, model) in cells.items() if model > 0}
         prior_steps = STEP_TIME_PRIOR_STEPS
 
@@ -159,6 +159,11 @@ class StepTimes:
             pooled = sum(w * r for w, r in others) / weight if weight else zero
             scales.append(max(MIN_STEP_SCALE, blend(*ratios.get(k, (0.0, 1.0)), blend(weight, pooled, zero))))
         return scales
+
+
+def batch_bucket(batch_size: int) -> int:
+    """The batch sizes :class:`StepTimes` files together: 1, 2, 3-4, ..., 33-64, 65-128, ..."""
+    return (batch_size - 1).bit_length()
 
 
 def geometric_rate(mean_accepted: float, k: int, *, table: Sequence[float] | None = None) -> float:

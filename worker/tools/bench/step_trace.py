@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker.spec_cost import STEP_COSTS, StepCost, step_ms
+from worker.spec_measure import batch_bucket
 
 __all__ = ["TRACE_ENV", "install", "main", "split"]
 
@@ -75,7 +76,7 @@ Groups = dict[tuple[int, int, bool, bool], list[tuple[float, float]]]
 
 def split(rows: Sequence[Sequence[float]], cost: StepCost) -> Groups:
     """A trace's intervals (module docstring): (batch bucket, k, join near, k switched) ->
-    [(measured ms, the model's ms)], the bucket as ``StepTimes``'s (``(batch - 1).bit_length()``)."""
+    [(measured ms, the model's ms)], the bucket as ``StepTimes`` files it (``batch_bucket``)."""
     groups: Groups = collections.defaultdict(list)
     for i in range(2, len(rows) - 1):
         t, b, _, verified, tokens, new = rows[i]
@@ -83,7 +84,7 @@ def split(rows: Sequence[Sequence[float]], cost: StepCost) -> Groups:
         k = int(before[2])
         join = bool(new or before[5] or rows[i + 1][5])
         model = step_ms(cost, batch_size=int(b), k=k, num_verified=int(verified), num_tokens=int(tokens))
-        groups[((int(b) - 1).bit_length(), k, join, k != int(rows[i - 2][2]))].append(((t - before[0]) * 1000, model))
+        groups[(batch_bucket(int(b)), k, join, k != int(rows[i - 2][2]))].append(((t - before[0]) * 1000, model))
     return groups
 
 
