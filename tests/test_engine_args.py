@@ -374,8 +374,22 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
     explicit = {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 32}
     for mode in ("serverless", "pod"):
         assert graphs(mode, CUDAGRAPH_MODE="FULL_AND_PIECEWISE", MAX_CUDAGRAPH_CAPTURE_SIZE="32") == explicit
+    # n-gram under auto on V2 (a pod's default for n-gram, or auto asked for): FULL, a full graph for
+    # steps that carry prompts too, up to 1,024 tokens unless the user caps it.
+    full = {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1024}
+    assert graphs("pod", **ngram) == full
+    assert graphs("serverless", **ngram, SPECULATION_CONTROL="auto") == full
+    assert graphs("pod", **ngram, MAX_CUDAGRAPH_CAPTURE_SIZE="512") == {**full, "max_cudagraph_capture_size": 512}
+    # Not under static control, on V1, for an EAGLE head (its graphs under FULL not measured), or a mode
+    # the user chose; serverless n-gram is static by default.
+    assert graphs("serverless", **ngram) is None and graphs("pod", **ngram, SPECULATION_CONTROL="static") is None
+    assert graphs("pod", **ngram, SPECULATION_CONTROL="auto", MODEL_RUNNER="v1") is None
+    head = '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 3}'
+    assert graphs("pod", SPECULATIVE_CONFIG=head, SPECULATION_CONTROL="auto") is None
+    assert graphs("pod", **ngram, CUDAGRAPH_MODE="FULL_AND_PIECEWISE") == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
     # Eager engines capture nothing; ENGINE_ARGS has the last word.
     assert graphs("serverless", ENFORCE_EAGER="true", CUDAGRAPH_MODE="FULL_DECODE_ONLY") is None
+    assert graphs("pod", **ngram, ENFORCE_EAGER="true") is None
     assert build_engine_kwargs(load_settings({})).get("compilation_config") is None
     assert build_engine_kwargs(load_settings({"MODEL_NAME": "org/m"}), is_cpu=True).get("compilation_config") is None
     escape = '{"compilation_config": {"cudagraph_mode": "NONE"}}'
@@ -397,3 +411,7 @@ def test_the_cuda_graph_settings_reach_vllms_compilation_config() -> None:
     config = config if isinstance(config, CompilationConfig) else CompilationConfig(**config)
     assert config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
     assert config.max_cudagraph_capture_size == 16
+    ngram = {"MODEL_NAME": "org/m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
+    config = AsyncEngineArgs(**build_engine_kwargs(load_settings(ngram), mode="pod")).compilation_config
+    config = config if isinstance(config, CompilationConfig) else CompilationConfig(**config)
+    assert config.cudagraph_mode == CUDAGraphMode.FULL and config.max_cudagraph_capture_size == 1024

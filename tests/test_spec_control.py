@@ -174,7 +174,14 @@ class _V2GraphsStandIn(StandInScheduler):
     CUDA graphs up to 512 tokens would be (the CPU build runs V1 and no graphs)."""
 
     def __init__(
-        self, *, schedule: list[list[int]], is_async: bool = True, method: str = "ngram_gpu", **kwargs: Any
+        self,
+        *,
+        schedule: list[list[int]],
+        is_async: bool = True,
+        method: str = "ngram_gpu",
+        mode: str = "FULL_AND_PIECEWISE",
+        sizes: list[int] = SIZES_512,
+        **kwargs: Any,
     ) -> None:
         from vllm.config import CompilationConfig, CUDAGraphMode
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
@@ -183,9 +190,7 @@ class _V2GraphsStandIn(StandInScheduler):
         self.use_v2_model_runner = True
         self.dynamic_sd_lookup = build_dynamic_sd_schedule_lookup(schedule, 256, K)
         compilation = CompilationConfig(
-            cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
-            cudagraph_capture_sizes=SIZES_512,
-            max_cudagraph_capture_size=512,
+            cudagraph_mode=CUDAGraphMode[mode], cudagraph_capture_sizes=sizes, max_cudagraph_capture_size=sizes[-1]
         )
         config = SimpleNamespace(
             speculative_config=SimpleNamespace(method=method, num_speculative_tokens_per_batch_size=schedule),
@@ -210,6 +215,15 @@ def test_on_v2_the_workers_schedule_lists_graphs_and_a_users_schedule_is_a_ceili
     assert [own.highest_k(b) for b in (1, 8, 64, 256)] == [4, 4, 4, 1]
     users = _ControlledV2(schedule=[[1, 8, 4], [9, 256, 2]]).controller
     assert users.allowed_ks == [0, 2, 4] and [users.highest_k(b) for b in (8, 9, 200)] == [4, 2, 1]
+
+
+def test_under_full_graphs_every_step_up_to_the_largest_size_replays_one() -> None:
+    # The worker's default for n-gram under auto on V2 (FULL, graphs up to 1,024 tokens): V2 captures
+    # each size for any mix of query lengths, so k = 3 runs on a graph at 256 sequences.
+    sizes = [*SIZES_512[:-1], *range(512, 1025, 16)]
+    full = _ControlledV2(schedule=auto_schedule(K, on_v2=True), mode="FULL", sizes=sizes).controller
+    assert full.graph_batches == [1024, 512, 341, 256, 204]
+    assert [full.highest_k(b) for b in (8, 204, 205, 256)] == [4, 4, 3, 3]
 
 
 def test_n_gram_is_priced_by_whether_vllm_schedules_asynchronously_and_eagle_heads_by_their_own_fit() -> None:

@@ -9,12 +9,19 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from worker.boot.runner import is_eager, model_runner_flag, runs_worker_scheduler, speculation_control
+from worker.boot.runner import (
+    full_graphs_for_joins,
+    is_eager,
+    model_runner_flag,
+    runs_worker_scheduler,
+    speculation_control,
+)
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 from worker.config.speculation import auto_schedule, drafts_by_ngram
 
 __all__ = [
+    "JOIN_CAPTURE_TOKENS",
     "PUBLIC_MEDIA_CONNECTOR",
     "TINY_KV_CACHE_BYTES",
     "TINY_MAX_MODEL_LEN",
@@ -27,6 +34,10 @@ __all__ = [
 
 TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
+# The largest step (tokens) given a full CUDA graph where n-gram runs under auto with FULL graphs:
+# 256 sequences at k = 3, or 128 at k = 4 with prompts joining, where vLLM's own bound on Hopper,
+# min(2 * max_num_seqs * (1 + k), 512), leaves such steps without a graph. As measured on the H200.
+JOIN_CAPTURE_TOKENS = 1024
 
 
 def build_engine_kwargs(
@@ -115,7 +126,9 @@ def compilation_config(
     On an H200 (8B, 128 sequences, vLLM 0.32) it captured in 1.0-1.6 s against 3.6-3.8 s, but
     decoded 4.5% and 3.2% slower at 8 and 64 streams (the same at one), past issue 50's bound of 3%;
     and vLLM graphs a draft model or head only in a piecewise mode, so under it a drafter runs
-    eagerly (docs/benchmarks.md). Hence vLLM's mode by default; FULL_DECODE_ONLY is a setting.
+    eagerly (docs/benchmarks.md). Hence vLLM's mode by default; FULL_DECODE_ONLY is a setting. The
+    exception: n-gram under ``SPECULATION_CONTROL=auto`` on V2 runs FULL, a full graph for steps
+    that carry prompts too, up to ``JOIN_CAPTURE_TOKENS`` (``runner.full_graphs_for_joins``).
     Under a mode without piecewise graphs (FULL_DECODE_ONLY, FULL) serverless captures no decode
     batch larger than its traffic runs: ``MAX_CONCURRENCY``, the jobs a worker takes at once, bounds
     it, so no graph past it is replayed. vLLM's capture sizes count tokens and serve its piecewise
@@ -124,6 +137,9 @@ def compilation_config(
     """
     cudagraph_mode = None if settings.cudagraph_mode == "auto" else settings.cudagraph_mode
     capture = settings.max_cudagraph_capture_size
+    if full_graphs_for_joins(settings, mode=mode):
+        # n-gram under auto on V2: FULL, and graphs up to JOIN_CAPTURE_TOKENS (runner.full_graphs_for_joins).
+        cudagraph_mode, capture = "FULL", capture or JOIN_CAPTURE_TOKENS
     if capture is None and mode == "serverless" and spec is None and cudagraph_mode in ("FULL_DECODE_ONLY", "FULL"):
         capture = settings.max_concurrency
     config = {"cudagraph_mode": cudagraph_mode, "max_cudagraph_capture_size": capture}

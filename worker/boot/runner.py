@@ -10,7 +10,14 @@ from typing import Literal
 from worker.config import DeploymentMode, Settings
 from worker.config.speculation import drafts_by_eagle, drafts_by_ngram
 
-__all__ = ["is_eager", "keeps_full_graphs", "model_runner_flag", "runs_worker_scheduler", "speculation_control"]
+__all__ = [
+    "full_graphs_for_joins",
+    "is_eager",
+    "keeps_full_graphs",
+    "model_runner_flag",
+    "runs_worker_scheduler",
+    "speculation_control",
+]
 
 
 def is_eager(settings: Settings) -> bool:
@@ -116,3 +123,25 @@ def model_runner_flag(settings: Settings, *, mode: DeploymentMode, is_cpu: bool 
     if mode == "serverless":
         return "0"
     return None
+
+
+def full_graphs_for_joins(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> bool:
+    """Whether ``CUDAGRAPH_MODE=auto`` means vLLM's FULL (a full CUDA graph for a step that carries
+    a prompt too) instead of vLLM's FULL_AND_PIECEWISE: n-gram under ``SPECULATION_CONTROL=auto`` on
+    the V2 runner, where the worker chose V2 or the user did.
+
+    On an H200 (8B, V2, a mixed wave whose requests end unevenly, as traffic's do) a step that a
+    request joined ran on vLLM's piecewise graphs: 1.46-1.65x a decode step's time without
+    speculation, where under FULL it ran at 0.96-0.97x; ``auto`` went from 1.01x / 0.74x the best
+    static choice at 64 / 128 streams to 1.00x / 1.05x, and 1.03x / 0.98x at 32 / 256. On waves that
+    start together (decode alone) FULL decoded within 2% at 1-8 streams and 2.5-6% slower at 64-256 without
+    speculation (docs/benchmarks.md, the twenty-first to twenty-fifth runs). Not measured: an
+    EAGLE head's or a draft model's graphs under FULL, and the V1 runner on uneven traffic; those
+    keep vLLM's mode, as does an engine without speculation (``CUDAGRAPH_MODE=FULL`` is the setting).
+    """
+    if settings.cudagraph_mode != "auto" or not keeps_full_graphs(settings, is_cpu=is_cpu):
+        return False
+    if not drafts_by_ngram(settings.resolved_speculative_config):
+        return False
+    is_auto = speculation_control(settings, mode=mode, is_cpu=is_cpu) == "auto"
+    return is_auto and model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"

@@ -76,14 +76,16 @@ class Settings(BaseSettings):
     )
     cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
         "auto",
-        description="vLLM's cudagraph_mode; auto: vLLM's (FULL_AND_PIECEWISE). FULL_DECODE_ONLY captures in "
-        "2-3 s less, decodes 3-5% slower at 8-64 streams, and runs a draft model or head without graphs",
+        description="vLLM's cudagraph_mode; auto: vLLM's (FULL_AND_PIECEWISE), and FULL for n-gram under "
+        "SPECULATION_CONTROL=auto on the V2 runner. FULL_DECODE_ONLY captures in 2-3 s less, decodes 3-5% slower "
+        "at 8-64 streams, and runs a draft model or head without graphs",
     )
     max_cudagraph_capture_size: int | None = Field(
         None,
         ge=1,
         description="vLLM's largest CUDA-graph batch, in tokens; unset: MAX_CONCURRENCY for serverless under "
-        "FULL_DECODE_ONLY or FULL without speculation (no decode step runs more), else vLLM's",
+        "FULL_DECODE_ONLY or FULL without speculation (no decode step runs more), 1024 where CUDAGRAPH_MODE=auto "
+        "means FULL, else vLLM's",
     )
     vllm_use_v2_model_runner: str | None = Field(
         None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"

@@ -148,6 +148,8 @@ def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | N
     without full graphs). V2 (``vllm/v1/worker/gpu/cudagraph_utils.py``, ``_init_candidates``)
     captures uniform decode graphs of each capture size rounded up to a multiple of the query
     length ``k + 1``, dropping any past the largest capture size; a batch pads up to the next one.
+    Under FULL (one routine for every step, ``runner.full_graphs_for_joins``) it captures each size
+    as it is, for any mix of query lengths: a step replays one up to the largest size in tokens.
     Mirrored here, since vLLM keeps the result inside its model runner, out of the scheduler's reach."""
     compilation = getattr(vllm_config, "compilation_config", None)
     model = getattr(vllm_config, "model_config", None)
@@ -158,6 +160,8 @@ def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | N
     sizes, largest = compilation.cudagraph_capture_sizes, compilation.max_cudagraph_capture_size
     if not sizes or not largest:
         return None
+    if not compilation.cudagraph_mode.separate_routine():
+        return [largest // (k + 1) for k in range(num_spec_tokens + 1)]
     batches = []
     for k in range(num_spec_tokens + 1):
         query = k + 1
