@@ -8,7 +8,8 @@ drafter KV cache in sync"), so after a period without drafting its KV cache is w
 collapse TensorRT-LLM and vLLM V0 once had on re-enabling cannot happen here. On the GPU the V1
 runner then runs piecewise CUDA graphs (any k up to the configured one works); the V2 runner
 captures full graphs only for the query lengths of the schedule's k values (k = 0 included only
-where the schedule holds it).
+where the schedule holds it), under vLLM's FULL mode (the worker's default for n-gram under
+``auto`` on V2) one set for every mix of query lengths, steps with prompts included.
 
 :class:`SpeculationController` replaces that table with an object that answers each lookup with
 the k of most tokens per millisecond under the cost model (:mod:`worker.spec_cost`), given the
@@ -28,6 +29,7 @@ in :mod:`worker.spec_measure`, with the acceptance):
   at 32 streams of a mixed workload, ``auto`` ran 0.50-0.73x static k = 4 with the trimming and
   1.05-1.10x the best static k without it (docs/benchmarks.md). There the review only lowers the
   batch's k, for every request alike, when every request is capped; no request is trimmed alone.
+  Under FULL a trimmed batch would still replay a full graph: not measured, so not done.
 
 Nothing here imports vLLM: the scheduler mixin (:mod:`worker.spec_stats.control`) reads vLLM's objects
 by the attributes the pinned version has, and the arithmetic is plain Python, tested on its own.
