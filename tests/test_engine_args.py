@@ -18,6 +18,7 @@ from worker.config import DeploymentMode, load_settings
 from worker.config.speculation import auto_schedule, is_graph_schedule
 from worker.errors import ConfigError
 from worker.tiny_models import TinyModels
+from worker.vllm_plugin import FULL_GRAPHS_ENV
 
 
 def test_tiny_default() -> None:
@@ -387,6 +388,20 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
     head = '{"method": "eagle3", "model": "o/h", "num_speculative_tokens": 3}'
     assert graphs("pod", SPECULATIVE_CONFIG=head, SPECULATION_CONTROL="auto") is None
     assert graphs("pod", **ngram, CUDAGRAPH_MODE="FULL_AND_PIECEWISE") == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
+    # V2 chosen by the user makes auto n-gram's default there too; without the worker's controller, vLLM's mode.
+    assert graphs("serverless", **ngram, MODEL_RUNNER="v2") == full
+    assert graphs("serverless", **ngram, VLLM_USE_V2_MODEL_RUNNER="1") == full
+    for off in ({"PER_REQUEST_SPEC_DECODE_METRICS": "none"}, {"ENGINE_ARGS": '{"scheduler_cls": "my.Sched"}'}):
+        assert graphs("pod", **ngram, SPECULATION_CONTROL="auto", **off) is None
+    # The plan tells the worker's vLLM plugin that FULL is the worker's choice (worker/vllm_plugin.py).
+    marker: dict[DeploymentMode, str | None] = {"pod": "1", "serverless": None}
+    for mode, value in marker.items():
+        environment = engine_environment(load_settings({"MODEL_NAME": "org/m", **ngram}), mode=mode)
+        assert environment[FULL_GRAPHS_ENV] == value
+    on_cpu = engine_environment(load_settings({"MODEL_NAME": "org/m", **ngram}), mode="pod", is_cpu=True)
+    assert on_cpu[FULL_GRAPHS_ENV] is None
+    chosen = load_settings({"MODEL_NAME": "org/m", **ngram, "CUDAGRAPH_MODE": "FULL"})
+    assert engine_environment(chosen, mode="pod")[FULL_GRAPHS_ENV] is None  # the user's FULL: vLLM's rules
     # Eager engines capture nothing; ENGINE_ARGS has the last word.
     assert graphs("serverless", ENFORCE_EAGER="true", CUDAGRAPH_MODE="FULL_DECODE_ONLY") is None
     assert graphs("pod", **ngram, ENFORCE_EAGER="true") is None

@@ -40,3 +40,47 @@ def test_vllm_loads_the_worker_plugin() -> None:
 def test_the_plugin_gets_the_amx_tiles_a_fresh_process_lacks() -> None:
     assert _permits_amx("") is False  # what vLLM's AMX kernels would die of
     assert _permits_amx("from worker.vllm_plugin import register; register()") is True
+
+
+def _resolved_over(support_name: str, mode_name: str) -> str:
+    """The CUDA-graph mode vLLM resolves for ``mode_name`` over an attention backend of this support."""
+    from vllm.config.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    config = CompilationConfig(
+        cudagraph_mode=CUDAGraphMode[mode_name],
+        mode=CompilationMode.VLLM_COMPILE,
+        cudagraph_capture_sizes=[1, 2, 4, 8],
+        max_cudagraph_capture_size=8,
+    )
+    config.set_splitting_ops_for_v1("allgather_reducescatter")
+    support = AttentionCGSupport[support_name]
+    return config.resolve_cudagraph_mode_and_sizes(support, "B", 1, use_v2_model_runner=True, max_num_reqs=8).name
+
+
+def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without_any(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm.config.compilation import CompilationConfig
+
+    from worker.vllm_plugin import FULL_GRAPHS_ENV
+
+    # Restored after the test: the plugin replaces vLLM's method in this process.
+    original = CompilationConfig.resolve_cudagraph_mode_and_sizes
+    monkeypatch.setattr(CompilationConfig, "resolve_cudagraph_mode_and_sizes", original)
+    # vLLM alone: its default mode falls back to piecewise graphs over a backend without full
+    # graphs (Llama 4's chunked local attention), FULL raises; decode-only support falls back by itself.
+    assert _resolved_over("NEVER", "FULL_AND_PIECEWISE") == "PIECEWISE"
+    with pytest.raises(ValueError, match="FULL is not supported"):
+        _resolved_over("NEVER", "FULL")
+    assert _resolved_over("UNIFORM_BATCH", "FULL") == "FULL_AND_PIECEWISE"
+    monkeypatch.delenv(FULL_GRAPHS_ENV, raising=False)
+    register()  # not asked for: nothing changes
+    assert CompilationConfig.resolve_cudagraph_mode_and_sizes is original
+    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
+    register()
+    register()  # once a process
+    assert CompilationConfig.resolve_cudagraph_mode_and_sizes.__wrapped__ is original  # type: ignore[attr-defined]
+    assert _resolved_over("NEVER", "FULL") == "PIECEWISE"
+    assert _resolved_over("ALWAYS", "FULL") == "FULL"
+    assert _resolved_over("UNIFORM_BATCH", "FULL") == "FULL_AND_PIECEWISE"

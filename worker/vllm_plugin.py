@@ -12,18 +12,61 @@ runs in each process rather than one call at the worker's start. PyTorch's ``tor
 makes that request (it is what its own oneDNN path calls); nothing public does, so it is called
 here, where present, and only on a CPU that reports AMX tiles. vLLM loads every installed plugin
 unless ``VLLM_PLUGINS`` names some: a list without ``runpod_worker`` leaves this one out.
+
+And, where the worker chose vLLM's FULL CUDA-graph mode by default (``FULL_GRAPHS_ENV``, set by the
+boot plan: n-gram under ``SPECULATION_CONTROL=auto`` on V2, ``worker/boot/runner.py``), it keeps
+vLLM's own fallback for an attention backend that supports no full graphs at all (Llama 4's chunked
+local attention, a composite backend over an unclamped window: ``AttentionCGSupport.NEVER``).
+vLLM's default mode falls back to piecewise graphs there, but FULL raises ("please try
+cudagraph_mode=PIECEWISE") in the model runner, after the engine core has started, where the
+worker cannot change the mode; the mode is resolved per process, hence here. A backend that
+supports full graphs for decode only already falls back from FULL to vLLM's default mode by itself.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+from typing import Any
 
-__all__ = ["register"]
+__all__ = ["FULL_GRAPHS_ENV", "register"]
 
 log = logging.getLogger(__name__)
 
+FULL_GRAPHS_ENV = "RUNPOD_WORKER_FULL_GRAPHS_BY_DEFAULT"
+
 
 def register() -> None:
+    if os.environ.get(FULL_GRAPHS_ENV) == "1":
+        _fall_back_from_full_graphs()
+    _request_amx_tiles()
+
+
+def _fall_back_from_full_graphs() -> None:
+    """Wrap vLLM's ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` so that FULL over a backend
+    without full graphs resolves as vLLM's default mode would (module docstring). Once a process."""
+    from vllm.config.compilation import CompilationConfig, CUDAGraphMode
+
+    resolve = CompilationConfig.resolve_cudagraph_mode_and_sizes
+    if getattr(resolve, "falls_back_from_full", False):
+        return
+
+    @functools.wraps(resolve)
+    def resolve_or_fall_back(self: CompilationConfig, min_cg_support: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.cudagraph_mode == CUDAGraphMode.FULL and getattr(min_cg_support, "name", None) == "NEVER":
+            log.warning(
+                "CUDA graphs: the attention backend %s supports no full graphs; vLLM's default mode instead of FULL",
+                args[0] if args else kwargs.get("min_cg_attn_backend"),
+            )
+            self.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+        return resolve(self, min_cg_support, *args, **kwargs)
+
+    resolve_or_fall_back.falls_back_from_full = True  # type: ignore[attr-defined]
+    CompilationConfig.resolve_cudagraph_mode_and_sizes = resolve_or_fall_back  # type: ignore[method-assign]
+
+
+def _request_amx_tiles() -> None:
     import torch
 
     cpu = getattr(torch, "cpu", None)

@@ -19,6 +19,7 @@ from worker.boot.runner import (
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 from worker.config.speculation import auto_schedule, drafts_by_ngram
+from worker.vllm_plugin import FULL_GRAPHS_ENV
 
 __all__ = [
     "JOIN_CAPTURE_TOKENS",
@@ -183,6 +184,10 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode, is_cpu: bool
     return {
         "VLLM_DISABLED_KERNELS": ",".join(disabled) or None,
         "VLLM_USE_V2_MODEL_RUNNER": model_runner_flag(settings, mode=mode, is_cpu=is_cpu),
+        # FULL chosen by default: the worker's vLLM plugin keeps vLLM's fallback for backends without full graphs.
+        FULL_GRAPHS_ENV: "1"
+        if not is_cpu and not is_eager(settings) and full_graphs_for_joins(settings, mode=mode)
+        else None,
         "VLLM_WORKER_MULTIPROC_METHOD": start_method(settings, mode=mode),
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
         # vLLM's startup plan (off in vLLM, on here): a boot keeps the memory profile's result under

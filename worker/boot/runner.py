@@ -131,16 +131,22 @@ def full_graphs_for_joins(settings: Settings, *, mode: DeploymentMode, is_cpu: b
     the V2 runner, where the worker chose V2 or the user did.
 
     On an H200 (8B, V2, a mixed wave whose requests end unevenly, as traffic's do) a step that a
-    request joined ran on vLLM's piecewise graphs: 1.46-1.65x a decode step's time without
-    speculation, where under FULL it ran at 0.96-0.97x; ``auto`` went from 1.01x / 0.74x the best
-    static choice at 64 / 128 streams to 1.00x / 1.05x, and 1.03x / 0.98x at 32 / 256. On waves that
-    start together (decode alone) FULL decoded within 2% at 1-8 streams and 2.5-6% slower at 64-256 without
-    speculation (docs/benchmarks.md, the twenty-first to twenty-fifth runs). Not measured: an
-    EAGLE head's or a draft model's graphs under FULL, and the V1 runner on uneven traffic; those
-    keep vLLM's mode, as does an engine without speculation (``CUDAGRAPH_MODE=FULL`` is the setting).
+    request joined ran on vLLM's piecewise graphs, at 1.46-1.65x the cost model's decode step
+    without speculation (about 1.6x the measured ones), and under FULL at 0.96-0.97x (about 1.04x);
+    ``auto`` went from 1.01x / 0.74x the best static choice at 64 / 128 streams to 1.00x / 1.05x,
+    and ran 1.03x / 0.98x at 32 / 256. On waves that start together (decode alone) FULL decoded
+    within 2% at 1-8 streams and 2.5-6% slower at 64-256 without speculation (docs/benchmarks.md,
+    the twenty-first to twenty-sixth runs). Not measured: an EAGLE head's or a draft model's graphs
+    under FULL, the V1 runner on uneven traffic, and an engine without the worker's controller;
+    those keep vLLM's mode, as does an engine without speculation (``CUDAGRAPH_MODE=FULL`` is the
+    setting). FULL over an attention backend with full graphs for decode only (FlashAttention 2:
+    A100, L40S) falls back to vLLM's mode by vLLM's own rule, and over one with none (Llama 4's
+    chunked local attention) by the worker's plugin (``worker.vllm_plugin``).
     """
     if settings.cudagraph_mode != "auto" or not keeps_full_graphs(settings, is_cpu=is_cpu):
         return False
+    if not runs_worker_scheduler(settings):
+        return False  # no controller: measured only with one
     if not drafts_by_ngram(settings.resolved_speculative_config):
         return False
     is_auto = speculation_control(settings, mode=mode, is_cpu=is_cpu) == "auto"
