@@ -185,9 +185,7 @@ def engine_environment(settings: Settings, *, mode: DeploymentMode, is_cpu: bool
         "VLLM_DISABLED_KERNELS": ",".join(disabled) or None,
         "VLLM_USE_V2_MODEL_RUNNER": model_runner_flag(settings, mode=mode, is_cpu=is_cpu),
         # FULL chosen by default: the worker's vLLM plugin keeps vLLM's fallback for backends without full graphs.
-        FULL_GRAPHS_ENV: "1"
-        if not is_cpu and not is_eager(settings) and full_graphs_for_joins(settings, mode=mode)
-        else None,
+        FULL_GRAPHS_ENV: "1" if full_graphs_for_joins(settings, mode=mode, is_cpu=is_cpu) else None,
         "VLLM_WORKER_MULTIPROC_METHOD": start_method(settings, mode=mode),
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
         # vLLM's startup plan (off in vLLM, on here): a boot keeps the memory profile's result under
