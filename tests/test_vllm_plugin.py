@@ -1,9 +1,12 @@
-"""The worker's vLLM plugin: registered where vLLM looks, and it gets the AMX tiles a process needs."""
+"""The worker's vLLM plugin: registered where vLLM looks, it gets the AMX tiles a process needs, and
+under the FULL graphs the worker chose it keeps vLLM's fallback and adds vLLM's decode graphs."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -62,12 +65,14 @@ def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from vllm.config.compilation import CompilationConfig
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
     from worker.vllm_plugin import FULL_GRAPHS_ENV
 
-    # Restored after the test: the plugin replaces vLLM's method in this process.
+    # Restored after the test: the plugin replaces vLLM's methods in this process.
     original = CompilationConfig.resolve_cudagraph_mode_and_sizes
     monkeypatch.setattr(CompilationConfig, "resolve_cudagraph_mode_and_sizes", original)
+    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
     # vLLM alone: its default mode falls back to piecewise graphs over a backend without full
     # graphs (Llama 4's chunked local attention), FULL raises; decode-only support falls back by itself.
     assert _resolved_over("NEVER", "FULL_AND_PIECEWISE") == "PIECEWISE"
@@ -84,3 +89,60 @@ def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without
     assert _resolved_over("NEVER", "FULL") == "PIECEWISE"
     assert _resolved_over("ALWAYS", "FULL") == "FULL"
     assert _resolved_over("UNIFORM_BATCH", "FULL") == "FULL_AND_PIECEWISE"
+
+
+def _graph_manager(mode_name: str) -> Any:
+    """vLLM's V2 graph manager over a config stand-in (capture sizes 1-32, 8 sequences, no
+    speculation): its descriptors and dispatch need no GPU; nothing is captured."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    manager: Any = object.__new__(ModelCudaGraphManager)  # __init__ would ask for a GPU's graph pool
+    cache = SimpleNamespace(use_kda_recoverssm=False)
+    manager.vllm_config = SimpleNamespace(speculative_config=None, cache_config=cache)
+    sizes = [1, 2, 4, 8, 16, 32]
+    manager.compilation_config = SimpleNamespace(cudagraph_capture_sizes=sizes, max_cudagraph_capture_size=32)
+    manager.max_num_reqs, manager.decode_query_len, manager.varlen_decode = 8, 1, False
+    manager.lora_capture_cases, manager._lora_dispatch_map, manager._max_lora_case = [0], {}, 0
+    manager.ubatch_runner, manager._candidates, manager._capture_descs = None, {}, {}
+    manager.cudagraph_mode = CUDAGraphMode[mode_name]
+    manager._init_candidates()
+    manager._graphs_captured = True  # dispatch answers only after a capture
+    return manager
+
+
+def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.config.compilation import CompilationConfig
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    from worker.vllm_plugin import FULL_GRAPHS_ENV
+
+    # Restored after the test: the plugin replaces vLLM's methods in this process.
+    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
+    monkeypatch.setattr(
+        CompilationConfig, "resolve_cudagraph_mode_and_sizes", CompilationConfig.resolve_cudagraph_mode_and_sizes
+    )
+
+    def decode_and_prompt(mode_name: str) -> tuple[Any, Any, list[Any]]:
+        manager = _graph_manager(mode_name)
+        decode = manager.dispatch(4, 4, 1, 0)  # 4 sequences, a token each
+        prompt = manager.dispatch(2, 20, None, 0, max_query_len=17)  # one carries a prompt
+        return decode, prompt, [d for descs in manager._capture_descs.values() for d in descs]
+
+    # vLLM alone: FULL replays its prompt-carrying graphs for decode (no query length of their own).
+    decode, prompt, full_descs = decode_and_prompt("FULL")
+    assert (decode.cg_mode.name, decode.uniform_token_count) == ("FULL", None)
+    assert (prompt.cg_mode.name, prompt.num_tokens) == ("FULL", 32)
+    assert {d.uniform_token_count for d in full_descs} == {None}
+    default_decode, default_prompt, default_descs = decode_and_prompt("FULL_AND_PIECEWISE")
+    assert (default_decode.cg_mode.name, default_decode.uniform_token_count) == ("FULL", 1)
+    assert default_prompt.cg_mode.name == "PIECEWISE"
+
+    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
+    register()
+    decode, prompt, descs = decode_and_prompt("FULL")
+    assert decode == default_decode  # the default mode's decode graph
+    assert (prompt.cg_mode.name, prompt.num_tokens, prompt.uniform_token_count) == ("FULL", 32, None)
+    assert set(descs) == set(full_descs) | {d for d in default_descs if d.cg_mode.name == "FULL"}
+    assert len(descs) == len(set(descs))  # each captured once
+    assert decode_and_prompt("FULL_AND_PIECEWISE") == (default_decode, default_prompt, default_descs)
