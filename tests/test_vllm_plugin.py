@@ -80,12 +80,13 @@ def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without
         _resolved_over("NEVER", "FULL")
     assert _resolved_over("UNIFORM_BATCH", "FULL") == "FULL_AND_PIECEWISE"
     monkeypatch.delenv(FULL_GRAPHS_ENV, raising=False)
-    register()  # not asked for: nothing changes
-    assert CompilationConfig.resolve_cudagraph_mode_and_sizes is original
-    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
     register()
     register()  # once a process
     assert CompilationConfig.resolve_cudagraph_mode_and_sizes.__wrapped__ is original  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="FULL is not supported"):
+        _resolved_over("NEVER", "FULL")  # not asked for: vLLM's behaviour
+    # Asked for after the plugin loaded (a fork of a process that loaded it first): it applies.
+    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
     assert _resolved_over("NEVER", "FULL") == "PIECEWISE"
     assert _resolved_over("ALWAYS", "FULL") == "FULL"
     assert _resolved_over("UNIFORM_BATCH", "FULL") == "FULL_AND_PIECEWISE"
@@ -130,6 +131,7 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: 
         return decode, prompt, [d for descs in manager._capture_descs.values() for d in descs]
 
     # vLLM alone: FULL replays its prompt-carrying graphs for decode (no query length of their own).
+    monkeypatch.delenv(FULL_GRAPHS_ENV, raising=False)
     decode, prompt, full_descs = decode_and_prompt("FULL")
     assert (decode.cg_mode.name, decode.uniform_token_count) == ("FULL", None)
     assert (prompt.cg_mode.name, prompt.num_tokens) == ("FULL", 32)
@@ -138,8 +140,9 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: 
     assert (default_decode.cg_mode.name, default_decode.uniform_token_count) == ("FULL", 1)
     assert default_prompt.cg_mode.name == "PIECEWISE"
 
-    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
     register()
+    assert decode_and_prompt("FULL") == (decode, prompt, full_descs)  # not asked for: vLLM's FULL
+    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")  # asked for after the plugin loaded
     decode, prompt, descs = decode_and_prompt("FULL")
     assert decode == default_decode  # the default mode's decode graph
     assert (prompt.cg_mode.name, prompt.num_tokens, prompt.uniform_token_count) == ("FULL", 32, None)

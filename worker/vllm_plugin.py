@@ -47,9 +47,11 @@ FULL_GRAPHS_ENV = "RUNPOD_WORKER_FULL_GRAPHS_BY_DEFAULT"
 
 
 def register() -> None:
-    if os.environ.get(FULL_GRAPHS_ENV) == "1":
-        _fall_back_from_full_graphs()
-        _capture_decode_graphs_under_full()
+    # Wrapped in every process, asked at each call: vLLM loads plugins once a process, and an engine
+    # core forked from it inherits the classes as they were then, before or after its boot plan
+    # set the marker (a second engine in one process: the spec map's side-by-side engines).
+    _fall_back_from_full_graphs()
+    _capture_decode_graphs_under_full()
     _request_amx_tiles()
 
 
@@ -64,7 +66,8 @@ def _fall_back_from_full_graphs() -> None:
 
     @functools.wraps(resolve)
     def resolve_or_fall_back(self: CompilationConfig, min_cg_support: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.cudagraph_mode == CUDAGraphMode.FULL and getattr(min_cg_support, "name", None) == "NEVER":
+        chosen = os.environ.get(FULL_GRAPHS_ENV) == "1"
+        if chosen and self.cudagraph_mode == CUDAGraphMode.FULL and getattr(min_cg_support, "name", None) == "NEVER":
             log.warning(
                 "CUDA graphs: the attention backend %s supports no full graphs; vLLM's default mode instead of FULL",
                 args[0] if args else kwargs.get("min_cg_attn_backend"),
@@ -90,7 +93,7 @@ def _capture_decode_graphs_under_full() -> None:
 
     @functools.wraps(init)
     def init_with_decode_graphs(self: Any) -> None:
-        if self.cudagraph_mode != CUDAGraphMode.FULL:
+        if self.cudagraph_mode != CUDAGraphMode.FULL or os.environ.get(FULL_GRAPHS_ENV) != "1":
             return init(self)
         self.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
         try:
