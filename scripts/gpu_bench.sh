@@ -128,6 +128,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD
+# The worker's vLLM plugin (worker/vllm_plugin.py) is found through the package's entry point, which
+# the installed package's metadata carries: a checkout on PYTHONPATH without runpod_vllm_worker.egg-info
+# (git ignores it; carry it) runs engines without it, as the image never does. Say so loudly.
+python3 -c "from importlib.metadata import entry_points as e
+import sys; sys.exit('runpod_worker' not in {p.name for p in e(group='vllm.general_plugins')})" ||
+  echo "gpu_bench: WARNING: the worker's vLLM plugin is not installed here (no runpod_vllm_worker.egg-info): engines run without it" >&2
 M=/tmp/llama8b
 [ -f $M/config.json ] || python3 -m worker bench --make-llama8b $M
 [ -f $M-awq/config.json ] || python3 -m worker bench --make-llama8b $M-awq --awq

@@ -29,7 +29,10 @@ may carry a prompt, with the attention planned for a query as long as the batch
 on an H200 (8B, waves that start together) decode alone then ran 2-7% slower at 64-256 streams than
 under vLLM's default mode, whose decode graphs are planned for the decode's query length. vLLM has
 no mode of full graphs for both (``CUDAGraphMode`` pairs FULL decode graphs with piecewise or no
-mixed ones), hence here.
+mixed ones), hence here. With them, n-gram's speculation switched off ran 1.02x / 0.99x no
+speculation at 64 / 256 streams, against 0.99x / 0.91x under vLLM's FULL in the same run; the
+capture took 19 s and 1.63 GiB for 395 graphs, against 5 s and 1.22 GiB for 83 (docs/benchmarks.md,
+the thirty-first run).
 """
 
 from __future__ import annotations

@@ -129,7 +129,8 @@ def compilation_config(
     and vLLM graphs a draft model or head only in a piecewise mode, so under it a drafter runs
     eagerly (docs/benchmarks.md). Hence vLLM's mode by default; FULL_DECODE_ONLY is a setting. The
     exception: n-gram under ``SPECULATION_CONTROL=auto`` on V2 runs FULL, a full graph for steps
-    that carry prompts too, up to ``JOIN_CAPTURE_TOKENS`` (``runner.full_graphs_for_joins``).
+    that carry prompts too, up to ``JOIN_CAPTURE_TOKENS`` (``runner.full_graphs_for_joins``), and
+    vLLM's decode graphs beside them (the worker's plugin, ``worker.vllm_plugin``).
     Under a mode without piecewise graphs (FULL_DECODE_ONLY, FULL) serverless captures no decode
     batch larger than its traffic runs: ``MAX_CONCURRENCY``, the jobs a worker takes at once, bounds
     it, so no graph past it is replayed. vLLM's capture sizes count tokens and serve its piecewise

@@ -134,9 +134,12 @@ def full_graphs_for_joins(settings: Settings, *, mode: DeploymentMode, is_cpu: b
     request joined ran on vLLM's piecewise graphs, at 1.46-1.65x the cost model's decode step
     without speculation (about 1.6x the measured ones), and under FULL at 0.96-0.97x (about 1.04x);
     ``auto`` went from 1.01x / 0.74x the best static choice at 64 / 128 streams to 1.00x / 1.05x,
-    and ran 1.03x / 0.98x at 32 / 256. On waves that start together (decode alone) FULL decoded
-    within 2% at 1-8 streams and 2.5-6% slower at 64-256 without speculation (docs/benchmarks.md,
-    the twenty-first to twenty-sixth runs). Not measured: an EAGLE head's or a draft model's graphs
+    and ran 1.03x / 0.98x at 32 / 256. On waves that start together (decode alone) vLLM's FULL
+    decoded within 2% at 1-8 streams and 2.5-6% slower at 64-256 without speculation: it replays
+    graphs planned for prompts on decode steps. So where this is true the worker's plugin adds
+    vLLM's decode graphs (``worker.vllm_plugin``), and speculation switched off then ran 1.02x /
+    0.99x no speculation at 64 / 256 streams, for a capture of 19 s instead of 5 (docs/benchmarks.md,
+    the twenty-first to thirty-second runs). Not measured: an EAGLE head's or a draft model's graphs
     under FULL, the V1 runner on uneven traffic, and an engine without the worker's controller;
     those keep vLLM's mode, as does an engine without speculation (``CUDAGRAPH_MODE=FULL`` is the
     setting). FULL over an attention backend with full graphs for decode only (FlashAttention 2:
