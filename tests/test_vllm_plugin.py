@@ -3,6 +3,7 @@ under the FULL graphs the worker chose it keeps vLLM's fallback and adds vLLM's 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers import CACHE_DIR
+from worker.tiny_models import TinyModels
 from worker.vllm_plugin import register
 
 # Asks Linux what a fresh process may use (arch_prctl(ARCH_GET_XCOMP_PERM)): bit 18 is the AMX tile
@@ -80,16 +83,18 @@ def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without
         _resolved_over("NEVER", "FULL")
     assert _resolved_over("UNIFORM_BATCH", "FULL") == "FULL_AND_PIECEWISE"
     monkeypatch.delenv(FULL_GRAPHS_ENV, raising=False)
+    register()  # not asked for: nothing changes
+    assert CompilationConfig.resolve_cudagraph_mode_and_sizes is original
+    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
     register()
     register()  # once a process
     assert CompilationConfig.resolve_cudagraph_mode_and_sizes.__wrapped__ is original  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match="FULL is not supported"):
-        _resolved_over("NEVER", "FULL")  # not asked for: vLLM's behaviour
-    # Asked for after the plugin loaded (a fork of a process that loaded it first): it applies.
-    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
     assert _resolved_over("NEVER", "FULL") == "PIECEWISE"
     assert _resolved_over("ALWAYS", "FULL") == "FULL"
     assert _resolved_over("UNIFORM_BATCH", "FULL") == "FULL_AND_PIECEWISE"
+    monkeypatch.delenv(FULL_GRAPHS_ENV)  # a later engine of this process, without the marker: vLLM's own
+    with pytest.raises(ValueError, match="FULL is not supported"):
+        _resolved_over("NEVER", "FULL")
 
 
 def _graph_manager(mode_name: str) -> Any:
@@ -132,7 +137,8 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: 
 
     # vLLM alone: FULL replays its prompt-carrying graphs for decode (no query length of their own).
     monkeypatch.delenv(FULL_GRAPHS_ENV, raising=False)
-    decode, prompt, full_descs = decode_and_prompt("FULL")
+    vllms_full = decode_and_prompt("FULL")
+    decode, prompt, full_descs = vllms_full
     assert (decode.cg_mode.name, decode.uniform_token_count) == ("FULL", None)
     assert (prompt.cg_mode.name, prompt.num_tokens) == ("FULL", 32)
     assert {d.uniform_token_count for d in full_descs} == {None}
@@ -140,12 +146,35 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: 
     assert (default_decode.cg_mode.name, default_decode.uniform_token_count) == ("FULL", 1)
     assert default_prompt.cg_mode.name == "PIECEWISE"
 
+    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
     register()
-    assert decode_and_prompt("FULL") == (decode, prompt, full_descs)  # not asked for: vLLM's FULL
-    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")  # asked for after the plugin loaded
     decode, prompt, descs = decode_and_prompt("FULL")
     assert decode == default_decode  # the default mode's decode graph
     assert (prompt.cg_mode.name, prompt.num_tokens, prompt.uniform_token_count) == ("FULL", 32, None)
     assert set(descs) == set(full_descs) | {d for d in default_descs if d.cg_mode.name == "FULL"}
     assert len(descs) == len(set(descs))  # each captured once
     assert decode_and_prompt("FULL_AND_PIECEWISE") == (default_decode, default_prompt, default_descs)
+    monkeypatch.delenv(FULL_GRAPHS_ENV)  # a later engine of this process, without the marker: vLLM's FULL
+    assert decode_and_prompt("FULL") == vllms_full
+
+
+def test_the_boot_applies_the_full_graph_choices_once_the_plans_environment_is_set(
+    tiny_models: TinyModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM loads plugins once a process: an engine core forked after a boot plan set the marker
+    must still find vLLM's classes wrapped (the parent wraps them while it builds the config)."""
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    from worker.boot import launch as boot
+    from worker.boot.plan import build_plan
+    from worker.config import load_settings
+    from worker.vllm_plugin import FULL_GRAPHS_ENV
+
+    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
+    monkeypatch.setenv(FULL_GRAPHS_ENV, "0")  # restored after the test: the plan writes the environment
+    plan = build_plan(load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR)}), mode="serverless")
+    marked = dataclasses.replace(plan, environment={**plan.environment, FULL_GRAPHS_ENV: "1"})
+    boot.build_config(plan)  # this plan does not choose FULL (the CPU build): nothing wrapped
+    assert not getattr(ModelCudaGraphManager._init_candidates, "adds_decode_graphs", False)
+    boot.build_config(marked)  # one that does (a GPU's n-gram under auto on V2)
+    assert getattr(ModelCudaGraphManager._init_candidates, "adds_decode_graphs", False)

@@ -42,7 +42,7 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["FULL_GRAPHS_ENV", "register"]
+__all__ = ["FULL_GRAPHS_ENV", "apply_full_graph_choices", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,23 @@ FULL_GRAPHS_ENV = "RUNPOD_WORKER_FULL_GRAPHS_BY_DEFAULT"
 
 
 def register() -> None:
-    # Wrapped in every process, asked at each call: vLLM loads plugins once a process, and an engine
-    # core forked from it inherits the classes as they were then, before or after its boot plan
-    # set the marker (a second engine in one process: the spec map's side-by-side engines).
+    apply_full_graph_choices()
+    _request_amx_tiles()
+
+
+def apply_full_graph_choices() -> None:
+    """Where this process's environment says the worker chose FULL (``FULL_GRAPHS_ENV``), wrap
+    vLLM's methods for it (module docstring); the wrappers ask the marker again at each call.
+
+    vLLM calls ``register`` once a process, and an engine core forked from a process that loaded
+    the plugins before its boot plan set the marker inherits vLLM's classes unwrapped (a second
+    engine in one process: the spec map's engines side by side). So the boot calls this too, once
+    the plan's environment is set (``worker.boot.launch.build_config``); a later engine of that
+    process without the marker gets vLLM's own behaviour from the same wrappers."""
+    if os.environ.get(FULL_GRAPHS_ENV) != "1":
+        return
     _fall_back_from_full_graphs()
     _capture_decode_graphs_under_full()
-    _request_amx_tiles()
 
 
 def _fall_back_from_full_graphs() -> None:

@@ -44,6 +44,7 @@ from worker.schema import parse_request
 from worker.spec_stats import frontend as spec_frontend
 from worker.spec_stats.scheduler import SCHEDULER_CLASSES
 from worker.spec_stats.tracking import RequestEnd
+from worker.vllm_plugin import apply_full_graph_choices
 
 __all__ = [
     "WARMUP_SAMPLING_FEATURES",
@@ -131,6 +132,8 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
         raise _config_error(exc, plan.settings) from None
     # vLLM's CPU platform has just set its own start method, whatever was asked: the plan's again.
     plan.apply_environment(os.environ)
+    # The worker's vLLM plugin, for an engine core forked from this process (vllm_plugin's docstring).
+    apply_full_graph_choices()
     if plan.is_exact_stats:
         spec = vllm_config.speculative_config
         # SPECULATION_CONTROL=auto: the worker's controller answers vLLM's per-step k (spec_control.py).
