@@ -97,18 +97,25 @@ def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without
         _resolved_over("NEVER", "FULL")
 
 
-def _graph_manager(mode_name: str) -> Any:
-    """vLLM's V2 graph manager over a config stand-in (capture sizes 1-32, 8 sequences, no
-    speculation): its descriptors and dispatch need no GPU; nothing is captured."""
+def _graph_manager(mode_name: str, schedule: list[list[int]] | None = None) -> Any:
+    """vLLM's V2 graph manager over a config stand-in (capture sizes 1-32, 8 sequences; with
+    ``schedule``, vLLM's batch-size schedule of k up to 4, as the worker's controller runs it):
+    its descriptors and dispatch need no GPU; nothing is captured."""
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
     manager: Any = object.__new__(ModelCudaGraphManager)  # __init__ would ask for a GPU's graph pool
     cache = SimpleNamespace(use_kda_recoverssm=False)
-    manager.vllm_config = SimpleNamespace(speculative_config=None, cache_config=cache)
+    spec = None
+    if schedule is not None:
+        spec = SimpleNamespace(
+            uses_dynamic_speculative_decoding=lambda: True, num_speculative_tokens_per_batch_size=schedule
+        )
+    k = 4 if schedule is not None else 0
+    manager.vllm_config = SimpleNamespace(speculative_config=spec, cache_config=cache, num_speculative_tokens=k)
     sizes = [1, 2, 4, 8, 16, 32]
     manager.compilation_config = SimpleNamespace(cudagraph_capture_sizes=sizes, max_cudagraph_capture_size=32)
-    manager.max_num_reqs, manager.decode_query_len, manager.varlen_decode = 8, 1, False
+    manager.max_num_reqs, manager.decode_query_len, manager.varlen_decode = 8, 1 + k, False
     manager.lora_capture_cases, manager._lora_dispatch_map, manager._max_lora_case = [0], {}, 0
     manager.ubatch_runner, manager._candidates, manager._capture_descs = None, {}, {}
     manager.cudagraph_mode = CUDAGraphMode[mode_name]
@@ -156,6 +163,30 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: 
     assert decode_and_prompt("FULL_AND_PIECEWISE") == (default_decode, default_prompt, default_descs)
     monkeypatch.delenv(FULL_GRAPHS_ENV)  # a later engine of this process, without the marker: vLLM's FULL
     assert decode_and_prompt("FULL") == vllms_full
+
+
+def test_the_decode_graphs_under_full_serve_each_k_of_a_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    from worker.vllm_plugin import FULL_GRAPHS_ENV
+
+    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
+    schedule = [[1, 2, 4], [3, 4, 2], [5, 8, 0]]  # k = 4, 2 and 0: queries of 5, 3 and 1 tokens
+
+    def dispatched(mode_name: str) -> list[tuple[int, int | None]]:
+        manager = _graph_manager(mode_name, schedule)
+        batches = [(2, 6, 3), (4, 20, 5), (1, 5, 5), (8, 8, 1)]  # (sequences, tokens, query length)
+        descs = [manager.dispatch(reqs, tokens, query, 0) for reqs, tokens, query in batches]
+        return [(d.num_tokens, d.uniform_token_count) for d in descs]
+
+    monkeypatch.delenv(FULL_GRAPHS_ENV, raising=False)
+    default = dispatched("FULL_AND_PIECEWISE")
+    assert default == [(6, 3), (20, 5), (5, 5), (8, 1)]  # each k's own graph, padded no further
+    register()
+    assert dispatched("FULL") == [(8, None), (32, None), (8, None), (8, None)]  # vLLM's FULL
+    monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
+    register()
+    assert dispatched("FULL") == default
 
 
 def test_the_boot_applies_the_full_graph_choices_once_the_plans_environment_is_set(
