@@ -160,6 +160,8 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: 
     assert (prompt.cg_mode.name, prompt.num_tokens, prompt.uniform_token_count) == ("FULL", 32, None)
     assert set(descs) == set(full_descs) | {d for d in default_descs if d.cg_mode.name == "FULL"}
     assert len(descs) == len(set(descs))  # each captured once
+    # In one order on every tensor-parallel rank: largest first, a size's decode graph before FULL's.
+    assert descs == sorted(descs, key=lambda d: (-d.num_tokens, d.uniform_token_count is None))
     assert decode_and_prompt("FULL_AND_PIECEWISE") == (default_decode, default_prompt, default_descs)
     monkeypatch.delenv(FULL_GRAPHS_ENV)  # a later engine of this process, without the marker: vLLM's FULL
     assert decode_and_prompt("FULL") == vllms_full

@@ -120,7 +120,10 @@ def _capture_decode_graphs_under_full() -> None:
         init(self)  # FULL's own
         mixed_descs = self._capture_descs.get(CUDAGraphMode.FULL, [])
         if decode_descs:
-            descs = sorted({*decode_descs, *mixed_descs}, key=lambda d: d.num_tokens, reverse=True)
+            # A list, not a set: every tensor-parallel rank must capture in the same order (a graph
+            # holds its collectives), and a set's order follows each process's hash seed.
+            descs = decode_descs + [d for d in mixed_descs if d not in decode_descs]
+            descs.sort(key=lambda d: d.num_tokens, reverse=True)  # stable: vLLM's order, largest first
             self._capture_descs[CUDAGraphMode.FULL] = descs
         # A token count's candidates: its decode graphs first (a batch of another query length, or
         # with a prompt, matches none of them), then FULL's, as under vLLM's default mode.
