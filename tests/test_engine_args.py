@@ -6,6 +6,7 @@ import pytest
 
 from tests.helpers import CACHE_DIR
 from worker.boot.engine_args import (
+    FULL_GRAPHS_CONFIG,
     TINY_KV_CACHE_BYTES,
     TINY_MAX_MODEL_LEN,
     build_engine_kwargs,
@@ -402,6 +403,13 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
     assert on_cpu[FULL_GRAPHS_ENV] is None
     chosen = load_settings({"MODEL_NAME": "org/m", **ngram, "CUDAGRAPH_MODE": "FULL"})
     assert engine_environment(chosen, mode="pod")[FULL_GRAPHS_ENV] is None  # the user's FULL: vLLM's rules
+    # ...and marks vLLM's config, whose hash keys the startup plan and the compile cache vLLM reuses.
+    for mode, value in marker.items():
+        kwargs = build_engine_kwargs(load_settings({"MODEL_NAME": "org/m", **ngram}), mode=mode)
+        assert kwargs.get("additional_config") == (FULL_GRAPHS_CONFIG if value else None)
+    assert "additional_config" not in build_engine_kwargs(chosen, mode="pod")
+    on_cpu_kwargs = build_engine_kwargs(load_settings({"MODEL_NAME": "org/m", **ngram}), mode="pod", is_cpu=True)
+    assert "additional_config" not in on_cpu_kwargs
     # Eager engines capture nothing; ENGINE_ARGS has the last word.
     assert graphs("serverless", ENFORCE_EAGER="true", CUDAGRAPH_MODE="FULL_DECODE_ONLY") is None
     assert graphs("pod", **ngram, ENFORCE_EAGER="true") is None

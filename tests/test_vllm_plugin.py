@@ -4,10 +4,12 @@ under the FULL graphs the worker chose it keeps vLLM's fallback and adds vLLM's 
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -99,8 +101,8 @@ def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without
 
 def _graph_manager(mode_name: str, schedule: list[list[int]] | None = None) -> Any:
     """vLLM's V2 graph manager over a config stand-in (capture sizes 1-32, 8 sequences; with
-    ``schedule``, vLLM's batch-size schedule of k up to 4, as the worker's controller runs it):
-    its descriptors and dispatch need no GPU; nothing is captured."""
+    ``schedule``, vLLM's batch-size schedule of k up to 4): its descriptors and dispatch need no
+    GPU; nothing is captured."""
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
@@ -167,28 +169,44 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: 
     assert decode_and_prompt("FULL") == vllms_full
 
 
-def test_the_decode_graphs_under_full_serve_each_k_of_a_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_decode_graphs_under_full_serve_each_k_of_the_controllers_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
+    from worker.config.speculation import auto_schedule
     from worker.vllm_plugin import FULL_GRAPHS_ENV
 
     monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
-    schedule = [[1, 2, 4], [3, 4, 2], [5, 8, 0]]  # k = 4, 2 and 0: queries of 5, 3 and 1 tokens
+    schedule = auto_schedule(4, on_v2=True)  # every k from 4 to 0: queries of 5 down to 1 token
 
-    def dispatched(mode_name: str) -> list[tuple[int, int | None]]:
+    def dispatched(mode_name: str) -> dict[tuple[int, int], tuple[int, int | None]]:
+        """(sequences, query length) -> (graph's tokens, its query length), every uniform batch."""
         manager = _graph_manager(mode_name, schedule)
-        batches = [(2, 6, 3), (4, 20, 5), (1, 5, 5), (8, 8, 1)]  # (sequences, tokens, query length)
-        descs = [manager.dispatch(reqs, tokens, query, 0) for reqs, tokens, query in batches]
-        return [(d.num_tokens, d.uniform_token_count) for d in descs]
+        batches = [(reqs, query) for query in range(1, 6) for reqs in range(1, 9) if reqs * query <= 32]
+        descs = {(reqs, query): manager.dispatch(reqs, reqs * query, query, 0) for reqs, query in batches}
+        return {batch: (d.num_tokens, d.uniform_token_count) for batch, d in descs.items()}
 
     monkeypatch.delenv(FULL_GRAPHS_ENV, raising=False)
-    default = dispatched("FULL_AND_PIECEWISE")
-    assert default == [(6, 3), (20, 5), (5, 5), (8, 1)]  # each k's own graph, padded no further
     register()
-    assert dispatched("FULL") == [(8, None), (32, None), (8, None), (8, None)]  # vLLM's FULL
+    vllms_full = dispatched("FULL")
+    assert {query for _, query in vllms_full.values()} == {None}  # vLLM's FULL: prompt-carrying graphs only
     monkeypatch.setenv(FULL_GRAPHS_ENV, "1")
     register()
-    assert dispatched("FULL") == default
+    ours = dispatched("FULL")
+    default = dispatched("FULL_AND_PIECEWISE")
+    sizes = [1, 2, 4, 8, 16, 32]
+    for (reqs, query), (tokens, graph_query) in ours.items():
+        # Its own query length's smallest graph that holds it (vLLM's sizes rounded up to the query
+        # length, none past the largest size); else, past them, FULL's smallest that does.
+        rounded = [-(-size // query) * query for size in sizes]
+        own: list[tuple[int, int | None]] = [(r, query) for r in rounded if reqs * query <= r <= 32]
+        own = own or [(size, None) for size in sizes if size >= reqs * query]
+        assert (tokens, graph_query) == min(own, key=lambda g: g[0]), (reqs, query)
+        if default[reqs, query][1] == query:  # where vLLM's default mode finds a decode graph, the same one
+            assert default[reqs, query] == (tokens, graph_query)
+    # vLLM's default mode misses some (3 sequences at k = 0 meet k = 2's 3-token graph): not under FULL here.
+    assert any(default[batch][1] != batch[1] for batch in default)
 
 
 def test_the_boot_applies_the_full_graph_choices_once_the_plans_environment_is_set(
@@ -196,6 +214,7 @@ def test_the_boot_applies_the_full_graph_choices_once_the_plans_environment_is_s
 ) -> None:
     """vLLM loads plugins once a process: an engine core forked after a boot plan set the marker
     must still find vLLM's classes wrapped (the parent wraps them while it builds the config)."""
+    from vllm.config.compilation import CompilationConfig
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
     from worker.boot import launch as boot
@@ -203,11 +222,15 @@ def test_the_boot_applies_the_full_graph_choices_once_the_plans_environment_is_s
     from worker.config import load_settings
     from worker.vllm_plugin import FULL_GRAPHS_ENV
 
+    # Restored after the test: the plugin's wrappers, and the environment the plans write.
     monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
-    monkeypatch.setenv(FULL_GRAPHS_ENV, "0")  # restored after the test: the plan writes the environment
+    monkeypatch.setattr(
+        CompilationConfig, "resolve_cudagraph_mode_and_sizes", CompilationConfig.resolve_cudagraph_mode_and_sizes
+    )
     plan = build_plan(load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR)}), mode="serverless")
     marked = dataclasses.replace(plan, environment={**plan.environment, FULL_GRAPHS_ENV: "1"})
-    boot.build_config(plan)  # this plan does not choose FULL (the CPU build): nothing wrapped
-    assert not getattr(ModelCudaGraphManager._init_candidates, "adds_decode_graphs", False)
-    boot.build_config(marked)  # one that does (a GPU's n-gram under auto on V2)
-    assert getattr(ModelCudaGraphManager._init_candidates, "adds_decode_graphs", False)
+    with mock.patch.dict(os.environ):
+        boot.build_config(plan)  # this plan does not choose FULL (the CPU build): nothing wrapped
+        assert not getattr(ModelCudaGraphManager._init_candidates, "adds_decode_graphs", False)
+        boot.build_config(marked)  # one that does (a GPU's n-gram under auto on V2)
+        assert getattr(ModelCudaGraphManager._init_candidates, "adds_decode_graphs", False)

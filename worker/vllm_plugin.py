@@ -62,7 +62,9 @@ def apply_full_graph_choices() -> None:
     the plugins before its boot plan set the marker inherits vLLM's classes unwrapped (a second
     engine in one process: the spec map's engines side by side). So the boot calls this too, once
     the plan's environment is set (``worker.boot.launch.build_config``); a later engine of that
-    process without the marker gets vLLM's own behaviour from the same wrappers."""
+    process without the marker gets vLLM's own behaviour from the same wrappers. The boot plan also
+    marks such an engine's vLLM config (``worker.boot.engine_args.FULL_GRAPHS_CONFIG``), since vLLM keys its
+    startup plan (the KV cache it reserves beside the graphs) and compile cache by that config."""
     if os.environ.get(FULL_GRAPHS_ENV) != "1":
         return
     _fall_back_from_full_graphs()
@@ -96,8 +98,9 @@ def _fall_back_from_full_graphs() -> None:
 def _capture_decode_graphs_under_full() -> None:
     """Wrap the V2 runner's ``ModelCudaGraphManager._init_candidates`` so that under FULL it also
     captures vLLM's uniform-decode graphs (those of FULL_DECODE_ONLY: one per decode query length
-    its speculation schedule has) and dispatches a uniform decode batch to them first; a batch that
-    carries a prompt still replays FULL's graphs (module docstring). Once a process."""
+    its speculation schedule has) and dispatches a batch of one query length to the smallest of
+    its own that holds it, where one does (``_decode_candidates``); a batch that carries a prompt,
+    or is larger than its decode graphs, replays FULL's (module docstring). Once a process."""
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
@@ -115,24 +118,47 @@ def _capture_decode_graphs_under_full() -> None:
         finally:
             self.cudagraph_mode = CUDAGraphMode.FULL
         decode_descs = self._capture_descs.get(CUDAGraphMode.FULL, [])
-        decode_candidates = self._candidates
         self._candidates, self._capture_descs = {}, {}
         init(self)  # FULL's own
+        if not decode_descs:
+            return None
         mixed_descs = self._capture_descs.get(CUDAGraphMode.FULL, [])
-        if decode_descs:
-            # A list, not a set: every tensor-parallel rank must capture in the same order (a graph
-            # holds its collectives), and a set's order follows each process's hash seed.
-            descs = decode_descs + [d for d in mixed_descs if d not in decode_descs]
-            descs.sort(key=lambda d: d.num_tokens, reverse=True)  # stable: vLLM's order, largest first
-            self._capture_descs[CUDAGraphMode.FULL] = descs
-        # A token count's candidates: its decode graphs first (a batch of another query length, or
-        # with a prompt, matches none of them), then FULL's, as under vLLM's default mode.
-        for key, decode in decode_candidates.items():
+        # A list, not a set: every tensor-parallel rank must capture in the same order (a graph
+        # holds its collectives), and a set's order follows each process's hash seed.
+        descs = decode_descs + [d for d in mixed_descs if d not in decode_descs]
+        descs.sort(key=lambda d: d.num_tokens, reverse=True)  # stable: vLLM's order, largest first
+        self._capture_descs[CUDAGraphMode.FULL] = descs
+        for key, decode in _decode_candidates(decode_descs).items():
             self._candidates[key] = decode + [d for d in self._candidates.get(key, []) if d not in decode]
         return None
 
     init_with_decode_graphs.adds_decode_graphs = True  # type: ignore[attr-defined]
     ModelCudaGraphManager._init_candidates = init_with_decode_graphs  # type: ignore[method-assign]
+
+
+def _decode_candidates(decode_descs: list[Any]) -> dict[tuple[int, int], list[Any]]:
+    """By (token count, LoRA case): for each query length (and microbatch split) the smallest decode
+    graph that holds that many tokens, smallest first; the dispatch takes the first that matches.
+
+    Written here because vLLM's own grouping (``_init_candidates``) gives a token count only the
+    graphs of the smallest size at or above it, whatever their query length. Under a schedule of
+    several k its decode graphs of one query length then miss batches of another (3 sequences at
+    k = 0 meet the 3-token graph of k = 2 and none of their own), which vLLM's default mode runs
+    piecewise and FULL on its prompt-carrying graphs."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for desc in decode_descs:
+        key = (desc.num_active_loras, desc.uniform_token_count, desc.max_query_len, desc.num_ubatches)
+        groups.setdefault(key, []).append(desc)
+    candidates: dict[tuple[int, int], list[Any]] = {}
+    for (loras, *_), group in groups.items():
+        start = 0
+        for desc in sorted(group, key=lambda d: d.num_tokens):
+            for tokens in range(start, desc.num_tokens + 1):
+                candidates.setdefault((tokens, loras), []).append(desc)
+            start = desc.num_tokens + 1
+    for listed in candidates.values():
+        listed.sort(key=lambda d: d.num_tokens)
+    return candidates
 
 
 def _request_amx_tiles() -> None:

@@ -22,6 +22,7 @@ from worker.config.speculation import auto_schedule, drafts_by_ngram
 from worker.vllm_plugin import FULL_GRAPHS_ENV
 
 __all__ = [
+    "FULL_GRAPHS_CONFIG",
     "JOIN_CAPTURE_TOKENS",
     "PUBLIC_MEDIA_CONNECTOR",
     "TINY_KV_CACHE_BYTES",
@@ -39,6 +40,12 @@ TINY_KV_CACHE_BYTES = 256 * 2**20
 # 256 sequences at k = 3, or 128 at k = 4 with prompts joining, where vLLM's own bound on Hopper,
 # min(2 * max_num_seqs * (1 + k), 512), leaves such steps without a graph. As measured on the H200.
 JOIN_CAPTURE_TOKENS = 1024
+
+# In vLLM's config (``additional_config``, part of its hash) where the worker chose FULL: the
+# worker's plugin then captures vLLM's decode graphs beside FULL's (``worker.vllm_plugin``), which
+# vLLM's config does not show, and vLLM keys by that hash the startup plan a later boot reuses (its
+# KV cache reserved without measuring the graphs' memory) and the compile cache.
+FULL_GRAPHS_CONFIG = {"runpod_worker_cuda_graphs": "FULL, and decode graphs beside"}
 
 
 def build_engine_kwargs(
@@ -86,6 +93,8 @@ def build_engine_kwargs(
         "allowed_media_domains": settings.allowed_media_domains,
         # Eager engines (the CPU build, the tiny models) capture no CUDA graphs.
         "compilation_config": None if is_cpu or eager else compilation_config(settings, spec, mode=mode),
+        # The worker's plugin captures more graphs under the FULL it chose; vLLM's config says so.
+        "additional_config": FULL_GRAPHS_CONFIG if full_graphs_for_joins(settings, mode=mode, is_cpu=is_cpu) else None,
     }
     if spec is not None:
         on_v2 = not is_cpu and model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"
