@@ -50,6 +50,19 @@ def test_the_plugin_gets_the_amx_tiles_a_fresh_process_lacks() -> None:
     assert _permits_amx("from worker.vllm_plugin import register; register()") is True
 
 
+@pytest.fixture
+def vllm_methods_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM methods the plugin wraps, put back as they were after the test (it wraps them in
+    this process, once)."""
+    from vllm.config.compilation import CompilationConfig
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    monkeypatch.setattr(
+        CompilationConfig, "resolve_cudagraph_mode_and_sizes", CompilationConfig.resolve_cudagraph_mode_and_sizes
+    )
+    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
+
+
 def _resolved_over(support_name: str, mode_name: str) -> str:
     """The CUDA-graph mode vLLM resolves for ``mode_name`` over an attention backend of this support."""
     from vllm.config.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
@@ -67,17 +80,13 @@ def _resolved_over(support_name: str, mode_name: str) -> str:
 
 
 def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without_any(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, vllm_methods_restored: None
 ) -> None:
     from vllm.config.compilation import CompilationConfig
-    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
     from worker.vllm_plugin import FULL_GRAPHS_ENV
 
-    # Restored after the test: the plugin replaces vLLM's methods in this process.
     original = CompilationConfig.resolve_cudagraph_mode_and_sizes
-    monkeypatch.setattr(CompilationConfig, "resolve_cudagraph_mode_and_sizes", original)
-    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
     # vLLM alone: its default mode falls back to piecewise graphs over a backend without full
     # graphs (Llama 4's chunked local attention), FULL raises; decode-only support falls back by itself.
     assert _resolved_over("NEVER", "FULL_AND_PIECEWISE") == "PIECEWISE"
@@ -126,17 +135,10 @@ def _graph_manager(mode_name: str, schedule: list[list[int]] | None = None) -> A
     return manager
 
 
-def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm.config.compilation import CompilationConfig
-    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
-
+def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(
+    monkeypatch: pytest.MonkeyPatch, vllm_methods_restored: None
+) -> None:
     from worker.vllm_plugin import FULL_GRAPHS_ENV
-
-    # Restored after the test: the plugin replaces vLLM's methods in this process.
-    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
-    monkeypatch.setattr(
-        CompilationConfig, "resolve_cudagraph_mode_and_sizes", CompilationConfig.resolve_cudagraph_mode_and_sizes
-    )
 
     def decode_and_prompt(mode_name: str) -> tuple[Any, Any, list[Any]]:
         manager = _graph_manager(mode_name)
@@ -170,14 +172,11 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(monkeypatch: 
 
 
 def test_the_decode_graphs_under_full_serve_each_k_of_the_controllers_schedule(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, vllm_methods_restored: None
 ) -> None:
-    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
-
     from worker.config.speculation import auto_schedule
     from worker.vllm_plugin import FULL_GRAPHS_ENV
 
-    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
     schedule = auto_schedule(4, on_v2=True)  # every k from 4 to 0: queries of 5 down to 1 token
 
     def dispatched(mode_name: str) -> dict[tuple[int, int], tuple[int, int | None]]:
@@ -210,11 +209,10 @@ def test_the_decode_graphs_under_full_serve_each_k_of_the_controllers_schedule(
 
 
 def test_the_boot_applies_the_full_graph_choices_once_the_plans_environment_is_set(
-    tiny_models: TinyModels, monkeypatch: pytest.MonkeyPatch
+    tiny_models: TinyModels, vllm_methods_restored: None
 ) -> None:
     """vLLM loads plugins once a process: an engine core forked after a boot plan set the marker
     must still find vLLM's classes wrapped (the parent wraps them while it builds the config)."""
-    from vllm.config.compilation import CompilationConfig
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
     from worker.boot import launch as boot
@@ -222,11 +220,7 @@ def test_the_boot_applies_the_full_graph_choices_once_the_plans_environment_is_s
     from worker.config import load_settings
     from worker.vllm_plugin import FULL_GRAPHS_ENV
 
-    # Restored after the test: the plugin's wrappers, and the environment the plans write.
-    monkeypatch.setattr(ModelCudaGraphManager, "_init_candidates", ModelCudaGraphManager._init_candidates)
-    monkeypatch.setattr(
-        CompilationConfig, "resolve_cudagraph_mode_and_sizes", CompilationConfig.resolve_cudagraph_mode_and_sizes
-    )
+    # The environment the plans write is restored too.
     plan = build_plan(load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR)}), mode="serverless")
     marked = dataclasses.replace(plan, environment={**plan.environment, FULL_GRAPHS_ENV: "1"})
     with mock.patch.dict(os.environ):
