@@ -28,7 +28,7 @@ from worker.tools.bench.spec_map import (
     steady_window,
 )
 from worker.tools.bench.spec_map_config import baseline, check_mix, config_env
-from worker.tools.bench.spec_map_report import render
+from worker.tools.bench.spec_map_report import render, render_pooled
 from worker.tools.bench.timing import RequestTiming
 
 
@@ -90,6 +90,31 @@ def test_the_report_reads_the_saved_map() -> None:
     text = render(result)
     assert "| `d:4:2.5:auto` | 300 (1.50x) |" in text
     assert "| `d:4:2.5:auto` | 2.50 / 2.00 / 3 |" in text
+
+
+def test_pooled_maps_compare_each_configuration_with_its_own_runs_baseline(tmp_path: Path) -> None:
+    """Two runs whose baselines differ: each ratio is against its own run's, never the other's."""
+
+    def one(base: float, name: str, tok: float) -> dict[str, Any]:
+        row = {"runs": 1, "itl_p50_ms": 5.0, "mean_acceptance_length": None}
+        return {
+            "configs": ["none+MODEL_RUNNER=v2", name],
+            "concurrencies": [1, 8],
+            "table": {
+                "none+MODEL_RUNNER=v2": {"1": {**row, "throughput_tok_s": base}, "8": None},
+                name: {"1": {**row, "throughput_tok_s": tok}, "8": None},
+            },
+        }
+
+    maps = [("run-a", one(200.0, "ngram:4:3.5:auto", 700.0)), ("run-b", one(100.0, "ngram_gpu:1:2.0:static", 190.0))]
+    text = render_pooled(maps, plot=tmp_path / "pooled.png")
+    assert "| `ngram:4:3.5:auto` (run-a) | 3.50x |" in text
+    assert "| `ngram_gpu:1:2.0:static` (run-b) | 1.90x |" in text
+    assert "8 streams" not in text  # no configuration ran there
+    assert (tmp_path / "pooled.png").stat().st_size > 0
+    alone = {**one(1.0, "ngram:4:3.5:auto", 1.0), "configs": ["ngram:4:3.5:auto"]}
+    with pytest.raises(ValueError, match="run-c: no configuration without speculation"):
+        render_pooled([("run-c", alone)])
 
 
 def test_a_map_without_no_speculation_plots_throughput(tmp_path: Path) -> None:

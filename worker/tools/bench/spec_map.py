@@ -60,7 +60,7 @@ from typing import Any
 from worker.config import load_settings
 from worker.tools.bench.acceptance_mix import MIX_ENV, install, mix_request_id, parse_mix
 from worker.tools.bench.spec_map_config import check_mix, config_env
-from worker.tools.bench.spec_map_report import fill_vs_none, render
+from worker.tools.bench.spec_map_report import fill_vs_none, render, render_pooled
 from worker.tools.bench.step_trace import TRACE_ENV
 from worker.tools.bench.step_trace import install as install_step_trace
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
@@ -331,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--configs", default="", help="comma-separated (or ;-separated): none, DRAFTER:K:LENGTH:CONTROL[+KEY=VALUE...]"
     )
-    parser.add_argument("--render", type=Path, help="print Markdown for a saved spec_map.json (and plot it) and exit")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        nargs="+",
+        help="print Markdown for a saved spec_map.json (and plot it beside it) and exit; several: one table of "
+        "each configuration against its own run's no speculation (plotted to --plot)",
+    )
+    parser.add_argument("--plot", type=Path, help="with several --render maps: where their plot goes")
     parser.add_argument(
         "--controller-cost", action="store_true", help="print the auto controller's CPU time per step and exit"
     )
@@ -345,8 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--length-spread {args.length_spread}: give a fraction from 0 to 0.9")
     if args.length_spread and not os.environ.get(MIX_ENV):
         parser.error(f"--length-spread needs {MIX_ENV}: its throughput is a mixed wave's steady window")
+    if args.render and len(args.render) == 1:
+        print(render(json.loads(args.render[0].read_text()), plot=args.render[0].with_suffix(".png")))
+        return 0
     if args.render:
-        print(render(json.loads(args.render.read_text()), plot=args.render.with_suffix(".png")))
+        maps = [(path.parent.name, json.loads(path.read_text())) for path in args.render]
+        try:
+            print(render_pooled(maps, plot=args.plot))
+        except ValueError as exc:
+            parser.error(str(exc))
         return 0
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     if args.controller_cost:

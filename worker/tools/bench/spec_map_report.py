@@ -10,7 +10,7 @@ from typing import Any
 
 from worker.tools.bench.spec_map_config import baseline, config_env
 
-__all__ = ["fill_vs_none", "fit_step_cost", "render"]
+__all__ = ["fill_vs_none", "fit_step_cost", "render", "render_pooled"]
 
 
 def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens: int = 512) -> dict[str, float]:
@@ -69,13 +69,71 @@ def fill_vs_none(table: dict[str, Any], configs: list[str]) -> None:
                 row["vs_none"] = row["throughput_tok_s"] / ref if ref and row.get("throughput_tok_s") else None
 
 
+def _filled(result: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A copy of a map's table with ``vs_none`` filled in, and its configurations in run order."""
+    table = {name: {c: dict(row) if row else row for c, row in by_c.items()} for name, by_c in result["table"].items()}
+    names = [name for name in result["configs"] if name in table]
+    fill_vs_none(table, names)
+    return table, names
+
+
+def render_pooled(maps: list[tuple[str, dict[str, Any]]], *, plot: Path | None = None) -> str:
+    """Several maps as one table of throughput against no speculation (and, with ``plot``, one
+    plot): each configuration against the no-speculation engine of its own run, since hosts and
+    runs differ, labelled by its map. Raises ValueError, in one line, for a map without one."""
+    rows: list[tuple[str, dict[int, float]]] = []
+    for label, result in maps:
+        table, names = _filled(result)
+        base = baseline(names)
+        if base is None:
+            raise ValueError(f"{label}: no configuration without speculation to compare with")
+        for name in names:
+            if name != base:
+                ratios = {int(c): row["vs_none"] for c, row in table[name].items() if row and row.get("vs_none")}
+                rows.append((f"`{name}` ({label})", ratios))
+    concurrencies = sorted({c for _, ratios in rows for c in ratios})
+    lines = [
+        "Throughput against no speculation in the same run:",
+        "",
+        "| configuration (map) | " + " | ".join(f"{c} streams" for c in concurrencies) + " |",
+        "|---|" + "---|" * len(concurrencies),
+    ]
+    for label, ratios in rows:
+        cells = (f"{ratios[c]:.2f}x" if c in ratios else "-" for c in concurrencies)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        colors = [plt.get_cmap("tab20")(i) for i in range(20)]
+        for i, (label, ratios) in enumerate(rows):
+            xs = sorted(ratios)
+            auto = ":auto" in label  # the controller's lines solid, static choices dashed
+            ax.plot(
+                xs,
+                [ratios[x] for x in xs],
+                marker="o",
+                color=colors[i % len(colors)],
+                linestyle="-" if auto else "--",
+                linewidth=2 if auto else 1,
+                label=label.replace("`", ""),
+            )
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(xscale="log", xlabel="streams", ylabel="throughput vs no speculation", title="Where speculation pays")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(plot, dpi=120)
+    return "\n".join(lines)
+
+
 def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     """Markdown tables of a map (throughput vs no speculation, ITL, acceptance, drafts per verify
     step, steps off per request) from its ``spec_map.json``; with ``plot``, a PNG of the first."""
-    table = {name: {c: dict(row) if row else row for c, row in by_c.items()} for name, by_c in result["table"].items()}
+    table, names = _filled(result)
     concurrencies = [str(c) for c in result["concurrencies"]]
-    names = [name for name in result["configs"] if name in table]
-    fill_vs_none(table, names)
     head = "| configuration | " + " | ".join(f"{c} streams" for c in concurrencies) + " |"
     rule = "|---|" + "---|" * len(concurrencies)
 
