@@ -106,15 +106,25 @@ def test_pooled_maps_compare_each_configuration_with_its_own_runs_baseline(tmp_p
             },
         }
 
-    maps = [("run-a", one(200.0, "ngram:4:3.5:auto", 700.0)), ("run-b", one(100.0, "ngram_gpu:1:2.0:static", 190.0))]
+    run_b = one(100.0, "ngram_gpu:1:2.0:static", 190.0)
+    run_b["table"]["ngram_gpu:1:2.0:static"]["8"] = {"runs": 1, "throughput_tok_s": 900.0}  # no baseline there
+    run_c = one(100.0, "ngram:4:1.5:auto", 150.0)
+    run_c["table"]["ngram:4:1.5:auto"]["1"]["vs_none"] = 1.25  # a saved map's own ratio stands
+    run_a = one(200.0, "ngram:4:3.5:auto", 700.0)
+    run_a["table"]["none+MODEL_RUNNER=v2"]["8"] = {"runs": 1, "throughput_tok_s": 1600.0}
+    run_a["table"]["ngram:4:3.5:auto"]["8"] = {"runs": 1, "throughput_tok_s": 4800.0}
+    maps = [("run-a", run_a), ("run-b", run_b), ("run-c", run_c)]
     text = render_pooled(maps, plot=tmp_path / "pooled.png")
-    assert "| `ngram:4:3.5:auto` (run-a) | 3.50x |" in text
-    assert "| `ngram_gpu:1:2.0:static` (run-b) | 1.90x |" in text
-    assert "8 streams" not in text  # no configuration ran there
+    assert "| `ngram:4:3.5:auto` (run-a) | 3.50x | 3.00x |" in text
+    assert "| `ngram_gpu:1:2.0:static` (run-b) | 1.90x | - |" in text  # no baseline at 8 in its own run
+    assert "| `ngram:4:1.5:auto` (run-c) | 1.25x | - |" in text
+    assert "none+MODEL_RUNNER=v2" not in text  # the baselines are what the rows are against
     assert (tmp_path / "pooled.png").stat().st_size > 0
     alone = {**one(1.0, "ngram:4:3.5:auto", 1.0), "configs": ["ngram:4:3.5:auto"]}
-    with pytest.raises(ValueError, match="run-c: no configuration without speculation"):
-        render_pooled([("run-c", alone)])
+    with pytest.raises(ValueError, match="run-d: no configuration without speculation"):
+        render_pooled([("run-d", alone)])
+    with pytest.raises(ValueError, match="no configuration with speculation"):
+        render_pooled([("run-e", {**one(1.0, "x", 1.0), "configs": ["none+MODEL_RUNNER=v2"]})])
 
 
 def test_a_map_without_no_speculation_plots_throughput(tmp_path: Path) -> None:

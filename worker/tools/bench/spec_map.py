@@ -335,10 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         "--render",
         type=Path,
         nargs="+",
-        help="print Markdown for a saved spec_map.json (and plot it beside it) and exit; several: one table of "
-        "each configuration against its own run's no speculation (plotted to --plot)",
+        help="print Markdown for a saved spec_map.json (and plot it, beside it unless --plot) and exit; several: "
+        "one table of each configuration against its own run's no speculation (plotted where --plot says)",
     )
-    parser.add_argument("--plot", type=Path, help="with several --render maps: where their plot goes")
+    parser.add_argument("--plot", type=Path, help="where --render's plot goes (several maps: no plot without it)")
     parser.add_argument(
         "--controller-cost", action="store_true", help="print the auto controller's CPU time per step and exit"
     )
@@ -353,10 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.length_spread and not os.environ.get(MIX_ENV):
         parser.error(f"--length-spread needs {MIX_ENV}: its throughput is a mixed wave's steady window")
     if args.render and len(args.render) == 1:
-        print(render(json.loads(args.render[0].read_text()), plot=args.render[0].with_suffix(".png")))
+        print(render(json.loads(args.render[0].read_text()), plot=args.plot or args.render[0].with_suffix(".png")))
         return 0
     if args.render:
-        maps = [(path.parent.name, json.loads(path.read_text())) for path in args.render]
+        labels = [path.resolve().parent.name for path in args.render]  # a run's folder names its map
+        if len(set(labels)) < len(labels):
+            labels = [str(path) for path in args.render]
+        maps = [(label, json.loads(path.read_text())) for label, path in zip(labels, args.render, strict=True)]
         try:
             print(render_pooled(maps, plot=args.plot))
         except ValueError as exc:

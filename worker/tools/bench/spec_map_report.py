@@ -80,7 +80,8 @@ def _filled(result: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def render_pooled(maps: list[tuple[str, dict[str, Any]]], *, plot: Path | None = None) -> str:
     """Several maps as one table of throughput against no speculation (and, with ``plot``, one
     plot): each configuration against the no-speculation engine of its own run, since hosts and
-    runs differ, labelled by its map. Raises ValueError, in one line, for a map without one."""
+    runs differ, labelled by its map. Raises ValueError, in one line, for a map without one, or
+    for maps without a speculative configuration."""
     rows: list[tuple[str, dict[int, float]]] = []
     for label, result in maps:
         table, names = _filled(result)
@@ -91,6 +92,8 @@ def render_pooled(maps: list[tuple[str, dict[str, Any]]], *, plot: Path | None =
             if name != base:
                 ratios = {int(c): row["vs_none"] for c, row in table[name].items() if row and row.get("vs_none")}
                 rows.append((f"`{name}` ({label})", ratios))
+    if not rows:
+        raise ValueError("these maps hold no configuration with speculation to compare")
     concurrencies = sorted({c for _, ratios in rows for c in ratios})
     lines = [
         "Throughput against no speculation in the same run:",
