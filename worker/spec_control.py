@@ -27,7 +27,7 @@ in :mod:`worker.spec_measure`, with the acceptance):
   Where the engine replays full CUDA graphs (V2, ``graph_batches``), a graph needs every request
   of the step at one query length, and a batch with a trimmed request runs piecewise: on the H200,
   at 32 streams of a mixed workload, ``auto`` ran 0.50-0.73x static k = 4 with the trimming and
-  1.05-1.10x the best static k without it (docs/benchmarks.md). There the review only lowers the
+  1.05-1.10x the best static k without it (docs/gpu-results/HISTORY.md). There the review only lowers the
   batch's k, for every request alike, when every request is capped; no request is trimmed alone.
   Under FULL a trimmed batch would still replay a full graph: not measured, so not done.
 

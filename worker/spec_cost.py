@@ -11,7 +11,7 @@ millisecond.
 Parameters are per GPU, model and drafter (:data:`STEP_COSTS`), for an 8B bf16 target on one H200:
 
 - n-gram: fitted (least squares) to the engine steps of the H200 map (``python -m worker bench
-  --parts spec_map``, docs/benchmarks.md, synthetic acceptance): ``ngram`` to its sixth run, vLLM's
+  --parts spec_map``, docs/gpu-results/HISTORY.md, synthetic acceptance): ``ngram`` to its sixth run, vLLM's
   V2 runner drafting on the GPU with async scheduling (``ngram_gpu``, what ``auto`` runs on a GPU;
   every step within 5.3%), ``ngram_sync`` to its fourth, where vLLM ran the CPU proposer's name
   without async scheduling (V1, or V2 under the name ``ngram``; within 6%);

@@ -108,7 +108,7 @@ class StepTimes:
         - a step that a request joins, and the step before it: with async scheduling the host
           prepares a step, with its new requests, before it takes in the outcome of the one before,
           and on the H200 that held the interval up to that outcome at 13-22 ms where a decode step
-          took 6-8 (docs/benchmarks.md, the twentieth run's trace). What a join costs comes with the
+          took 6-8 (docs/gpu-results/HISTORY.md, the twentieth run's trace). What a join costs comes with the
           arrivals, not with k, so a step's time waits one step to be filed."""
         batch_size, k, verified, tokens = step
         is_decode = bool(batch_size) and tokens <= 2 * batch_size + verified

@@ -31,8 +31,8 @@ under vLLM's default mode, whose decode graphs are planned for the decode's quer
 no mode of full graphs for both (``CUDAGraphMode`` pairs FULL decode graphs with piecewise or no
 mixed ones), hence here. With them, n-gram's speculation switched off ran 1.02x / 0.99x no
 speculation at 64 / 256 streams, against 0.99x / 0.91x under vLLM's FULL in the same run; the
-capture took 19 s and 1.63 GiB for 395 graphs, against 5 s and 1.22 GiB for 83 (docs/benchmarks.md,
-the thirty-first run).
+capture took 19 s and 1.63 GiB for 395 graphs, against 5 s and 1.22 GiB for 83
+(docs/gpu-results/HISTORY.md, the thirty-first run).
 """
 
 from __future__ import annotations

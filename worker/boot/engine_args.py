@@ -104,7 +104,7 @@ def build_engine_kwargs(
             # step waits for the host. On an H200 (8B, V2, auto, 0% acceptance: speculation off) a
             # step took 6.4 ms under "ngram" against 4.9 without speculation at one stream, 11.6 against
             # 7.2 at 128; as ngram_gpu 4.85 and 7.14. At 2.5 accepted a step, auto went from 1.72x to
-            # 2.40x no speculation at one stream, 1.20x to 1.74x at 64 (docs/benchmarks.md). Not on V1,
+            # 2.40x no speculation at one stream, 1.20x to 1.74x at 64 (docs/gpu-results/HISTORY.md). Not on V1,
             # whose own GPU proposer takes the name too: static k = 2 as ngram_gpu on V1 ran 1.37x at one
             # stream (8.74 ms a step) against 2.38x on V2 (5.19 ms), and V1's "ngram" 1.50x.
             spec = {key: value for key, value in spec.items() if key != "model"} | {"method": "ngram_gpu"}

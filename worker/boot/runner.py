@@ -55,8 +55,8 @@ def _users_model_runner(settings: Settings) -> str | None:
 
 def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> Literal["auto", "static"]:
     """``SPECULATION_CONTROL``, or its default where unset: ``auto`` where the H200 map measured it
-    at or above the static choice, and safe (n-gram on V2); ``static`` elsewhere (docs/benchmarks.md,
-    issue 49's runs):
+    at or above the static choice, and safe (n-gram on V2); ``static`` elsewhere (issue 49's runs:
+    docs/benchmarks.md, and docs/gpu-results/HISTORY.md before the thirty-third):
 
     - the CPU build: ``static``. The controller's cost figures are a GPU's; on two cores they
       misjudged the tiny draft (``auto`` chose k = 1 and ran at 0.41x no speculation).
@@ -117,7 +117,7 @@ def model_runner_flag(settings: Settings, *, mode: DeploymentMode, is_cpu: bool 
         # 1.74x no speculation at 1 / 8 / 32 / 64 streams; on V1 (an earlier run) 1.14x / 1.06x /
         # 0.99x at 1 / 8 / 64. An EAGLE-3 head for the 8B shape (acceptance length 3.0 at k = 4) under
         # auto: 2.32x / 2.15x / 2.08x / 1.89x / 1.39x / 1.10x at 1-256 streams on V2, 0.76x-1.00x on
-        # V1 (docs/benchmarks.md). V2's costs stay: its kernel warm-up at every boot, and its n-gram
+        # V1 (docs/gpu-results/HISTORY.md). V2's costs stay: its kernel warm-up at every boot, and its n-gram
         # proposer's shorter drafts on looping output. Not for a separate draft model (above).
         return "1"
     if mode == "serverless":
@@ -138,8 +138,9 @@ def full_graphs_for_joins(settings: Settings, *, mode: DeploymentMode, is_cpu: b
     decoded within 2% at 1-8 streams and 2.5-6% slower at 64-256 without speculation: it replays
     graphs planned for prompts on decode steps. So where this is true the worker's plugin adds
     vLLM's decode graphs (``worker.vllm_plugin``), and speculation switched off then ran 1.02x /
-    0.99x no speculation at 64 / 256 streams, for a capture of 19 s instead of 5 (docs/benchmarks.md,
-    the twenty-first to thirty-second runs). Not measured: an EAGLE head's or a draft model's graphs
+    0.99x no speculation at 64 / 256 streams, for a capture of 19 s instead of 5
+    (docs/gpu-results/HISTORY.md, the twenty-first to thirty-second runs; 0.98-1.01x at 1-256 in
+    the thirty-third, docs/benchmarks.md). Not measured: an EAGLE head's or a draft model's graphs
     under FULL, the V1 runner on uneven traffic, and an engine without the worker's controller;
     those keep vLLM's mode, as does an engine without speculation (``CUDAGRAPH_MODE=FULL`` is the
     setting). FULL over an attention backend with full graphs for decode only (FlashAttention 2:

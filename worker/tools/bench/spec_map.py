@@ -38,7 +38,7 @@ With a mix, ``--length-spread S`` gives request ``i`` its own length, ``max_toke
 ``u`` in [-1, 1) drawn from ``i`` (the same in every configuration; the mean stays ``max_tokens``).
 With one length for all, requests without speculation end, and are replaced, together, where
 speculation's uneven acceptance spreads their ends; on the H200 a step that a request joins held
-the host 13-22 ms where a decode step took 6-8 (docs/benchmarks.md, the twentieth run), so the
+the host 13-22 ms where a decode step took 6-8 (docs/gpu-results/HISTORY.md, the twentieth run), so the
 spread gives every configuration the staggered turnover real traffic has.
 
     python -m worker.tools.bench.spec_map --out DIR --configs none,/tmp/d:4:2.5:static,... \\
