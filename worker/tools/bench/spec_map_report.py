@@ -105,31 +105,42 @@ def render_pooled(maps: list[tuple[str, dict[str, Any]]], *, plot: Path | None =
         cells = (f"{ratios[c]:.2f}x" if c in ratios else "-" for c in concurrencies)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if plot is not None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        colors = [plt.get_cmap("tab20")(i) for i in range(20)]
-        for i, (label, ratios) in enumerate(rows):
-            xs = sorted(ratios)
-            auto = ":auto" in label  # the controller's lines solid, static choices dashed
-            ax.plot(
-                xs,
-                [ratios[x] for x in xs],
-                marker="o",
-                color=colors[i % len(colors)],
-                linestyle="-" if auto else "--",
-                linewidth=2 if auto else 1,
-                label=label.replace("`", ""),
-            )
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set(xscale="log", xlabel="streams", ylabel="throughput vs no speculation", title="Where speculation pays")
-        ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(plot, dpi=120)
+        # Many lines: the controller's solid, static choices dashed.
+        series = [(label.replace("`", ""), {c: ratios[c] for c in sorted(ratios)}) for label, ratios in rows]
+        _plot(plot, series, vs_none=True, styled=True)
     return "\n".join(lines)
+
+
+def _plot(path: Path, series: list[tuple[str, dict[int, float]]], *, vs_none: bool, styled: bool = False) -> None:
+    """A PNG of ``series`` (label, value by streams, in the order drawn) on a log axis of streams:
+    against no speculation (with its line at 1) or throughput. ``styled``: a colour each from a
+    larger palette, ``auto``'s lines solid and thicker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5) if styled else (7, 4))
+    colors = [plt.get_cmap("tab20")(i) for i in range(20)]
+    for i, (label, values) in enumerate(series):
+        xs = list(values)
+        style: dict[str, Any] = {}
+        if styled:
+            auto = ":auto" in label
+            style = {
+                "color": colors[i % len(colors)],
+                "linestyle": "-" if auto else "--",
+                "linewidth": 2 if auto else 1,
+            }
+        ax.plot(xs, [values[x] for x in xs], marker="o", label=label, **style)
+    if vs_none:
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+    ylabel = "throughput vs no speculation" if vs_none else "throughput, tok/s"
+    title = "Where speculation pays" if vs_none else "Throughput by configuration"
+    ax.set(xscale="log", xlabel="streams", ylabel=ylabel, title=title)
+    ax.legend(fontsize=6 if styled else 7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
@@ -197,24 +208,15 @@ def render(result: dict[str, Any], *, plot: Path | None = None) -> str:
     if result.get("errors"):
         lines += ["", "Errors: " + "; ".join(f"`{k}`: {v}" for k, v in result["errors"].items())]
     if plot is not None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         # Against no speculation where the map ran it; a map of speculative configurations alone
         # (a comparison between them) plots their throughput.
         key = "vs_none" if has_none else "throughput_tok_s"
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for name in names:
-            xs = [int(c) for c in concurrencies if (table[name].get(c) or {}).get(key)]
-            ax.plot(xs, [table[name][str(x)][key] for x in xs], marker="o", label=name.split("/")[-1])
-        if key == "vs_none":
-            ax.axhline(1.0, color="grey", linewidth=0.8)
-        ylabel = "throughput vs no speculation" if key == "vs_none" else "throughput, tok/s"
-        title = "Where speculation pays" if has_none else "Throughput by configuration"
-        ax.set(xscale="log", xlabel="streams", ylabel=ylabel, title=title)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(plot, dpi=120)
+        series = [
+            (
+                name.split("/")[-1],
+                {int(c): table[name][c][key] for c in concurrencies if (table[name].get(c) or {}).get(key)},
+            )
+            for name in names
+        ]
+        _plot(plot, series, vs_none=has_none)
     return "\n".join(lines)
