@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -143,6 +144,33 @@ def test_a_map_without_no_speculation_plots_throughput(tmp_path: Path) -> None:
     text = render(result, plot=tmp_path / "map.png")
     assert "| `ngram:4:2.5:auto` | 9,000 | - |" in text
     assert (tmp_path / "map.png").stat().st_size > 0
+
+
+def test_a_maps_lines_run_from_the_fewest_streams_up_whatever_order_it_ran_them(tmp_path: Path) -> None:
+    """Maps run their loads in any order (``MAP_CONCURRENCY=128,1,8``); a line drawn in that order
+    on a log axis would double back."""
+    from matplotlib.axes import Axes
+
+    row = {"runs": 1, "itl_p50_ms": 5.0, "mean_acceptance_length": None}
+    result = {
+        "configs": ["none", "ngram:4:3.5:auto"],
+        "concurrencies": [128, 1, 8],
+        "table": {
+            name: {str(c): {**row, "throughput_tok_s": tok * c} for c in (128, 1, 8)}
+            for name, tok in (("none", 100.0), ("ngram:4:3.5:auto", 300.0))
+        },
+    }
+    drawn: list[list[int]] = []
+    plot = Axes.plot
+
+    def record(self: Axes, xs: list[int], *args: Any, **kwargs: Any) -> Any:
+        drawn.append(list(xs))
+        return plot(self, xs, *args, **kwargs)
+
+    with mock.patch.object(Axes, "plot", record):
+        render(result, plot=tmp_path / "map.png")
+        render_pooled([("run", result)], plot=tmp_path / "pooled.png")
+    assert drawn == [[1, 8, 128]] * 3  # the map's two lines, the pooled map's one
 
 
 def test_the_acceptance_mix_refuses_what_its_hook_cannot_reach() -> None:

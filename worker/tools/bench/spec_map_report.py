@@ -106,15 +106,15 @@ def render_pooled(maps: list[tuple[str, dict[str, Any]]], *, plot: Path | None =
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if plot is not None:
         # Many lines: the controller's solid, static choices dashed.
-        series = [(label.replace("`", ""), {c: ratios[c] for c in sorted(ratios)}) for label, ratios in rows]
-        _plot(plot, series, vs_none=True, styled=True)
+        _plot(plot, [(label.replace("`", ""), ratios) for label, ratios in rows], vs_none=True, styled=True)
     return "\n".join(lines)
 
 
 def _plot(path: Path, series: list[tuple[str, dict[int, float]]], *, vs_none: bool, styled: bool = False) -> None:
-    """A PNG of ``series`` (label, value by streams, in the order drawn) on a log axis of streams:
-    against no speculation (with its line at 1) or throughput. ``styled``: a colour each from a
-    larger palette, ``auto``'s lines solid and thicker."""
+    """A PNG of ``series`` (label, value by streams) on a log axis of streams, each line drawn from
+    the fewest streams up, whatever order the map ran them in: against no speculation (with its
+    line at 1) or throughput. ``styled``: a colour each from a larger palette, ``auto``'s lines
+    solid and thicker."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,7 +123,7 @@ def _plot(path: Path, series: list[tuple[str, dict[int, float]]], *, vs_none: bo
     fig, ax = plt.subplots(figsize=(8, 4.5) if styled else (7, 4))
     colors = [plt.get_cmap("tab20")(i) for i in range(20)]
     for i, (label, values) in enumerate(series):
-        xs = list(values)
+        xs = sorted(values)
         style: dict[str, Any] = {}
         if styled:
             auto = ":auto" in label
