@@ -236,7 +236,7 @@ def test_a_schedule_needs_speculation() -> None:
 
 
 def test_speculation_control_is_auto_or_static() -> None:
-    assert load_settings({}).speculation_control is None  # unset: the boot picks (worker.boot.runner)
+    assert load_settings({}).speculation_control is None  # unset: the boot picks (worker.speculation.decide)
     assert load_settings({"SPECULATION_CONTROL": "auto"}).speculation_control == "auto"
     with pytest.raises(ConfigError) as info:
         load_settings({"SPECULATION_CONTROL": "sometimes"})

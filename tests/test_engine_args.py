@@ -16,8 +16,8 @@ from worker.boot.engine_args import (
 from worker.boot.models import cached_snapshot, resolver
 from worker.boot.plan import BootPlan, build_plan
 from worker.config import DeploymentMode, load_settings
-from worker.config.speculation import auto_schedule, is_graph_schedule
 from worker.errors import ConfigError
+from worker.speculation.config import auto_schedule, is_graph_schedule
 from worker.tiny_models import TinyModels
 from worker.vllm_plugin import FULL_GRAPHS_ENV
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import assert_engine_empties, boot_engine
 from worker.schema import SpecDecodeStats, StreamChunk, parse_request
-from worker.spec_stats.tracking import Release, RequestEnd
+from worker.speculation.stats.tracking import Release, RequestEnd
 
 PROMPTS = [
     "Once upon a time",
@@ -241,7 +241,7 @@ async def test_a_core_that_never_answers_switches_holding_off(
     processor = default_engine.exact_stop_stats
     assert processor is not None and processor.is_holding
     _aborts(default_engine, monkeypatch, after_outputs=None)
-    with caplog.at_level(logging.ERROR, logger="worker.spec_stats.frontend"):
+    with caplog.at_level(logging.ERROR, logger="worker.speculation.stats.frontend"):
         assert not await check_exact_stop_stats(default_engine, wait_s=0.3)
     assert not processor.is_holding
     assert "exact spec-decode stats for stop strings are off" in caplog.text and "no_answer" in caplog.text

@@ -39,7 +39,7 @@ def test_serving_modules_never_import_a_tool() -> None:
 
 def test_booting_and_exact_stats_are_packages() -> None:
     assert {p.name for p in (WORKER / "boot").glob("*.py")} >= {"plan.py", "launch.py", "models.py", "prefetch.py"}
-    assert {p.name for p in (WORKER / "spec_stats").glob("*.py")} >= {
+    assert {p.name for p in (WORKER / "speculation" / "stats").glob("*.py")} >= {
         "scheduler.py",
         "answers.py",
         "frontend.py",

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from worker.metrics import AcceptanceWatchdog, WatchdogWindow, WorkerMetrics, render_metrics
-from worker.spec_stats.acceptance import spec_stats_from_histogram
+from worker.speculation.stats.acceptance import spec_stats_from_histogram
 
 
 def test_watchdog_waits_for_five_requests_then_warns_once_per_window(caplog: pytest.LogCaptureFixture) -> None:
@@ -79,7 +79,7 @@ def test_a_shared_window_pools_the_requests_of_every_process(caplog: pytest.LogC
 
 
 def test_metrics_page_shows_what_the_observer_saw() -> None:
-    from worker.spec_stats.tracking import RequestEnd
+    from worker.speculation.stats.tracking import RequestEnd
 
     metrics = WorkerMetrics(num_spec_tokens=4, threshold=1.5, window=5)
     # 8 verify steps, 0 tokens accepted in 6 of them and 1 in 2: mean acceptance length 1.25.
@@ -100,7 +100,7 @@ def test_metrics_page_shows_what_the_observer_saw() -> None:
 
 
 def test_steps_with_speculation_off_are_counted_per_request() -> None:
-    from worker.spec_stats.tracking import RequestEnd
+    from worker.speculation.stats.tracking import RequestEnd
 
     metrics = WorkerMetrics(num_spec_tokens=4, threshold=1.5, window=5)
     # 30 tokens: the first from the prefill, 4 verify steps yielding 1 + 2 each (12), 17 steps off.

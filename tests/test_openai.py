@@ -23,7 +23,7 @@ from tests.helpers import LORA_ENV, assert_engine_empties, job_items, wait_for_s
 from worker.pod import create_app
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
-from worker.spec_stats.tracking import RequestEnd
+from worker.speculation.stats.tracking import RequestEnd
 
 pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 

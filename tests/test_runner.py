@@ -1,10 +1,10 @@
-"""The model runner and speculation control an engine gets (worker/boot/runner.py): settings only."""
+"""The model runner and speculation control an engine gets (worker/speculation/decide.py): settings only."""
 
 from __future__ import annotations
 
 from worker.boot.plan import build_plan
-from worker.boot.runner import speculation_control
 from worker.config import DeploymentMode, load_settings
+from worker.speculation.decide import speculation_control
 
 REAL = {"MODEL_NAME": "org/model"}
 NGRAM = {**REAL, "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}

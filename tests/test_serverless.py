@@ -20,7 +20,7 @@ from worker.boot.launch import WARMUP_SAMPLING_FEATURES, warm_up
 from worker.runtime import EngineHolder
 from worker.schema import parse_request
 from worker.serverless import ServerlessWorker
-from worker.spec_stats.tracking import RequestEnd
+from worker.speculation.stats.tracking import RequestEnd
 
 pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 

@@ -1,10 +1,10 @@
-"""The step-cost model (worker/spec_cost.py): pure arithmetic, on the H200 figures."""
+"""The step-cost model (worker/speculation/cost.py): pure arithmetic, on the H200 figures."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker.spec_cost import (
+from worker.speculation.cost import (
     STEP_COSTS,
     StepCost,
     best_k,

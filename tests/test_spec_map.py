@@ -301,7 +301,7 @@ def test_the_controllers_cost_per_step_is_measured() -> None:
 
 @pytest.mark.parametrize("plain_name", ["none", "none+MODEL_RUNNER=v2"])
 def test_the_step_cost_is_read_back_off_a_map(plain_name: str) -> None:
-    from worker.spec_cost import StepCost, step_ms
+    from worker.speculation.cost import StepCost, step_ms
     from worker.tools.bench.spec_map_report import fit_step_cost
 
     truth = StepCost(5.0, 0.02, 0.03, 512, 0.5, 1.5, 0.005, True)

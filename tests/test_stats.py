@@ -1,6 +1,6 @@
 import pytest
 
-from worker.spec_stats.acceptance import acceptance_rate, mean_acceptance_length, spec_stats_from_histogram
+from worker.speculation.stats.acceptance import acceptance_rate, mean_acceptance_length, spec_stats_from_histogram
 
 
 def test_stats_from_histogram_match_hand_computation() -> None:

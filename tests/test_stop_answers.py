@@ -16,9 +16,9 @@ import dataclasses
 import random
 from typing import Any
 
-from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts, kept_counts
-from worker.spec_stats.scheduler import TAIL_STEPS
-from worker.spec_stats.stand_in import HookedStandIn, make_request, step_outputs
+from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts, kept_counts
+from worker.speculation.stats.scheduler import TAIL_STEPS
+from worker.speculation.stats.stand_in import HookedStandIn, make_request, step_outputs
 
 K = 3
 
@@ -87,7 +87,7 @@ def test_the_counts_kept_equal_the_counts_at_the_stop_string() -> None:
 def _trial(seed: int) -> collections.Counter[str]:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_stats.scheduler import _ENDED_STEPS
+    from worker.speculation.stats.scheduler import _ENDED_STEPS
 
     rng = random.Random(seed)
     scheduler = HookedStandIn()
@@ -174,7 +174,7 @@ def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_c
 def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_stats.scheduler import SNAPSHOT_EVERY_STEPS
+    from worker.speculation.stats.scheduler import SNAPSHOT_EVERY_STEPS
 
     scheduler = HookedStandIn()
     scheduler.add_request(_request("plain", stop=None))
@@ -197,7 +197,7 @@ def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() ->
 def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.spec_stats.scheduler import _ENDED_STEPS, _RING
+    from worker.speculation.stats.scheduler import _ENDED_STEPS, _RING
 
     scheduler = HookedStandIn()
     scheduler.add_request(_request("early", stop=["x"], max_tokens=4))

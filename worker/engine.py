@@ -4,8 +4,8 @@
 usage, timings and exact per-request acceptance stats; ``Engine.observe`` passes vLLM's own
 outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is ``worker/boot/launch.py``.
 
-Exact stats on every ending (stop strings, cancellations): ``worker/spec_stats/``, installed when
-the boot plan says so. vLLM is imported here, in ``boot/launch.py``, ``spec_stats/`` and ``openai.py``.
+Exact stats on every ending (stop strings, cancellations): ``worker/speculation/stats/``, installed when
+the boot plan says so. vLLM is imported here, in ``boot/launch.py``, ``speculation/stats/`` and ``openai.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from worker.config import Settings
 from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError, one_line
 from worker.schema import GenerateRequest, Served, StreamChunk, Usage
-from worker.spec_stats.frontend import ExactStopStats
-from worker.spec_stats.tracking import RequestEnd, RequestTracker
+from worker.speculation.stats.frontend import ExactStopStats
+from worker.speculation.stats.tracking import RequestEnd, RequestTracker
 
 # vLLM's typed client errors, and the ValueError its request validation still raises in places.
 _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
@@ -259,7 +259,7 @@ class Engine:
         """Pass vLLM's outputs of one request through unchanged, telling the observers how it ended.
 
         For callers that use vLLM directly (its OpenAI layer); :meth:`generate` keeps the same
-        books (:class:`~worker.spec_stats.tracking.RequestTracker`) inline, on the native hot path.
+        books (:class:`~worker.speculation.stats.tracking.RequestTracker`) inline, on the native hot path.
         """
         track = RequestTracker(self, request_id)
         try:

@@ -47,10 +47,10 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
-from worker.spec_stats.acceptance import mean_acceptance_length
+from worker.speculation.stats.acceptance import mean_acceptance_length
 
 if TYPE_CHECKING:
-    from worker.spec_stats.tracking import RequestEnd
+    from worker.speculation.stats.tracking import RequestEnd
 
 __all__ = [
     "AcceptanceWatchdog",

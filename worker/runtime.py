@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from worker.boot.plan import BootPlan
     from worker.engine import Engine
     from worker.openai import OpenAIServer
-    from worker.spec_stats.tracking import RequestEnd
+    from worker.speculation.stats.tracking import RequestEnd
 
 __all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine", "prepare_boot"]
 

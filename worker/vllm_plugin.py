@@ -14,7 +14,7 @@ here, where present, and only on a CPU that reports AMX tiles. vLLM loads every 
 unless ``VLLM_PLUGINS`` names some: a list without ``runpod_worker`` leaves this one out.
 
 And, where the worker chose vLLM's FULL CUDA-graph mode by default (``FULL_GRAPHS_ENV``, set by the
-boot plan: n-gram under ``SPECULATION_CONTROL=auto`` on V2, ``worker/boot/runner.py``), it keeps
+boot plan: n-gram under ``SPECULATION_CONTROL=auto`` on V2, ``worker/speculation/decide.py``), it keeps
 vLLM's own fallback for an attention backend that supports no full graphs at all (Llama 4's chunked
 local attention, a composite backend over an unclamped window: ``AttentionCGSupport.NEVER``).
 vLLM's default mode falls back to piecewise graphs there, but FULL raises ("please try

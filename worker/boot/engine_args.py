@@ -9,16 +9,16 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from worker.boot.runner import (
+from worker.config import DeploymentMode, Settings
+from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
+from worker.speculation.config import auto_schedule, drafts_by_ngram
+from worker.speculation.decide import (
     full_graphs_for_joins,
     is_eager,
     model_runner_flag,
     runs_worker_scheduler,
     speculation_control,
 )
-from worker.config import DeploymentMode, Settings
-from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
-from worker.config.speculation import auto_schedule, drafts_by_ngram
 from worker.vllm_plugin import FULL_GRAPHS_ENV
 
 __all__ = [
@@ -111,7 +111,7 @@ def build_engine_kwargs(
         k = spec.get("num_speculative_tokens")
         if speculation_control(settings, mode=mode, is_cpu=is_cpu) == "auto" and isinstance(k, int) and k > 0:
             # vLLM's batch-size schedule is what lets k change per step; the worker's scheduler then
-            # answers its lookups (worker/spec_control.py). On V1: one range, the configured k. Where the
+            # answers its lookups (worker/speculation/controller.py). On V1: one range, the configured k. Where the
             # worker chose V2 (n-gram or EAGLE under auto) or the user did: every k from the configured one to 0,
             # so that V2 captures full graphs for each, which only the controller reads as such (vLLM
             # itself would run 0 from k + 1 sequences on): not where no controller runs. vLLM's own

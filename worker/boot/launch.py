@@ -41,9 +41,9 @@ from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import EngineBootError, InvalidRequest, WorkerError, describe_validation_errors, one_line
 from worker.schema import parse_request
-from worker.spec_stats import frontend as spec_frontend
-from worker.spec_stats.scheduler import SCHEDULER_CLASSES
-from worker.spec_stats.tracking import RequestEnd
+from worker.speculation.stats import frontend as spec_frontend
+from worker.speculation.stats.scheduler import SCHEDULER_CLASSES
+from worker.speculation.stats.tracking import RequestEnd
 from worker.vllm_plugin import apply_full_graph_choices
 
 __all__ = [
@@ -136,7 +136,7 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
     apply_full_graph_choices()
     if plan.is_exact_stats:
         spec = vllm_config.speculative_config
-        # SPECULATION_CONTROL=auto: the worker's controller answers vLLM's per-step k (spec_control.py).
+        # SPECULATION_CONTROL=auto: the worker's controller answers vLLM's per-step k (speculation/controller.py).
         is_controlled = (
             spec is not None and plan.speculation_control == "auto" and spec.uses_dynamic_speculative_decoding()
         )

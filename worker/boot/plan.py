@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from worker.boot.engine_args import build_engine_kwargs, engine_environment, start_method
 from worker.boot.models import ModelRef, resolve_references
-from worker.boot.runner import runs_worker_scheduler, speculation_control
 from worker.config import DeploymentMode, Settings
 from worker.config.host import is_cpu_build
+from worker.speculation.decide import runs_worker_scheduler, speculation_control
 
 __all__ = ["BootPlan", "ModelRef", "build_plan"]
 
@@ -38,7 +38,7 @@ class BootPlan:
     environment: dict[str, str | None]  # what the engine's processes must inherit (None: unset)
     start_method: Literal["fork", "spawn"]  # how vLLM starts its engine core (one of environment's)
     is_exact_stats: bool  # the worker's scheduler and output processor: exact per-request stats
-    speculation_control: Literal["auto", "static"]  # SPECULATION_CONTROL, or its default (runner.py)
+    speculation_control: Literal["auto", "static"]  # SPECULATION_CONTROL, or its default (speculation/decide.py)
     lora_paths: dict[str, str]  # adapter name -> what vLLM loads, in configuration order
     model_info_dir: Path  # where vLLM keeps its model-class answers (modelinfo.py)
 

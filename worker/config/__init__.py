@@ -1,10 +1,10 @@
 """The worker's configuration, the only reader of the environment: the ``Settings`` schema
-(``settings.py``), speculation policy (``speculation.py``), and host and entry-point facts
-(``host.py``)."""
+(``settings.py``), and host and entry-point facts
+(``host.py``). The speculation policy the settings check is ``worker.speculation.config``."""
 
 from worker.config.host import is_on_runpod, local_run_environment, num_api_servers, sdk_environment
 from worker.config.settings import DeploymentMode, LoraModule, Settings, load_settings
-from worker.config.speculation import (
+from worker.speculation.config import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     TINY_PREFIX,
     VLLM_SPECULATIVE_METHODS,

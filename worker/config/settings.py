@@ -3,7 +3,7 @@
 Variable names follow RunPod's official vLLM worker where the meaning is the same
 (``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...). An unset
 ``MODEL_NAME`` selects the embedded tiny model (built offline on first use). The schema and its
-validators live here; speculation policy in ``speculation.py``, host facts in ``host.py``.
+validators live here; speculation policy in ``worker/speculation/config.py``, host facts in ``host.py``.
 
 ``load_settings`` is where the environment is read (with ``host.py``'s entry-point facts).
 """
@@ -18,10 +18,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.config import host, parsing, speculation
+from worker.config import host, parsing
 from worker.config.parsing import LoraModule
-from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 from worker.errors import ConfigError, describe_validation_errors
+from worker.speculation import config as speculation
+from worker.speculation.config import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 
 __all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "load_settings"]
 
@@ -162,14 +163,14 @@ class Settings(BaseSettings):
     num_speculative_tokens: int | None = Field(
         None, ge=1, le=32, description=f"tokens drafted per step; unset: {DEFAULT_NUM_SPECULATIVE_TOKENS}"
     )
-    # vLLM's batch-size schedule of k (start-end:k,...); auto: k chosen per step (spec_control.py).
+    # vLLM's batch-size schedule of k (start-end:k,...); auto: k chosen per step (speculation/controller.py).
     speculative_tokens_by_batch: Annotated[list[tuple[int, int, int]] | None, BeforeValidator(parsing.schedule)] = None
     speculation_control: Literal["auto", "static"] | None = Field(
         None,
         description="auto: k chosen per step from the batch size and live acceptance; unset: auto for n-gram "
         "where the runner is v2 anyway (pods), else static: serverless n-gram (auto would move it to v2, whose "
         "boots pay vLLM's kernel warm-up), draft models, EAGLE heads, other methods, the CPU build "
-        "(worker/boot/runner.py)",
+        "(worker/speculation/decide.py)",
     )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
@@ -261,7 +262,7 @@ class Settings(BaseSettings):
 
     @property
     def draft_ref(self) -> str | None:
-        """The separate draft model as the user named it (:func:`worker.config.speculation.draft_ref`)."""
+        """The separate draft model as the user named it (:func:`worker.speculation.config.draft_ref`)."""
         return speculation.draft_ref(self)
 
     @property

@@ -2,7 +2,7 @@
 
 ``streams`` streams each start a new request of ``tokens`` tokens as one ends; request ``i`` accepts
 each draft with probability ``classes[i % n]`` given the one before (the classes of the map's mixed
-workload); every step is priced by :data:`worker.spec_cost.STEP_COSTS` (V2's n-gram by default) on
+workload); every step is priced by :data:`worker.speculation.cost.STEP_COSTS` (V2's n-gram by default) on
 a virtual clock. The controller is fed each step's (drafted, accepted) pairs, shape and time, and
 reviewed every ``REVIEW_EVERY_STEPS`` steps, as the worker's scheduler hooks do. The step costs are
 the model's, so this checks the controller's choices against the best static k under that model,
@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from unittest import mock
 
-from worker.spec_control import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
-from worker.spec_cost import STEP_COSTS, StepCost, step_ms
+from worker.speculation.controller import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
+from worker.speculation.cost import STEP_COSTS, StepCost, step_ms
 
 __all__ = ["auto_rate", "closed_loop", "fixed", "main"]
 
@@ -109,7 +109,7 @@ def auto_rate(
     )
     if steady:
         return closed_loop(controller.choose, streams=streams, classes=classes, controller=controller, **kwargs)
-    with mock.patch("worker.spec_control.steady_factors", lambda _requests, n: [1.0] * (n + 1)):
+    with mock.patch("worker.speculation.controller.steady_factors", lambda _requests, n: [1.0] * (n + 1)):
         return closed_loop(controller.choose, streams=streams, classes=classes, controller=controller, **kwargs)
 
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from worker.config import Settings
-from worker.spec_stats.tracking import Release, RequestEnd
+from worker.speculation.stats.tracking import Release, RequestEnd
 from worker.tools.bench.engines import EnginePool
 from worker.tools.bench.spec import engine_spec_counters, spec_counters_since
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, ratio, requests_for, run_concurrent, summarize

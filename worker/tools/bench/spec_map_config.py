@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import load_settings
-from worker.config.speculation import NGRAM_METHODS
+from worker.speculation.config import NGRAM_METHODS
 
 __all__ = ["baseline", "check_mix", "config_env", "speculative_config"]
 
@@ -46,7 +46,7 @@ def check_mix(base: dict[str, str], configs: list[str]) -> None:
     """Raises ValueError, in one line, for a configuration the acceptance mix cannot serve
     (:mod:`.acceptance_mix`): one on vLLM's V1 runner, one whose synthetic length is short of full
     acceptance (``K + 1``) or the standard sampler's, or an engine core started by spawn."""
-    from worker.boot.runner import model_runner_flag
+    from worker.speculation.decide import model_runner_flag
 
     for name in configs:
         env = config_env(base, name)

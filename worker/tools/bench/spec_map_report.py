@@ -1,5 +1,5 @@
 """The speculation map's report: Markdown tables and a plot of a saved ``spec_map.json``, and the
-step-cost figures (:class:`worker.spec_cost.StepCost`) read back off it."""
+step-cost figures (:class:`worker.speculation.cost.StepCost`) read back off it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = ["fill_vs_none", "fit_step_cost", "render", "render_pooled"]
 
 
 def fit_step_cost(result: dict[str, Any], *, static: str, off: str, knee_tokens: int = 512) -> dict[str, float]:
-    """:class:`worker.spec_cost.StepCost` figures read off a map's engine steps (``ms_per_step``):
+    """:class:`worker.speculation.cost.StepCost` figures read off a map's engine steps (``ms_per_step``):
     the baseline (``none``, or ``none+KEY=VALUE``: :func:`.spec_map_config.baseline`) gives the
     target's step (``base_ms`` at one stream, ``per_seq_ms`` the least-squares
     slope up to 64 streams); ``off``, a draft-model configuration the controller held at k = 0,

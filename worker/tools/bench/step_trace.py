@@ -32,8 +32,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from worker.spec_cost import STEP_COSTS, StepCost, step_ms
-from worker.spec_measure import batch_bucket
+from worker.speculation.cost import STEP_COSTS, StepCost, step_ms
+from worker.speculation.measure import batch_bucket
 
 __all__ = ["TRACE_ENV", "install", "main", "split"]
 

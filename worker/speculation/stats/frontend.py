@@ -2,7 +2,7 @@
 
 vLLM's frontend detects stop strings. When one completes, it finishes the request at once and
 aborts it in the engine core, which has run a step or more past the stop string by then, and
-whose counts include those steps. The worker's scheduler (:mod:`worker.spec_stats.scheduler`) answers
+whose counts include those steps. The worker's scheduler (:mod:`worker.speculation.stats.scheduler`) answers
 that abort with the request's counts and the shape of its last steps. This processor holds the
 request's final output until the answer arrives, and takes off the steps that came after the stop
 string. It saw their outputs: vLLM drops them, since the request has finished in the frontend.
@@ -12,7 +12,7 @@ The wait is one round trip to the engine core: the abort lands between two steps
 leaves with the next step's outputs. If no answer comes within ``wait_s``, or the shapes do not
 add up (a preemption among the last steps), the output goes with the last periodic snapshot
 instead, marked partial. Engine death releases every held output the same way: its text was
-complete. Every release says how it went (:class:`~worker.spec_stats.tracking.Release`, on the
+complete. Every release says how it went (:class:`~worker.speculation.stats.tracking.Release`, on the
 counts it goes out with): the request's observers count them by outcome and reason.
 
 It fails loud and fast: the boot sends one stop-string request and requires it released exact
@@ -42,9 +42,9 @@ from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutput, RequestOutputCollector, RequestState
 from vllm.v1.metrics.stats import IterationStats, RequestSpecDecodeMetrics
 
-from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY, Answer, kept_counts
-from worker.spec_stats.scheduler import copy_metrics
-from worker.spec_stats.tracking import Release, ReleaseReason
+from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, Answer, kept_counts
+from worker.speculation.stats.scheduler import copy_metrics
+from worker.speculation.stats.tracking import Release, ReleaseReason
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -1,13 +1,13 @@
-"""What ``SPECULATION_CONTROL=auto`` measures (:mod:`worker.spec_control` has the controller): the
+"""What ``SPECULATION_CONTROL=auto`` measures (:mod:`worker.speculation.controller` has the controller): the
 acceptance of each draft position, and how long steps take against the cost model. Plain Python,
-no vLLM: the scheduler hooks feed it (:mod:`worker.spec_stats.control`)."""
+no vLLM: the scheduler hooks feed it (:mod:`worker.speculation.stats.control`)."""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
 
-from worker.spec_cost import StepCost, step_ms
+from worker.speculation.cost import StepCost, step_ms
 
 __all__ = ["Acceptance", "StepTimes", "batch_bucket", "geometric_rate", "geometric_table"]
 

@@ -1,7 +1,7 @@
 """A stand-in for vLLM's scheduler, for the tests and the benchmark of the worker's scheduler hooks.
 
 A test double beside the real thing (as httpx keeps its ``MockTransport``): vLLM's scheduler reduced
-to what :class:`~worker.spec_stats.scheduler.SpecMetricsSnapshots` calls (taking requests, handing
+to what :class:`~worker.speculation.stats.scheduler.SpecMetricsSnapshots` calls (taking requests, handing
 back a step's outputs for the tokens given it, finishing requests, its one exit ``_free_request``),
 over vLLM's own ``Request`` objects, outputs and metrics. A real engine core cannot be stepped by
 hand with chosen shapes (drafts, grammar-invalidated drafts, accepted counts, prefill chunks), which
@@ -23,8 +23,8 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import Request, RequestStatus
 
-from worker.spec_stats.control import ControlledScheduling
-from worker.spec_stats.scheduler import SpecMetricsSnapshots
+from worker.speculation.stats.control import ControlledScheduling
+from worker.speculation.stats.scheduler import SpecMetricsSnapshots
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -7,7 +7,7 @@ get none: a stop string, which vLLM's frontend detects and then aborts the reque
 - A stop string: these subclasses answer the abort. The answer is the request's counts as the core
   let go of it and the shape of its last steps, its *tail*: for each recent
   step that yielded it tokens, how many drafts that step verified, or that it verified none. The
-  frontend (:mod:`worker.spec_stats.frontend`) knows how many of those steps came after the stop string
+  frontend (:mod:`worker.speculation.stats.frontend`) knows how many of those steps came after the stop string
   (it saw their outputs, and dropped them), and takes them off. A request the core finished itself
   (EOS, ``max_tokens``) after the frontend's stop string is answered the same way when the abort
   comes, for ``_ENDED_STEPS`` steps (with what the ring still holds of its tail).
@@ -35,7 +35,7 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import Request, RequestStatus
 
-from worker.spec_stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts
+from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 else:
     _SchedulerBase = object
 
-from worker.spec_stats.control import ControlledScheduling
+from worker.speculation.stats.control import ControlledScheduling
 
 __all__ = [
     "SCHEDULER_CLASSES",
@@ -265,7 +265,7 @@ class SpecMetricsAsyncScheduler(SpecMetricsSnapshots, AsyncScheduler):
     pass
 
 
-# SPECULATION_CONTROL=auto: k chosen per step (worker/spec_control.py), with the same exact stats.
+# SPECULATION_CONTROL=auto: k chosen per step (worker/speculation/controller.py), with the same exact stats.
 class SpecControlScheduler(ControlledScheduling, SpecMetricsSnapshots, Scheduler):
     pass
 

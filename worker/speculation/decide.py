@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Literal
 
 from worker.config import DeploymentMode, Settings
-from worker.config.speculation import drafts_by_eagle, drafts_by_ngram
+from worker.speculation.config import drafts_by_eagle, drafts_by_ngram
 
 __all__ = [
     "full_graphs_for_joins",

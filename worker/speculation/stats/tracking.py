@@ -8,11 +8,11 @@ import time
 from typing import Any, Literal, Protocol
 
 from worker.schema import SpecDecodeStats, Timings
-from worker.spec_stats.acceptance import spec_stats_from_histogram
+from worker.speculation.stats.acceptance import spec_stats_from_histogram
 
 __all__ = ["Release", "ReleaseReason", "RequestEnd", "RequestTracker"]
 
-# Why a stop string's final output went out as it did (``worker.spec_stats.frontend``): with the
+# Why a stop string's final output went out as it did (``worker.speculation.stats.frontend``): with the
 # core's answer (exact), or partial: no answer in time, an answer whose last steps did not match,
 # the engine failing while it waited, or holding switched off for the engine's life.
 ReleaseReason = Literal["answered", "no_answer", "unmatched", "engine_error", "holding_off"]
@@ -99,7 +99,7 @@ class RequestTracker:
         ttft = engine_ttft if engine_ttft > 0 else self._ttft()
         metrics = getattr(completion, "spec_decode_metrics", None)
         finish_reason = completion.finish_reason if completion is not None else "stop"
-        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.spec_stats.frontend).
+        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.speculation.stats.frontend).
         release = getattr(metrics, "release", None)
         if not isinstance(release, Release):
             release = None

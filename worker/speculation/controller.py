@@ -12,11 +12,11 @@ where the schedule holds it), under vLLM's FULL mode (the worker's default for n
 ``auto`` on V2) one set for every mix of query lengths, steps with prompts included.
 
 :class:`SpeculationController` replaces that table with an object that answers each lookup with
-the k of most tokens per millisecond under the cost model (:mod:`worker.spec_cost`), given the
+the k of most tokens per millisecond under the cost model (:mod:`worker.speculation.cost`), given the
 acceptance the step outputs show, per draft position, what each k does over time to the make-up
 of a batch whose requests accept differently (``steady_factors``, from the per-request review), and
 how long this engine's steps take against the model's figures, by k and batch size (``StepTimes``
-in :mod:`worker.spec_measure`, with the acceptance):
+in :mod:`worker.speculation.measure`, with the acceptance):
 
 - it never exceeds the configured schedule (``SPECULATIVE_TOKENS_BY_BATCH``) nor the configured k,
   and on V2 no k at a batch size past its largest full CUDA graph (``graph_batches``);
@@ -31,7 +31,7 @@ in :mod:`worker.spec_measure`, with the acceptance):
   batch's k, for every request alike, when every request is capped; no request is trimmed alone.
   Under FULL a trimmed batch would still replay a full graph: not measured, so not done.
 
-Nothing here imports vLLM: the scheduler mixin (:mod:`worker.spec_stats.control`) reads vLLM's objects
+Nothing here imports vLLM: the scheduler mixin (:mod:`worker.speculation.stats.control`) reads vLLM's objects
 by the attributes the pinned version has, and the arithmetic is plain Python, tested on its own.
 """
 
@@ -42,8 +42,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from worker.spec_cost import StepCost, best_k, expected_tokens, steady_factors, step_ms
-from worker.spec_measure import Acceptance, StepTimes, geometric_rate, geometric_table
+from worker.speculation.cost import StepCost, best_k, expected_tokens, steady_factors, step_ms
+from worker.speculation.measure import Acceptance, StepTimes, geometric_rate, geometric_table
 
 __all__ = [
     "PROBE_EVERY_STEPS",
@@ -53,7 +53,7 @@ __all__ = [
 
 # A child of vLLM's logger: the controller runs in vLLM's engine-core process, where only vLLM's
 # loggers have handlers.
-log = logging.getLogger("vllm.worker.spec_control")
+log = logging.getLogger("vllm.worker.speculation.controller")
 
 # Steps at k = 0 between probes: a probe at 0% acceptance costs one draft pass and one verified
 # token per sequence, 1/32 of that per step.
@@ -219,7 +219,7 @@ class SpeculationController:
     def review(self, requests: Iterable[tuple[str, Sequence[int], int, int]], *, batch_size: int) -> None:
         """Each request's own acceptance, from its counts: ``(request id, histogram of accepted drafts
         per verify step, drafts verified, tokens so far)``. From them, what each k does to the batch's
-        make-up over time (:func:`worker.spec_cost.steady_factors`, which :meth:`choose` weighs each k
+        make-up over time (:func:`worker.speculation.cost.steady_factors`, which :meth:`choose` weighs each k
         by; all 1 while fewer than ``MIN_STEADY_REQUESTS`` requests, or not all of a smaller batch,
         have counts enough), and per-request caps: a request keeps ``cap`` drafts
         per step where its own geometric acceptance ``a`` has ``a^cap`` worth the verification of one

@@ -1,7 +1,7 @@
-"""The scheduler hooks of ``SPECULATION_CONTROL=auto`` (:mod:`worker.spec_control` has the controller):
+"""The scheduler hooks of ``SPECULATION_CONTROL=auto`` (:mod:`worker.speculation.controller` has the controller):
 vLLM's ``dynamic_sd_lookup`` answered by the controller, fed each step's (drafted, accepted) pairs,
 and a capped request's drafts trimmed before a step is scheduled (the controller caps none alone
-where the engine replays full CUDA graphs: :mod:`worker.spec_control`). The mixin is checked against
+where the engine replays full CUDA graphs: :mod:`worker.speculation.controller`). The mixin is checked against
 vLLM's scheduler (imported for the type checker only), whose methods it overrides and calls."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import itertools
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from worker.config.speculation import EAGLE_METHODS, NGRAM_METHODS, is_graph_schedule
-from worker.spec_control import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
-from worker.spec_cost import STEP_COSTS
+from worker.speculation.config import EAGLE_METHODS, NGRAM_METHODS, is_graph_schedule
+from worker.speculation.controller import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
+from worker.speculation.cost import STEP_COSTS
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -47,7 +47,7 @@ class ControlledScheduling(_SchedulerBase):
         # captures full graphs for the query lengths of the schedule's k values only, each up to a
         # batch size of its own (_full_graph_batches): the controller chooses among those, and 0
         # (speculation off), which runs piecewise unless the schedule holds it. The worker's own V2 schedule only lists
-        # those k values (one batch size each, worker.config.speculation.auto_schedule): no ceiling.
+        # those k values (one batch size each, worker.speculation.config.auto_schedule): no ceiling.
         allowed: set[int] | None = None
         graph_batches: list[int] | None = None
         ceiling: list[int] | None = schedule
@@ -172,7 +172,7 @@ def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | N
 
 
 def _cost_key(vllm_config: Any) -> str:
-    """Which of :data:`worker.spec_cost.STEP_COSTS` prices this engine's steps: n-gram with async
+    """Which of :data:`worker.speculation.cost.STEP_COSTS` prices this engine's steps: n-gram with async
     scheduling (V2's GPU proposer as ``ngram_gpu``) or without it, an EAGLE head, else a draft model."""
     spec = vllm_config.speculative_config
     if spec is not None and spec.method in EAGLE_METHODS:
