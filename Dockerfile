@@ -34,6 +34,13 @@ COPY pyproject.toml README.md handler.py test_input.json ./
 COPY worker ./worker
 RUN python3 -m pip install --no-deps --no-build-isolation .
 
+# Bytecode for every package of the image's Python and the app: the base image's packages come
+# without it (uv writes none unless asked), and every RunPod cold start is a fresh container that
+# would compile torch, vLLM and transformers again before booting. The script fails the build when
+# those still have none.
+COPY scripts/compile_bytecode.py /tmp/compile_bytecode.py
+RUN python3 /tmp/compile_bytecode.py /app && rm /tmp/compile_bytecode.py
+
 # Optional model baking. The token is a build secret: it never lands in a layer.
 ARG MODEL_NAME=""
 ARG MODEL_REVISION=""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -68,3 +69,41 @@ def test_no_secret_lands_in_a_layer() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "tests"} <= set(ignored)
+
+
+def _instructions() -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined."""
+    return [line for line in DOCKERFILE.replace("\\\n", " ").splitlines() if line and not line.startswith("#")]
+
+
+def test_the_image_compiles_bytecode_after_every_install() -> None:
+    """Every cold start on RunPod is a fresh container: the image must carry bytecode for the
+    Python its CMD runs, written after the last package install (a later install would add
+    packages without it)."""
+    instructions = _instructions()
+    cmd = next(line for line in reversed(instructions) if line.startswith("CMD"))
+    python = json.loads(cmd.removeprefix("CMD").strip())[0]
+    compiles = [i for i, line in enumerate(instructions) if re.match(rf"RUN {python} \S*compile_bytecode\.py", line)]
+    installs = [i for i, line in enumerate(instructions) if re.search(r"\bpip install\b", line)]
+    assert compiles, f"no RUN {python} .../compile_bytecode.py in the Dockerfile"
+    assert installs and max(installs) < compiles[-1], "a package install comes after the bytecode step"
+    copied = [line for line in instructions if line.startswith("COPY") and "compile_bytecode.py" in line]
+    assert copied, "the bytecode script is not copied into the image"
+    assert "!scripts/compile_bytecode.py" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_the_bytecode_script_compiles_a_site_directory_and_names_what_lacks_it(tmp_path: Path) -> None:
+    package = tmp_path / "coldpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    (package / "future.py").write_text("def f[T](:\n")  # another Python's syntax: skipped, not fatal
+    script = ROOT / "scripts" / "compile_bytecode.py"
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    helpers = f"import runpy; m = runpy.run_path({str(script)!r}); "
+    probe = helpers + "print(m['missing_bytecode'](['coldpkg']))"
+    before = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert before.stdout.strip() == "['coldpkg']"
+    compile_it = helpers + f"m['compile_directories']([{str(tmp_path)!r}])"
+    subprocess.run([sys.executable, "-c", compile_it], env=env, check=True, capture_output=True)
+    after = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert after.stdout.strip() == "[]"
