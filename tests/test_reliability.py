@@ -351,3 +351,61 @@ def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path
     assert not alive_after(engine_processes, 30)
     # The SDK at its default level (DEBUG) would print every streamed item, users' text included.
     assert "Async Generator output" not in log.read_text()
+
+
+# An adapter vLLM cannot load: `vllm serve` refuses to start with it, and so does the worker.
+BAD_LORA = {
+    "MODEL_NAME": "tiny:target",
+    "SPECULATIVE_METHOD": "none",
+    "ENABLE_LORA": "true",
+    "LORA_MODULES": "good=tiny:lora bad=/nonexistent/path",
+}
+
+
+def _names_the_bad_adapter(error: str) -> bool:
+    return "LORA_MODULES" in error and "'bad'" in error and "/nonexistent/path" in error and "Traceback" not in error
+
+
+async def test_a_lora_module_that_cannot_load_fails_serverless_jobs_with_a_configuration_error() -> None:
+    """Left to the first request naming it, the adapter failed inside the engine's step: that job
+    got `engine_dead` and every later one too. Loaded at boot, each job gets the configuration
+    error naming the setting and the path, and RunPod is asked for another worker."""
+    worker = ServerlessWorker(EngineHolder(settings_loader=functools.partial(engine_settings, **BAD_LORA)))
+    for i, job in enumerate([{"prompt": "hi"}, {"prompt": "hi", "lora": "bad"}, {"prompt": "hi", "lora": "good"}]):
+        items = await asyncio.wait_for(job_items(worker, {"id": f"lora{i}", "input": job}), 120)
+        assert items[-1]["error_type"] == "configuration_error", items[-1]
+        assert _names_the_bad_adapter(items[-1]["error"]), items[-1]
+    assert worker.runpod_config.get("refresh_worker") is True
+
+
+def test_a_lora_module_that_cannot_load_never_lets_the_pod_report_ready(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The pod answered `/health` 200 "ready", then a bare 500 on every route. Now its boot fails:
+    `/health` never says 200, and the process exits 1 with the sentence naming the adapter."""
+    port = free_port()
+    log = tmp_path / "pod.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "serve", "--port", str(port)],
+            cwd=Path(__file__).resolve().parent.parent,
+            env={**subprocess_env, **BAD_LORA},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    statuses = set()
+    deadline = time.monotonic() + 240
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                statuses.add(httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code)
+            except httpx.HTTPError:
+                pass  # not listening yet, or gone
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.wait(timeout=30) == 1, log.read_text()[-3000:]
+    assert 200 not in statuses, statuses
+    text = log.read_text()
+    assert any(_names_the_bad_adapter(line) for line in text.splitlines()), text[-3000:]

@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,7 +40,14 @@ from worker.boot.output_tail import OutputTail
 from worker.boot.plan import BootPlan
 from worker.config import Settings
 from worker.engine import Engine
-from worker.errors import EngineBootError, InvalidRequest, WorkerError, describe_validation_errors, one_line
+from worker.errors import (
+    ConfigError,
+    EngineBootError,
+    InvalidRequest,
+    WorkerError,
+    describe_validation_errors,
+    one_line,
+)
 from worker.schema import parse_request
 from worker.speculation.stats import frontend as spec_frontend
 from worker.speculation.stats.scheduler import SCHEDULER_CLASSES
@@ -193,6 +201,11 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
 
 async def boot(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engine:
     engine = await asyncio.to_thread(functools.partial(create_engine, plan, api_process=api_process))
+    try:
+        await load_adapters(engine)
+    except ConfigError:
+        engine.shutdown()
+        raise
     if engine.exact_stop_stats is not None:
         await check_exact_stop_stats(engine)
     if plan.settings.warmup_request:
@@ -202,6 +215,26 @@ async def boot(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engi
     # collections while serving do not walk it again and again.
     freeze_gc_heap()
     return engine
+
+
+async def load_adapters(engine: Engine) -> None:
+    """Load every adapter of ``LORA_MODULES`` before the engine is reported ready, as ``vllm serve``
+    does. Left to its first request, an adapter vLLM cannot load fails inside the engine core's
+    step, which kills the engine: every later request, base model included, would fail. vLLM's
+    ``add_lora`` fails the call alone and keeps the engine serving, so the boot can stop with a
+    sentence naming the setting. Loading them now also spares the first request the load."""
+    for name, request in engine.lora_requests.items():
+        try:
+            await engine.llm.add_lora(request)
+        except Exception as exc:
+            # vLLM wraps the model worker's error: "Call to add_lora method failed: Worker failed
+            # with error '<the reason>', please check the stack trace above for the root cause".
+            reason = one_line(exc)
+            inner = re.search(r"failed with error '(.*)', please check", reason)
+            raise ConfigError(
+                f"LORA_MODULES: adapter {name!r} at {request.lora_path!r} cannot be loaded: "
+                f"{inner.group(1) if inner else reason}"
+            ) from None
 
 
 async def warm_up(engine: Engine) -> None:
