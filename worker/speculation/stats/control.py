@@ -11,9 +11,10 @@ import itertools
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from worker.speculation.config import EAGLE_METHODS, NGRAM_METHODS, is_graph_schedule
+from worker.speculation.config import EAGLE_METHODS, NGRAM_METHODS
 from worker.speculation.controller import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
 from worker.speculation.cost import STEP_COSTS
+from worker.speculation.decide import is_graph_schedule
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -47,7 +48,7 @@ class ControlledScheduling(_SchedulerBase):
         # captures full graphs for the query lengths of the schedule's k values only, each up to a
         # batch size of its own (_full_graph_batches): the controller chooses among those, and 0
         # (speculation off), which runs piecewise unless the schedule holds it. The worker's own V2 schedule only lists
-        # those k values (one batch size each, worker.speculation.config.auto_schedule): no ceiling.
+        # those k values (one batch size each, worker.speculation.decide.auto_schedule): no ceiling.
         allowed: set[int] | None = None
         graph_batches: list[int] | None = None
         ceiling: list[int] | None = schedule
