@@ -3,11 +3,12 @@ control, the model runner, the graph mode and capture size, vLLM's speculative c
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
-from tests.helpers import engine_env, engine_kwargs
+from tests.helpers import ROOT, engine_env, engine_kwargs
 from worker.boot.engine_args import FULL_GRAPHS_CONFIG
 from worker.boot.plan import build_plan
 from worker.config import DeploymentMode, load_settings
@@ -15,6 +16,7 @@ from worker.errors import ConfigError
 from worker.speculation.decide import auto_schedule, decide, is_graph_schedule
 from worker.vllm_plugin import FULL_GRAPHS_ENV
 
+DOCS = ROOT / "docs" / "speculation.md"
 REAL = {"MODEL_NAME": "org/model"}
 NGRAM = {**REAL, "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
 EAGLE = {**REAL, "SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "org/head", "num_speculative_tokens": 4}'}
@@ -269,3 +271,35 @@ def test_the_cuda_graph_settings_reach_vllms_compilation_config() -> None:
     config = AsyncEngineArgs(**engine_kwargs(load_settings(ngram), mode="pod")).compilation_config
     config = config if isinstance(config, CompilationConfig) else CompilationConfig(**config)
     assert config.cudagraph_mode == CUDAGraphMode.FULL and config.max_cudagraph_capture_size == 1024
+
+
+def _table_rows() -> list[list[str]]:
+    """The cells of docs/speculation.md's decision table, a list a row."""
+    text = DOCS.read_text()
+    table = text[text.index("<!-- decision-table -->") : text.index("<!-- /decision-table -->")]
+    lines = [line for line in table.splitlines() if line.startswith("| ")][1:]  # the header goes
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines]
+
+
+def test_the_docs_decision_table_is_what_decide_answers() -> None:
+    """Each row of docs/speculation.md's table, walked through decide: its settings, mode and device
+    in; control, runner, graph mode, capture size and schedule out, as the served block shows them."""
+    rows = _table_rows()
+    assert len(rows) >= 20
+    for settings, mode_cell, device, *shown, _why in rows:
+        mode: DeploymentMode = "pod" if mode_cell == "pod" else "serverless"
+        env = {} if "tiny default" in settings else dict(REAL)
+        env |= dict(re.findall(r"`([A-Z0-9_]+)=([^`]*)`", settings))
+        assert mode_cell in ("pod", "serverless") and device in ("GPU", "CPU"), settings
+        plan = decide(load_settings(env), mode=mode, is_cpu=device == "CPU")
+        answer = plan.shown()
+        capture = plan.max_cudagraph_capture_size
+        schedule = answer["speculative_tokens_by_batch"]
+        got = [
+            answer["speculation_control"] or "—",
+            answer["model_runner"] or "vLLM's",
+            answer["cudagraph_mode"] or "vLLM's",
+            "—" if not plan.has_cuda_graphs else str(capture or "vLLM's"),
+            "—" if schedule is None else "`" + ",".join(f"{a}-{b}:{k}" for a, b, k in schedule) + "`",
+        ]
+        assert got == shown, f"docs/speculation.md: the row {settings} ({mode}, {device}): decide answers {got}"
