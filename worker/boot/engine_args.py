@@ -111,10 +111,9 @@ def engine_environment(
     """Process environment vLLM must see before the engine starts (``None``: unset it); the
     engine-core process inherits it. Applied by ``worker.runtime.boot_engine``.
 
-    The 4-bit GEMM kernel on Hopper (``AWQ_KERNEL``), measured on an H200 with an 8B AWQ model on
-    vLLM 0.32 (docs/benchmarks.md): Machete, vLLM's default there, was 17% slower than Marlin at
-    batch 1 (254 vs 306 tok/s) and 43% faster at batch 256 (23,573 vs 16,518 tok/s). Serverless
-    traffic is latency-bound (small batches): Marlin; pods run large batches: Machete.
+    The 4-bit GEMM kernel on Hopper (``AWQ_KERNEL``): Machete, vLLM's default there, was slower
+    than Marlin at batch 1 and faster at batch 256 (docs/benchmarks.md). Serverless traffic is
+    latency-bound (small batches): Marlin; pods run large batches: Machete.
     """
     kernel = settings.awq_kernel
     if kernel == "auto":
@@ -131,9 +130,8 @@ def engine_environment(
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
         # vLLM's startup plan (off in vLLM, on here): a boot keeps the memory profile's result under
         # VLLM_CACHE_ROOT, keyed by the configuration, GPU and library versions, and a later boot
-        # that matches (and finds as much free memory) reserves that KV cache without measuring.
-        # On an H200 (8B, V1, fresh containers on a warm cache root) the profile phase took 0.7-0.8 s
-        # instead of 2.5-2.6 s, the KV cache 0.6% smaller (docs/benchmarks.md). vLLM falls back to
+        # that matches (and finds as much free memory) reserves that KV cache without measuring: a
+        # shorter boot, a slightly smaller KV cache (docs/benchmarks.md). vLLM falls back to
         # profiling on any mismatch. Written as "1"/"0": vLLM parses its variable as an int.
         "VLLM_ENABLE_STARTUP_PLAN": "1" if settings.vllm_enable_startup_plan else "0",
         # Media URLs (worker/media.py): public addresses only, no redirects; or vLLM's own connector.
@@ -145,15 +143,13 @@ def start_method(settings: Settings, *, mode: DeploymentMode) -> Literal["fork",
     """How vLLM starts its engine core (and, on a CPU, its model worker): ``fork`` or ``spawn``.
 
     vLLM's own server starts its engine core with spawn (its CLI sets this); the library default
-    on a GPU is fork. On an H200 the pod with a forked engine core answered the first token of one
-    stream later than vLLM's server in all 8 paired runs (+0.6 to +4.9 ms); spawned, the pairs split
-    both ways, median +0.3 ms over 14 (docs/benchmarks.md): pods spawn. Serverless forks: no
-    re-import, a shorter boot. vLLM still spawns where fork is unsafe (CUDA already initialised in
-    the process). vLLM's CPU platform sets spawn whatever was asked while it builds its config;
-    the boot plan's environment is applied again after it (``worker.boot.launch.build_config``):
-    a spawned process imports vLLM again, twice per
-    engine on a CPU (engine core, model worker), and the tiny model's boot took 30 s spawned
-    against 9 s forked on 2 cores.
+    on a GPU is fork. A pod with a forked engine core answered a stream's first token later than
+    vLLM's server in every paired run, spawned it did not (docs/benchmarks.md): pods spawn.
+    Serverless forks: no re-import, a shorter boot. vLLM still spawns where fork is unsafe (CUDA
+    already initialised in the process). vLLM's CPU platform sets spawn whatever was asked while it
+    builds its config; the boot plan's environment is applied again after it
+    (``worker.boot.launch.build_config``): a spawned process imports vLLM again, twice per engine on
+    a CPU (engine core, model worker), which tripled the tiny model's boot on 2 cores.
     """
     return settings.vllm_worker_multiproc_method or ("spawn" if mode == "pod" else "fork")
 
@@ -163,10 +159,9 @@ def _triton_cache_dir(settings: Settings) -> str | None:
 
     vLLM points Triton at a folder of its compile cache only while it compiles; a boot that loads
     the compiled graphs from that cache leaves Triton at its default, ``~/.triton/cache``, which a
-    fresh container does not have. On an H200 (V1 runner, 8B, one warm cache root) fresh
-    containers booted in 26.6-28.6 s with this folder and in 43.5-54.5 s without it, re-running
-    V1's kernel JIT warm-up (docs/benchmarks.md). Naming the folder makes both kinds of boot
-    share one cache.
+    fresh container does not have, and re-runs V1's kernel JIT warm-up: a fresh container's boot
+    took over half as long again without this folder (docs/benchmarks.md). Naming the folder makes
+    both kinds of boot share one cache.
     """
     if settings.triton_cache_dir is not None:
         return settings.triton_cache_dir

@@ -208,11 +208,9 @@ async def boot(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engi
 async def warm_up(engine: Engine) -> None:
     """Short requests through the whole path (chat template, speculation, detokenizing, the
     sampler's optional kernels) before the engine is reported ready, so that the first user's
-    request does not pay what vLLM initialises lazily. On the CPU (tiny model, draft
-    speculation) the first request's TTFT was 25 ms against 9.5 ms for a request after a
-    second's idle; with this, 14 ms. On an H200 with vLLM's kernel warm-up off, the first
-    request using ``WARMUP_SAMPLING_FEATURES`` took 77 ms to its first token against 14.5 ms
-    later: the third request here runs those kernels once during boot."""
+    request does not pay what vLLM initialises lazily: without it the first request's time to
+    first token was several times a later one's, on the CPU and on a GPU (docs/benchmarks.md); the
+    third request here runs the sampler's optional kernels (``WARMUP_SAMPLING_FEATURES``) once."""
     llm = engine.llm
     if "generate" not in await llm.get_supported_tasks():
         return  # e.g. an embedding model: nothing to generate

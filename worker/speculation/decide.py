@@ -234,10 +234,8 @@ def auto_schedule(k: int, *, on_v2: bool) -> list[list[int]]:
     the schedule lists each k from the configured one down to 0, one batch size each:
     ``1-1:4,2-2:3,3-3:2,4-4:1,5+:0`` for k = 4. vLLM reads it for its graphs only; the worker's
     controller, which answers vLLM's per-step lookup, takes it for the list of runnable k values,
-    not as a ceiling by batch size (:func:`is_graph_schedule`). The H200 map (docs/gpu-results/HISTORY.md):
-    the ladder without the 0, read as a ceiling, held k at 1 from 4 streams (0.94x static k = 4 at
-    8); with every k, n-gram ``auto`` ran 0.97-1.01x static k = 2 at 1-64 streams, and at 0%
-    acceptance, speculation off, 0.99-1.11x no speculation at 1-256.
+    not as a ceiling by batch size (:func:`is_graph_schedule`). Why every k, and the 0:
+    docs/speculation.md, "The schedule under auto".
     """
     if not on_v2:
         return [[1, 1, k]]
