@@ -149,7 +149,7 @@ def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | N
     without full graphs). V2 (``vllm/v1/worker/gpu/cudagraph_utils.py``, ``_init_candidates``)
     captures uniform decode graphs of each capture size rounded up to a multiple of the query
     length ``k + 1``, dropping any past the largest capture size; a batch pads up to the next one.
-    Under FULL (one routine for every step, ``runner.full_graphs_for_joins``) it captures each size
+    Under FULL (one routine for every step, ``worker.speculation.decide``) it captures each size
     as it is, for any mix of query lengths: a step replays one up to the largest size in tokens
     (the decode graphs the worker's plugin adds beside them, ``worker.vllm_plugin``, move no bound).
     Mirrored here, since vLLM keeps the result inside its model runner, out of the scheduler's reach."""
