@@ -303,3 +303,12 @@ def test_the_docs_decision_table_is_what_decide_answers() -> None:
             "—" if schedule is None else "`" + ",".join(f"{a}-{b}:{k}" for a, b, k in schedule) + "`",
         ]
         assert got == shown, f"docs/speculation.md: the row {settings} ({mode}, {device}): decide answers {got}"
+
+
+def test_the_runner_is_shown_as_vllm_reads_its_variable() -> None:
+    def shown(value: str) -> object:
+        settings = load_settings({**REAL, "VLLM_USE_V2_MODEL_RUNNER": value})
+        return decide(settings, mode="pod", is_cpu=False).shown()["model_runner"]
+
+    assert (shown("1"), shown("0")) == ("v2", "v1")
+    assert shown("yes") is None  # vLLM refuses it at boot (it reads an integer)

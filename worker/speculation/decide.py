@@ -75,14 +75,22 @@ class SpeculationPlan:
         """The decisions as the job's ``served`` block, the pod's ``/plan`` and the boot's log line
         show them: ``null`` for a runner or a graph mode left to vLLM, and for a control without
         speculation."""
-        runner = None if self.model_runner is None else ("v2" if self.model_runner in ("1", "true") else "v1")
         return {
             "speculation_control": self.control if self.speculative_config is not None else None,
-            "model_runner": runner,
+            "model_runner": _runner_name(self.model_runner),
             "cudagraph_mode": self.cudagraph_mode if self.has_cuda_graphs else "NONE",
             "speculative_tokens_by_batch": self.schedule,
             "spec_decode_available": self.is_exact_stats,
         }
+
+
+def _runner_name(flag: str | None) -> Literal["v1", "v2"] | None:
+    """``VLLM_USE_V2_MODEL_RUNNER`` as vLLM reads it (an integer, non-zero: V2); None: vLLM's choice,
+    or a value vLLM refuses at boot."""
+    try:
+        return None if flag is None else ("v2" if int(flag) else "v1")
+    except ValueError:
+        return None
 
 
 def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> SpeculationPlan:
