@@ -54,12 +54,6 @@ class SpeculationPlan:
     is_exact_stats: bool  # the worker's scheduler and output processor: exact per-request stats
 
     @property
-    def num_speculative_tokens(self) -> int | None:
-        """k, the most tokens drafted a step (None: no speculation)."""
-        k = (self.speculative_config or {}).get("num_speculative_tokens")
-        return k if isinstance(k, int) else None
-
-    @property
     def schedule(self) -> list[list[int]] | None:
         """vLLM's batch-size schedule of k (``[start, end, k]`` ranges): the user's, or ``auto``'s."""
         schedule = (self.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
@@ -130,8 +124,9 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
         and control == "auto"
         and runner == "1"
     )
+    is_captured = not is_cpu and not is_eager
     cudagraph_mode, capture = _graphs(
-        settings, mode=mode, is_full=is_worker_full_graphs, speculates=spec is not None, is_captured=not is_eager
+        settings, mode=mode, is_full=is_worker_full_graphs, speculates=spec is not None, is_captured=is_captured
     )
     on_v2 = not is_cpu and runner == "1"
     if spec is not None:
@@ -145,8 +140,8 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
         model_runner=runner,
         is_eager=is_eager,
         has_cuda_graphs=has_cuda_graphs,
-        cudagraph_mode=None if is_cpu else cudagraph_mode,
-        max_cudagraph_capture_size=None if is_cpu else capture,
+        cudagraph_mode=cudagraph_mode,
+        max_cudagraph_capture_size=capture,
         is_worker_full_graphs=is_worker_full_graphs,
         speculative_config=spec,
         is_exact_stats=speculates and runs_worker_scheduler,
@@ -201,7 +196,7 @@ def _graphs(
     graphs up to :data:`JOIN_CAPTURE_TOKENS`. Under a mode without piecewise graphs a serverless
     worker captures no decode batch larger than it takes jobs (``MAX_CONCURRENCY``); under vLLM's
     mode the capture sizes serve its piecewise graphs too, and with speculation a step is ``1 + k``
-    tokens a sequence: vLLM's sizes there. An eager engine captures nothing."""
+    tokens a sequence: vLLM's sizes there. An eager engine, or the CPU build, captures nothing."""
     if not is_captured:
         return None, None
     cudagraph_mode = None if settings.cudagraph_mode == "auto" else settings.cudagraph_mode
