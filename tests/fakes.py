@@ -33,6 +33,10 @@ class FakeEngine:
             quantization=None,
             speculative_method=None,
             num_speculative_tokens=None,
+            speculation_control=None,
+            model_runner=None,
+            cudagraph_mode=None,
+            speculative_tokens_by_batch=None,
             spec_decode_available=False,
         )
 

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from worker import runtime
-from worker.config import Settings, load_settings
+from worker.boot.engine_args import build_engine_kwargs, engine_environment
+from worker.config import DeploymentMode, Settings, load_settings
 from worker.runtime import EngineHolder, EngineProtocol
 from worker.serverless import ServerlessWorker
+from worker.speculation.decide import decide
 from worker.tiny_models import TinyModels
 from worker.tools.bench.servers import alive_after, free_port, wait_until_ready
 
@@ -40,6 +42,8 @@ __all__ = [
     "cmdline",
     "descendants",
     "engine_core_of",
+    "engine_env",
+    "engine_kwargs",
     "engine_settings",
     "free_port",
     "job_items",
@@ -61,6 +65,16 @@ def engine_settings(**env: Any) -> Settings:
     values = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MAX_NUM_SEQS": "16"}
     values.update({key: str(value) for key, value in env.items()})
     return load_settings(values)
+
+
+def engine_kwargs(settings: Settings, *, mode: DeploymentMode = "serverless", is_cpu: bool = False) -> dict[str, Any]:
+    """vLLM's engine arguments for ``settings`` as the boot plan builds them (references as named)."""
+    return build_engine_kwargs(settings, decide(settings, mode=mode, is_cpu=is_cpu), is_cpu=is_cpu)
+
+
+def engine_env(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> dict[str, str | None]:
+    """The engine's process environment for ``settings`` as the boot plan builds it."""
+    return engine_environment(settings, decide(settings, mode=mode, is_cpu=is_cpu), mode=mode)
 
 
 def worker_for(engine: EngineProtocol, **env: Any) -> ServerlessWorker:

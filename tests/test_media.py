@@ -13,8 +13,8 @@ import pytest
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
 
 import worker.media as media
-from tests.helpers import ImageServer, png
-from worker.boot.engine_args import PUBLIC_MEDIA_CONNECTOR, build_engine_kwargs, engine_environment
+from tests.helpers import ImageServer, engine_env, engine_kwargs, png
+from worker.boot.engine_args import PUBLIC_MEDIA_CONNECTOR
 from worker.config import load_settings
 from worker.media import MediaURLRefused, address_refusal
 
@@ -145,9 +145,9 @@ def test_settings_select_the_connector_and_the_domains() -> None:
     base = {"MODEL_NAME": "tiny:target"}
     settings = load_settings({**base, "ALLOWED_MEDIA_DOMAINS": "Images.Example.com, cdn.example.com"})
     assert settings.allowed_media_domains == ["images.example.com", "cdn.example.com"]
-    kwargs = build_engine_kwargs(settings)
+    kwargs = engine_kwargs(settings)
     assert kwargs["allowed_media_domains"] == ["images.example.com", "cdn.example.com"]
-    assert engine_environment(settings, mode="pod")["VLLM_MEDIA_CONNECTOR"] == PUBLIC_MEDIA_CONNECTOR
+    assert engine_env(settings, mode="pod")["VLLM_MEDIA_CONNECTOR"] == PUBLIC_MEDIA_CONNECTOR
     private = load_settings({**base, "ALLOW_PRIVATE_MEDIA_URLS": "true"})
-    assert engine_environment(private, mode="serverless")["VLLM_MEDIA_CONNECTOR"] is None  # vLLM's own
-    assert "allowed_media_domains" not in build_engine_kwargs(private)
+    assert engine_env(private, mode="serverless")["VLLM_MEDIA_CONNECTOR"] is None  # vLLM's own
+    assert "allowed_media_domains" not in engine_kwargs(private)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import CACHE_DIR
 from worker.boot.models import resolver
-from worker.boot.plan import BootPlan, build_plan
+from worker.boot.plan import BootPlan, build_plan, served_line
 from worker.config import DeploymentMode, Settings, load_settings
 from worker.tiny_models import TinyModels
 
@@ -45,14 +45,56 @@ def test_the_default_plan_resolves_target_draft_and_adapters_once(
 
 
 def test_exact_stats_are_decided_in_one_place() -> None:
-    assert _plan().is_exact_stats
-    assert not _plan(PER_REQUEST_SPEC_DECODE_METRICS="none").is_exact_stats
-    assert not _plan(SPECULATIVE_METHOD="none").is_exact_stats
+    assert _plan().speculation.is_exact_stats
+    assert not _plan(PER_REQUEST_SPEC_DECODE_METRICS="none").speculation.is_exact_stats
+    assert not _plan(SPECULATIVE_METHOD="none").speculation.is_exact_stats
     # A scheduler of the user's (ENGINE_ARGS) cannot answer the frontend: exact stats are off.
-    assert not _plan(ENGINE_ARGS='{"scheduler_cls": "my.Scheduler"}').is_exact_stats
+    assert not _plan(ENGINE_ARGS='{"scheduler_cls": "my.Scheduler"}').speculation.is_exact_stats
     # Speculation through the escape hatch alone counts too.
     spec = '{"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}'
-    assert _plan(MODEL_NAME="tiny:target", SPECULATIVE_METHOD="none", ENGINE_ARGS=spec).is_exact_stats
+    assert _plan(MODEL_NAME="tiny:target", SPECULATIVE_METHOD="none", ENGINE_ARGS=spec).speculation.is_exact_stats
+
+
+def test_the_served_block_and_the_boot_line_show_the_resolved_plan() -> None:
+    served = _plan().served(quantization=None, speculative_method="draft_model", num_speculative_tokens=3)
+    assert served.model_dump() == {  # the README's served block: the tiny default on the CPU
+        "model": "tiny:target",
+        "quantization": None,
+        "speculative_method": "draft_model",
+        "num_speculative_tokens": 3,
+        "speculation_control": "static",
+        "model_runner": "v1",
+        "cudagraph_mode": "NONE",
+        "speculative_tokens_by_batch": None,
+        "spec_decode_available": True,
+    }
+    assert served_line(served) == (
+        "serving: model=tiny:target, quantization=None, speculative_method=draft_model, num_speculative_tokens=3, "
+        "speculation_control=static, model_runner=v1, cudagraph_mode=NONE, speculative_tokens_by_batch=None, "
+        "spec_decode_available=True"
+    )
+    # n-gram on a GPU pod: auto, on V2, FULL graphs, every k down to 0 (worker/speculation/decide.py).
+    env = {"MODEL_NAME": "org/m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "2"}
+    pod = build_plan(load_settings(env), mode="pod", is_cpu=False)
+    shown = pod.served(quantization="awq_marlin", speculative_method="ngram_gpu", num_speculative_tokens=2)
+    assert shown.model_dump() == {
+        "model": "org/m",
+        "quantization": "awq_marlin",
+        "speculative_method": "ngram_gpu",
+        "num_speculative_tokens": 2,
+        "speculation_control": "auto",
+        "model_runner": "v2",
+        "cudagraph_mode": "FULL",
+        "speculative_tokens_by_batch": [[1, 1, 2], [2, 2, 1], [3, 3, 0]],
+        "spec_decode_available": True,
+    }
+    # No speculation: no control to show; vLLM's own runner and graph mode on a pod (null).
+    plain = build_plan(load_settings({"MODEL_NAME": "org/m"}), mode="pod", is_cpu=False)
+    none = plain.served(quantization=None, speculative_method=None, num_speculative_tokens=None).model_dump()
+    assert {key: none[key] for key in ("speculation_control", "model_runner", "cudagraph_mode")} == dict.fromkeys(
+        ("speculation_control", "model_runner", "cudagraph_mode")
+    )
+    assert none["spec_decode_available"] is False
 
 
 def test_the_start_method_is_decided_once_and_written_by_the_plan() -> None:

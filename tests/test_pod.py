@@ -75,6 +75,21 @@ def test_models(pod: PodServer) -> None:
     assert [m.id for m in pod.client().models.list().data] == [MODEL]
 
 
+def test_plan_shows_what_the_boot_resolved(pod: PodServer) -> None:
+    """The job's served block, at /plan: the tiny default's draft model, static, on V1, eager."""
+    assert httpx.get(pod.base + "/plan", timeout=5).json() == {
+        "model": MODEL,
+        "quantization": None,
+        "speculative_method": "draft_model",
+        "num_speculative_tokens": 3,
+        "speculation_control": "static",
+        "model_runner": "v1",
+        "cudagraph_mode": "NONE",
+        "speculative_tokens_by_batch": None,
+        "spec_decode_available": True,
+    }
+
+
 def test_chat_completion_with_usage_and_stats(pod: PodServer) -> None:
     response = pod.client().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], temperature=0, max_tokens=48

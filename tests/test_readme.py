@@ -270,7 +270,7 @@ def _check_output(printed: Any, shown: Block) -> None:
     """What a block printed against the README's ``<!-- output -->`` block after it: text exactly;
     a job's final item field by field, figures as rounded as the README shows them, but for its
     timings (they differ from run to run) and the draft's counts: each machine trains its own tiny
-    models (``worker/tiny_models.py``), and the noisy draft's agreement with the target hangs on
+    models (``worker/tiny_models/``), and the noisy draft's agreement with the target hangs on
     their exact weights (another CPU's kernels may round differently), while the target's greedy
     text of its own training line does not. Those counts are checked for shape and arithmetic."""
     if shown.lang != "json":

@@ -48,6 +48,10 @@ async def test_streaming_and_non_streaming_give_the_same_text(worker: Serverless
     assert all(set(item) == {"text"} for item in streamed[:-1])
     assert final["usage"]["completion_tokens"] == whole[0]["usage"]["completion_tokens"] == 200
     assert final["served"]["speculative_method"] == "draft_model"
+    # The boot plan's resolved choices (worker.speculation.decide) ride along: static k = 3 on V1, eager.
+    plan = {key: final["served"][key] for key in ("speculation_control", "model_runner", "cudagraph_mode")}
+    assert plan == {"speculation_control": "static", "model_runner": "v1", "cudagraph_mode": "NONE"}
+    assert final["served"]["num_speculative_tokens"] == 3 and final["served"]["speculative_tokens_by_batch"] is None
     assert final["spec_decode"]["num_draft_tokens"] > 0
     timings = final["timings"]
     assert timings["time_to_first_token_ms"] > 0 and timings["end_to_end_ms"] >= timings["time_to_first_token_ms"]

@@ -13,7 +13,6 @@ import pytest
 
 from tests.helpers import boot_engine
 from worker.schema import SpecDecodeStats, parse_request
-from worker.speculation.config import auto_schedule
 from worker.speculation.controller import (
     PROBE_CHAIN_SEQUENCES,
     PROBE_EVERY_STEPS,
@@ -21,6 +20,7 @@ from worker.speculation.controller import (
     SpeculationController,
 )
 from worker.speculation.cost import STEP_COSTS, step_ms
+from worker.speculation.decide import auto_schedule
 from worker.speculation.measure import Acceptance, StepTimes, batch_bucket, geometric_rate
 from worker.speculation.stats.control import ControlledScheduling
 from worker.speculation.stats.stand_in import StandInScheduler

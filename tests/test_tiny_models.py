@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from worker import tiny_models
+from worker.tiny_models import cache
 
 
 def test_a_first_build_says_so_before_it_starts_and_a_built_one_says_nothing(
@@ -20,7 +21,7 @@ def test_a_first_build_says_so_before_it_starts_and_a_built_one_says_nothing(
         root.mkdir(parents=True)
         (root / "BUILD.json").write_text("{}")
 
-    monkeypatch.setattr(tiny_models, "_build", stand_in_build)
+    monkeypatch.setattr(cache, "build_text_models", stand_in_build)
     with caplog.at_level(logging.INFO, logger="worker.tiny_models"):
         tiny_models.ensure_tiny_models(tmp_path)
         assert said_before == [True]

@@ -20,8 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import ImageServer, boot_engine, job_items, png, worker_for
-from worker.boot.engine_args import engine_environment
+from tests.helpers import ImageServer, boot_engine, engine_env, job_items, png, worker_for
 from worker.config import load_settings
 from worker.pod import create_app
 from worker.serverless import ServerlessWorker
@@ -155,7 +154,7 @@ async def test_an_allowed_http_url_is_fetched_when_private_urls_are_allowed(
     names is fetched and answered exactly as the same picture sent as a data: URL; a host it does
     not name is refused before any fetch."""
     private = load_settings({**ENV, "ALLOW_PRIVATE_MEDIA_URLS": "true"})
-    for key, value in engine_environment(private, mode="serverless").items():
+    for key, value in engine_env(private, mode="serverless").items():
         if key == "VLLM_MEDIA_CONNECTOR":
             assert value is None  # vLLM's own connector
             monkeypatch.delenv(key, raising=False)

@@ -174,7 +174,7 @@ def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(
 def test_the_decode_graphs_under_full_serve_each_k_of_the_controllers_schedule(
     monkeypatch: pytest.MonkeyPatch, vllm_methods_restored: None
 ) -> None:
-    from worker.speculation.config import auto_schedule
+    from worker.speculation.decide import auto_schedule
     from worker.vllm_plugin import FULL_GRAPHS_ENV
 
     schedule = auto_schedule(4, on_v2=True)  # every k from 4 to 0: queries of 5 down to 1 token

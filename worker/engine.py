@@ -47,24 +47,18 @@ class Engine:
         llm: AsyncLLM,
         *,
         settings: Settings,
-        model_label: str,
+        served: Served,
         lora_paths: Mapping[str, str],
-        is_exact_stats: bool,
     ) -> None:
-        """The boot plan's answers (``worker.boot.plan``): adapter paths, exact stats on or off."""
+        """The boot plan's answers (``worker.boot.plan``): what serves (exact stats on or off
+        among it), adapter paths."""
         self._llm = llm
         self._settings = settings
         config = llm.vllm_config
         spec = config.speculative_config
         self.max_model_len: int = config.model_config.max_model_len
         self.max_num_seqs: int = config.scheduler_config.max_num_seqs
-        self.served = Served(
-            model=model_label,
-            quantization=config.model_config.quantization,
-            speculative_method=getattr(spec, "method", None) if spec else None,
-            num_speculative_tokens=getattr(spec, "num_speculative_tokens", None) if spec else None,
-            spec_decode_available=is_exact_stats,
-        )
+        self.served = served
         self._tokenizer = llm.get_tokenizer()
         # The frontend half of exact stats, where the boot installed it (worker.boot.launch).
         processor = llm.output_processor

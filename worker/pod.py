@@ -6,6 +6,7 @@ model's task, with its tool-call and reasoning parsers and LoRA adapters. The wo
 
     GET /health  GET /ping     503 while booting, after a failed boot or with a dead engine; 200 ready
     GET /metrics               Prometheus: vLLM's engine metrics and the worker's own, one page
+    GET /plan                  what serves: the boot plan's resolved choices, as a job's ``served`` block
 
 and, in front of every other route, a gate vLLM's layer does not have: the API key
 (``Authorization: Bearer <key>``, compared in constant time), the body limit (413), and
@@ -90,7 +91,7 @@ def _error_response(error: WorkerError) -> JSONResponse:
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Routes of the worker's own small app; every other path goes through the gate to vLLM's app.
-_OWN_PATHS = frozenset({"/health", "/ping", "/metrics"})
+_OWN_PATHS = frozenset({"/health", "/ping", "/metrics", "/plan"})
 
 
 class _Gate:
@@ -283,5 +284,12 @@ def create_app(
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(render_metrics(holder.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/plan")
+    async def plan() -> JSONResponse:
+        try:
+            return JSONResponse(holder.ready_engine().served.model_dump(mode="json"))
+        except WorkerError as exc:
+            return _error_response(exc)
 
     return _Gate(holder, app, peers=peers)

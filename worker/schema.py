@@ -167,12 +167,17 @@ class SpecDecodeStats(BaseModel):
 
 
 class Served(BaseModel):
-    """What served the request."""
+    """What served the request: the model and the boot plan's resolved choices (the boot logs the
+    same line; the pod answers them at ``/plan``). ``null`` runner or graph mode: vLLM's own."""
 
     model: str
     quantization: str | None
     speculative_method: str | None
     num_speculative_tokens: int | None
+    speculation_control: Literal["auto", "static"] | None
+    model_runner: Literal["v1", "v2"] | None
+    cudagraph_mode: str | None
+    speculative_tokens_by_batch: list[list[int]] | None
     spec_decode_available: bool
 
 

@@ -8,7 +8,7 @@ A boot that fails says why in its error: when vLLM's engine core dies while star
 exception says only "see root cause above", so the root cause is read from what the engine's
 processes wrote (:class:`worker.boot.output_tail.OutputTail`).
 
-Imports vLLM (with ``engine.py``, ``spec_scheduler.py`` and ``openai.py``).
+Imports vLLM (with ``engine.py``, ``speculation/stats/`` and ``openai.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from worker.boot import modelinfo
 from worker.boot.draft_check import check_draft_compatible
 from worker.boot.models import check_local_paths
 from worker.boot.output_tail import OutputTail
-from worker.boot.plan import BootPlan
+from worker.boot.plan import BootPlan, served_line
 from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import (
@@ -142,11 +142,11 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
     plan.apply_environment(os.environ)
     # The worker's vLLM plugin, for an engine core forked from this process (vllm_plugin's docstring).
     apply_full_graph_choices()
-    if plan.is_exact_stats:
+    if plan.speculation.is_exact_stats:
         spec = vllm_config.speculative_config
         # SPECULATION_CONTROL=auto: the worker's controller answers vLLM's per-step k (speculation/controller.py).
         is_controlled = (
-            spec is not None and plan.speculation_control == "auto" and spec.uses_dynamic_speculative_decoding()
+            spec is not None and plan.speculation.control == "auto" and spec.uses_dynamic_speculative_decoding()
         )
         # vLLM turns async scheduling off for n-gram drafted under the name "ngram" (V1's CPU proposer,
         # or V2 under that name) and keeps it for ngram_gpu and draft models.
@@ -176,7 +176,7 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
         log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
         spec = vllm_config.speculative_config
-        if plan.is_exact_stats and spec is not None and spec.num_speculative_tokens is not None:
+        if plan.speculation.is_exact_stats and spec is not None and spec.num_speculative_tokens is not None:
             # The frontend half: a stop string's final output waits for the core's exact counts.
             spec_frontend.install(llm, num_spec_tokens=spec.num_speculative_tokens)
     except WorkerError:
@@ -190,13 +190,14 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
     finally:
         if tail is not None:
             tail.restore()
-    return Engine(
-        llm,
-        settings=plan.settings,
-        model_label=plan.target.label,
-        lora_paths=plan.lora_paths,
-        is_exact_stats=plan.is_exact_stats,
+    served = plan.served(
+        quantization=vllm_config.model_config.quantization,
+        speculative_method=None if spec is None else spec.method,
+        num_speculative_tokens=None if spec is None else spec.num_speculative_tokens,
     )
+    # The resolved plan in one line: what the job's served block and the pod's /plan show.
+    log.info(served_line(served))
+    return Engine(llm, settings=plan.settings, served=served, lora_paths=plan.lora_paths)
 
 
 async def boot(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engine:
@@ -240,11 +241,9 @@ async def load_adapters(engine: Engine) -> None:
 async def warm_up(engine: Engine) -> None:
     """Short requests through the whole path (chat template, speculation, detokenizing, the
     sampler's optional kernels) before the engine is reported ready, so that the first user's
-    request does not pay what vLLM initialises lazily. On the CPU (tiny model, draft
-    speculation) the first request's TTFT was 25 ms against 9.5 ms for a request after a
-    second's idle; with this, 14 ms. On an H200 with vLLM's kernel warm-up off, the first
-    request using ``WARMUP_SAMPLING_FEATURES`` took 77 ms to its first token against 14.5 ms
-    later: the third request here runs those kernels once during boot."""
+    request does not pay what vLLM initialises lazily: without it the first request's time to
+    first token was several times a later one's, on the CPU and on a GPU (docs/benchmarks.md); the
+    third request here runs the sampler's optional kernels (``WARMUP_SAMPLING_FEATURES``) once."""
     llm = engine.llm
     if "generate" not in await llm.get_supported_tasks():
         return  # e.g. an embedding model: nothing to generate

@@ -1,8 +1,9 @@
 """The boot plan: every decision a boot makes from the settings, made once, before vLLM is imported.
 
-``build_plan(settings, mode=...)`` builds vLLM's engine arguments, the process environment the
-engine must inherit (with the start method of its processes), decides whether the worker's exact
-stats path runs (its scheduler in the engine core, its output processor in the frontend), and
+``build_plan(settings, mode=...)`` first decides speculation and CUDA graphs, once
+(``worker.speculation.decide``: the control, the runner, the graph mode, k and its schedule, and
+whether the worker's exact stats path runs), then builds vLLM's engine arguments and the process
+environment the engine must inherit (with the start method of its processes) from those answers, and
 last resolves the model references (each once: RunPod's model cache, local paths, the embedded
 tiny models). Every step of the boot receives the plan (``prefetch``, ``modelinfo``, ``launch``,
 the engine) and none of them asks the settings or the environment again. Pure but for the tiny
@@ -20,9 +21,10 @@ from worker.boot.engine_args import build_engine_kwargs, engine_environment, sta
 from worker.boot.models import ModelRef, resolve_references
 from worker.config import DeploymentMode, Settings
 from worker.config.host import is_cpu_build
-from worker.speculation.decide import runs_worker_scheduler, speculation_control
+from worker.schema import Served
+from worker.speculation.decide import SpeculationPlan, decide
 
-__all__ = ["BootPlan", "ModelRef", "build_plan"]
+__all__ = ["BootPlan", "ModelRef", "build_plan", "served_line"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,8 +39,7 @@ class BootPlan:
     engine_kwargs: dict[str, Any]  # vLLM's AsyncEngineArgs, model references resolved
     environment: dict[str, str | None]  # what the engine's processes must inherit (None: unset)
     start_method: Literal["fork", "spawn"]  # how vLLM starts its engine core (one of environment's)
-    is_exact_stats: bool  # the worker's scheduler and output processor: exact per-request stats
-    speculation_control: Literal["auto", "static"]  # SPECULATION_CONTROL, or its default (speculation/decide.py)
+    speculation: SpeculationPlan  # control, runner, CUDA graphs, k and schedule, exact stats (speculation/decide.py)
     lora_paths: dict[str, str]  # adapter name -> what vLLM loads, in configuration order
     model_info_dir: Path  # where vLLM keeps its model-class answers (modelinfo.py)
 
@@ -48,6 +49,19 @@ class BootPlan:
         is imported (reading weights, inspecting the model's class). A hub id that is not in
         RunPod's cache stays a hub id: a path that does not exist, which the callers skip."""
         return [Path(ref.path).expanduser() for ref in (self.target, self.draft) if ref is not None]
+
+    def served(
+        self, *, quantization: str | None, speculative_method: str | None, num_speculative_tokens: int | None
+    ) -> Served:
+        """The job's ``served`` block (and the pod's ``/plan``): the plan's decisions, with what
+        only vLLM's config knows once built (the checkpoint's quantization, the method it runs)."""
+        return Served(
+            model=self.target.label,
+            quantization=quantization,
+            speculative_method=speculative_method,
+            num_speculative_tokens=num_speculative_tokens,
+            **self.speculation.shown(),
+        )
 
     def apply_environment(self, environ: MutableMapping[str, str]) -> None:
         """Write the plan's process environment into ``environ`` (the process's, before vLLM is
@@ -64,12 +78,9 @@ def build_plan(settings: Settings, *, mode: DeploymentMode, is_cpu: bool | None 
     (default: the installed build's); ``lora_slots`` depends on it. The engine arguments are built
     with the references as named, then every reference is resolved in one step, last."""
     is_cpu = is_cpu_build() if is_cpu is None else is_cpu
-    named = build_engine_kwargs(settings, is_cpu=is_cpu, mode=mode)
-    # The one answer to "are exact stats on": speculation (from the settings or ENGINE_ARGS), not
-    # turned off, and vLLM's scheduler not replaced through ENGINE_ARGS (the worker's scheduler is
-    # what answers the frontend; with another one its processor would hold stop strings in vain).
-    is_exact_stats = named.get("speculative_config") is not None and runs_worker_scheduler(settings)
-    environment = engine_environment(settings, mode=mode, is_cpu=is_cpu)
+    speculation = decide(settings, mode=mode, is_cpu=is_cpu)
+    named = build_engine_kwargs(settings, speculation, is_cpu=is_cpu)
+    environment = engine_environment(settings, speculation, mode=mode)
     method = start_method(settings, mode=mode)
     model_info_dir = settings.vllm_cache_dir / "modelinfos"
     references = resolve_references(settings, named)
@@ -81,8 +92,12 @@ def build_plan(settings: Settings, *, mode: DeploymentMode, is_cpu: bool | None 
         engine_kwargs=references.engine_kwargs,
         environment=environment,
         start_method=method,
-        is_exact_stats=is_exact_stats,
-        speculation_control=speculation_control(settings, mode=mode, is_cpu=is_cpu),
+        speculation=speculation,
         lora_paths=references.lora_paths,
         model_info_dir=model_info_dir,
     )
+
+
+def served_line(served: Served) -> str:
+    """The boot's one log line of what serves: every field of the ``served`` block, as ``key=value``."""
+    return "serving: " + ", ".join(f"{key}={value}" for key, value in served.model_dump(mode="json").items())

@@ -37,10 +37,10 @@ AUTO_API_SERVERS_MIN_CPUS = 8
 
 def num_api_servers(settings: HostSettings, *, num_cpus: int | None = None, has_gpu: bool | None = None) -> int:
     """The pod's API server processes. ``auto``: 2 on a host with an NVIDIA GPU and at least
-    ``AUTO_API_SERVERS_MIN_CPUS`` CPUs, else 1. Measured on an H200 (8B, bf16): two processes
-    gave the pod 1.005x / 1.000x / 1.03x / 1.57x / 1.80x the throughput of one at 1 / 8 / 64 /
-    256 / 512 streams, four no more than two; on a CPU engine the engine itself needs the
-    cores. The machine's facts default to this host's (CPU count; ``/dev/nvidiactl``)."""
+    ``AUTO_API_SERVERS_MIN_CPUS`` CPUs, else 1: on a GPU two processes gave the pod 1.57x the
+    throughput of one at 256 streams, the same at 1-8, four no more than two (docs/scaling.md); on
+    a CPU engine the engine itself needs the cores. The machine's facts default to this host's
+    (CPU count; ``/dev/nvidiactl``)."""
     if settings.api_server_count != "auto":
         return settings.api_server_count
     num_cpus = (os.cpu_count() or 1) if num_cpus is None else num_cpus

@@ -72,14 +72,13 @@ class Settings(BaseSettings):
     )
     model_runner: Literal["auto", "v1", "v2"] = Field(
         "auto",
-        description="vLLM's GPU model runner; auto: v1 for serverless and draft models, else vLLM's (v2); "
-        "v2 for n-gram and EAGLE under SPECULATION_CONTROL=auto",
+        description="vLLM's GPU model runner; auto: v2 for n-gram and EAGLE heads under SPECULATION_CONTROL=auto, "
+        "v1 for draft models and serverless, else vLLM's (v2) (worker/speculation/decide.py)",
     )
     cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
         "auto",
         description="vLLM's cudagraph_mode; auto: vLLM's (FULL_AND_PIECEWISE), and FULL for n-gram under "
-        "SPECULATION_CONTROL=auto on the V2 runner. FULL_DECODE_ONLY captures in 2-3 s less, decodes 3-5% slower "
-        "at 8-64 streams, and runs a draft model or head without graphs",
+        "SPECULATION_CONTROL=auto on the V2 runner (docs/speculation.md)",
     )
     max_cudagraph_capture_size: int | None = Field(
         None,
@@ -167,10 +166,8 @@ class Settings(BaseSettings):
     speculative_tokens_by_batch: Annotated[list[tuple[int, int, int]] | None, BeforeValidator(parsing.schedule)] = None
     speculation_control: Literal["auto", "static"] | None = Field(
         None,
-        description="auto: k chosen per step from the batch size and live acceptance; unset: auto for n-gram "
-        "where the runner is v2 anyway (pods), else static: serverless n-gram (auto would move it to v2, whose "
-        "boots pay vLLM's kernel warm-up), draft models, EAGLE heads, other methods, the CPU build "
-        "(worker/speculation/decide.py)",
+        description="auto: k chosen per step from the batch size and live acceptance; unset: auto only where it "
+        "was measured to pay, n-gram on the v2 runner with full CUDA graphs (pods), else static (docs/speculation.md)",
     )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.

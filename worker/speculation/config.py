@@ -19,13 +19,11 @@ __all__ = [
     "TINY_PREFIX",
     "VLLM_SPECULATIVE_METHODS",
     "SpeculationSettings",
-    "auto_schedule",
     "check",
     "draft_ref",
     "drafts_by_eagle",
     "drafts_by_ngram",
     "drafts_with_model",
-    "is_graph_schedule",
     "speculative_config",
 ]
 
@@ -116,31 +114,6 @@ def drafts_by_ngram(spec: Mapping[str, Any] | None) -> bool:
     if method is None:
         return spec.get("model") in ("ngram", "[ngram]")
     return method in NGRAM_METHODS
-
-
-def auto_schedule(k: int, *, on_v2: bool) -> list[list[int]]:
-    """The batch-size schedule ``SPECULATION_CONTROL=auto`` gives vLLM when the user gave none.
-
-    vLLM's V1 runner runs any k up to the configured one under a schedule (piecewise graphs): one
-    range, k, carried to every batch size. The V2 runner keeps its full CUDA graphs and captures
-    them only for the query lengths of the schedule's k values (each for every capture size), so
-    the schedule lists each k from the configured one down to 0, one batch size each:
-    ``1-1:4,2-2:3,3-3:2,4-4:1,5+:0`` for k = 4. vLLM reads it for its graphs only; the worker's
-    controller, which answers vLLM's per-step lookup, takes it for the list of runnable k values,
-    not as a ceiling by batch size (:func:`is_graph_schedule`). The H200 map (docs/gpu-results/HISTORY.md):
-    the ladder without the 0, read as a ceiling, held k at 1 from 4 streams (0.94x static k = 4 at
-    8); with every k, n-gram ``auto`` ran 0.97-1.01x static k = 2 at 1-64 streams, and at 0%
-    acceptance, speculation off, 0.99-1.11x no speculation at 1-256.
-    """
-    if not on_v2:
-        return [[1, 1, k]]
-    return [[i, i, k + 1 - i] for i in range(1, k + 2)]
-
-
-def is_graph_schedule(schedule: object, k: int) -> bool:
-    """Whether a schedule vLLM runs is the one :func:`auto_schedule` makes for V2 with ``k``: a
-    list of the k values to capture graphs for, where a user's schedule is a ceiling by batch size."""
-    return isinstance(schedule, list | tuple) and [list(entry) for entry in schedule] == auto_schedule(k, on_v2=True)
 
 
 def check(settings: SpeculationSettings) -> None:

@@ -25,11 +25,10 @@ in :mod:`worker.speculation.measure`, with the acceptance):
 - per request, where a request's own acceptance is far below the batch's, it caps how many of
   that request's drafts are verified (the batch's drafting is capped too when every request is).
   Where the engine replays full CUDA graphs (V2, ``graph_batches``), a graph needs every request
-  of the step at one query length, and a batch with a trimmed request runs piecewise: on the H200,
-  at 32 streams of a mixed workload, ``auto`` ran 0.50-0.73x static k = 4 with the trimming and
-  1.05-1.10x the best static k without it (docs/gpu-results/HISTORY.md). There the review only lowers the
-  batch's k, for every request alike, when every request is capped; no request is trimmed alone.
-  Under FULL a trimmed batch would still replay a full graph: not measured, so not done.
+  of the step at one query length, and a batch with a trimmed request runs piecewise, which cost
+  more than the trimming saved (docs/speculation.md, "How auto runs"). There the review only lowers
+  the batch's k, for every request alike, when every request is capped; no request is trimmed
+  alone. Under FULL a trimmed batch would still replay a full graph: not measured, so not done.
 
 Nothing here imports vLLM: the scheduler mixin (:mod:`worker.speculation.stats.control`) reads vLLM's objects
 by the attributes the pinned version has, and the arithmetic is plain Python, tested on its own.
@@ -109,12 +108,16 @@ class SpeculationController:
         self.caps: dict[str, int] = {}  # request id -> drafts verified at most
         self.factors = steady_factors([], num_spec_tokens)  # by k: the batch's steady yield over its yield now
         self.steps_by_k = [0] * (num_spec_tokens + 1)
-        self.num_probes, self.time_off_s = 0, 0.0
-        self._off_streak, self._num_observed, self._is_off = 0, 0, False
+        self.num_probes = 0
+        self.time_off_s = 0.0
+        self._off_streak = 0  # steps off since the last probe
+        self._num_observed = 0  # steps with evidence
+        self._is_off = False  # at k = 0 by acceptance, not by the schedule
         self._last_k: int | None = None
         self._last_time: float | None = None
         self._joined_share = 0.0  # of the batch, joined while off since the last probe
-        self._probing, self._probed = False, 0  # probes brought forward by joins, and the sequences they tried
+        self._probing = False  # probes brought forward by joins, while half their sequences accept
+        self._probed = 0  # the sequences those probes tried
         self._choices: dict[tuple[int, int], tuple[int, int]] = {}  # (batch, top k) -> (k, probe k)
         self._tables = [geometric_table(k) for k in range(num_spec_tokens + 1)]  # by drafts per step
         # Measured step times against the model's (None: the model's figures alone).
@@ -145,12 +148,15 @@ class SpeculationController:
         if choice is None:
             ks = [x for x in self.allowed_ks if x <= top]
             best = self._best_k(batch_size, ks)
-            # (the k, and the k a probe drafts: the smallest runnable one; 0 where none is allowed)
-            choice = self._choices[key] = (best, ks[1] if len(ks) > 1 else 0)
+            probe_k = ks[1] if len(ks) > 1 else 0  # the smallest runnable k; 0 where none is allowed
+            choice = (best, probe_k)
+            self._choices[key] = choice
         k, probe_k = choice
         is_off = k == 0 and probe_k > 0  # off by acceptance, not by the schedule
         if is_off != self._is_off:
-            self._is_off, self._probing, self._joined_share = is_off, False, 0.0
+            self._is_off = is_off
+            self._probing = False
+            self._joined_share = 0.0
             log.info("speculation %s at batch %d: %s", "off" if is_off else "on", batch_size, self.report())
         if is_off:
             self._off_streak += 1
@@ -180,41 +186,61 @@ class SpeculationController:
         was scheduled where that came later (``scheduled_at``, given for a step scheduled on an idle
         engine); ``joined``: requests new in that step (:meth:`StepTimes.observe`)."""
         now = time.monotonic() if now is None else now
+        self._observe_time(now, step=step, scheduled_at=scheduled_at, joined=joined)
+        if joined and self._is_off:
+            self._count_joined(joined, num_sequences=self._last_batch if step is None else step[0])
+        if pairs and self._is_off:
+            self._choices.clear()  # a probe's evidence: judged at once (off, few steps have any)
+            if self._probing:
+                self._follow_probe(pairs)
+        if not pairs:
+            return
+        # Evidence ages with new evidence only: while off, what made the controller stop stays
+        # until a probe says otherwise (aged by the clock, it would drift back to the prior).
+        self.acceptance.age()
+        self.acceptance.observe(pairs)
+        # The choice per batch size is kept for RECHOOSE_EVERY_STEPS steps of evidence: the model's
+        # arithmetic is most of the controller's time per step, and a few steps' evidence moves it little.
+        self._num_observed += 1
+        if self._num_observed % RECHOOSE_EVERY_STEPS == 0:
+            self._choices.clear()
+
+    def _observe_time(
+        self, now: float, *, step: tuple[int, int, int, int] | None, scheduled_at: float | None, joined: int
+    ) -> None:
+        """The time at k = 0, and the step's time against the model's (:meth:`observe`)."""
         last = self._last_time
         if self._last_k == 0 and last is not None:
             self.time_off_s += now - last
         self._last_time = now
-        if step is not None and self.step_times is not None:
-            since = None if last is None else max(last, scheduled_at) if scheduled_at is not None else last
-            self.step_times.observe(self.cost, step=step, since=since, now=now, joined=joined)
-        if joined and self._is_off:
-            # While off, the batch's requests change: once half the batch is new since the last probe
-            # (on V2 a resumed request counts too), the next step chosen probes, and so on while half
-            # a probe's sequences accept, so that a new request that accepts is not judged for
-            # probe_every steps by the ones before it. (With async scheduling vLLM chooses a step's
-            # k before the outcome of the step before is in: a probe follows its evidence by two.)
-            self._joined_share += min(1.0, joined / max(1, step[0] if step is not None else self._last_batch))
-            if self._joined_share >= JOINED_SHARE_PROBE:
-                self._off_streak = self.probe_every - 1
-                self._probing, self._probed = True, 0
-        if pairs and self._is_off:
-            self._choices.clear()  # a probe's evidence: judged at once (off, few steps have any)
-            if self._probing:
-                self._probed += (tried := sum(pairs.values()))
-                accepting = sum(n for (_, accepted), n in pairs.items() if accepted)
-                self._probing = 2 * accepting >= tried and self._probed < PROBE_CHAIN_SEQUENCES
-                self._off_streak = self.probe_every - 1 if self._probing else self._off_streak
-        if pairs:
-            # Evidence ages with new evidence only: while off, what made the controller stop stays
-            # until a probe says otherwise (aged by the clock, it would drift back to the prior).
-            self.acceptance.age()
-            self.acceptance.observe(pairs)
-        # The choice per batch size is kept for RECHOOSE_EVERY_STEPS steps of evidence: the model's
-        # arithmetic is most of the controller's time per step, and a few steps' evidence moves it little.
-        if pairs:
-            self._num_observed += 1
-            if self._num_observed % RECHOOSE_EVERY_STEPS == 0:
-                self._choices.clear()
+        if step is None or self.step_times is None:
+            return
+        since = last
+        if last is not None and scheduled_at is not None:
+            since = max(last, scheduled_at)  # scheduled on an idle engine: timed from then
+        self.step_times.observe(self.cost, step=step, since=since, now=now, joined=joined)
+
+    def _count_joined(self, joined: int, *, num_sequences: int) -> None:
+        """While off, the batch's requests change: once half the batch is new since the last probe
+        (on V2 a resumed request counts too), the next step chosen probes, and so on while half a
+        probe's sequences accept (:meth:`_follow_probe`), so that a new request that accepts is not
+        judged for ``probe_every`` steps by the ones before it. (With async scheduling vLLM chooses a
+        step's k before the outcome of the step before is in: a probe follows its evidence by two.)"""
+        self._joined_share += min(1.0, joined / max(1, num_sequences))
+        if self._joined_share >= JOINED_SHARE_PROBE:
+            self._off_streak = self.probe_every - 1
+            self._probing = True
+            self._probed = 0
+
+    def _follow_probe(self, pairs: Mapping[tuple[int, int], int]) -> None:
+        """A probe brought forward: another follows while half its sequences accepted, up to
+        ``PROBE_CHAIN_SEQUENCES`` sequences tried in a row."""
+        tried = sum(pairs.values())
+        self._probed += tried
+        accepting = sum(n for (_, accepted), n in pairs.items() if accepted)
+        self._probing = 2 * accepting >= tried and self._probed < PROBE_CHAIN_SEQUENCES
+        if self._probing:
+            self._off_streak = self.probe_every - 1
 
     def review(self, requests: Iterable[tuple[str, Sequence[int], int, int]], *, batch_size: int) -> None:
         """Each request's own acceptance, from its counts: ``(request id, histogram of accepted drafts

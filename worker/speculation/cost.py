@@ -11,17 +11,16 @@ millisecond.
 Parameters are per GPU, model and drafter (:data:`STEP_COSTS`), for an 8B bf16 target on one H200:
 
 - n-gram: fitted (least squares) to the engine steps of the H200 map (``python -m worker bench
-  --parts spec_map``, docs/gpu-results/HISTORY.md, synthetic acceptance): ``ngram`` to its sixth run, vLLM's
-  V2 runner drafting on the GPU with async scheduling (``ngram_gpu``, what ``auto`` runs on a GPU;
-  every step within 5.3%), ``ngram_sync`` to its fourth, where vLLM ran the CPU proposer's name
-  without async scheduling (V1, or V2 under the name ``ngram``; within 6%);
-- an EAGLE head (``eagle``): fitted the same way to the map's EAGLE-3 runs on V2 (the ninth and tenth,
-  a head shaped for the 8B target; every step within 10.1%, 3.1% on average). The head makes one
+  --parts spec_map``, synthetic acceptance): ``ngram`` to vLLM's V2 runner drafting on the GPU with
+  async scheduling (``ngram_gpu``, what ``auto`` runs on a GPU), ``ngram_sync`` to vLLM running the
+  CPU proposer's name without async scheduling (V1, or V2 under the name ``ngram``);
+- an EAGLE head (``eagle``): fitted the same way to the map's EAGLE-3 runs on V2. The head makes one
   pass per drafted position and, like a draft model, one at ``k = 0``;
-- a draft model: provisional, read off the single-stream H200 points (4.85 ms per step without
-  speculation; a 1B-shaped draft at k = 4 and 0% acceptance 0.36x) and a roofline for the compute
-  knee (an 8B step turns compute-bound near 512 tokens on an H200). vLLM 0.32 runs such a draft's
-  passes without full CUDA graphs, so that its cost is host time (the draft-step run).
+- a draft model: provisional, read off the single-stream points and a roofline for the compute
+  knee. vLLM 0.32 runs such a draft's passes without full CUDA graphs, so that its cost is host
+  time (the draft-step run).
+
+Each constant's runs are beside it; how well the fits hold: docs/speculation.md, "How auto runs".
 """
 
 from __future__ import annotations
@@ -194,11 +193,10 @@ def steady_factors(requests: Sequence[tuple[float, float]], num_spec_tokens: int
     batch of the moment, and it moves with k: a lower k keeps the requests that accept every draft in
     the batch longer. The batch now holds each request in proportion to the steps it has taken per
     token, so a request weighs its tokens per step so far, ``L_now``, among the arrivals: the steady
-    yield at k is ``sum(L_now) / sum(L_now / L(k))``. On the H200's mixed map (rates 1, 0.6 and 0,
-    64 streams) that gives 1.84 and 1.63 tokens a step at k = 4 and 2, as measured (1.84-1.85,
-    1.62-1.64), where the batch's rates read at k = 4 give 1.43 at k = 2. Written here: vLLM's
-    scheduler has no model of what k does to the batch's make-up. All factors are 1 when every
-    request accepts alike."""
+    yield at k is ``sum(L_now) / sum(L_now / L(k))``, which matched the mixed map's measured yields
+    where the batch's rates of the moment did not (docs/speculation.md, "How auto runs"). Written
+    here: vLLM's scheduler has no model of what k does to the batch's make-up. All factors are 1
+    when every request accepts alike."""
     factors = [1.0] * (num_spec_tokens + 1)
     if not requests:
         return factors

@@ -1,49 +1,151 @@
-"""Which of vLLM's GPU model runners an engine gets (``MODEL_RUNNER``), and whether the worker's
-controller picks k per step (``SPECULATION_CONTROL``): two answers that depend on each other, since
-``auto`` moves n-gram and EAGLE heads to the V2 runner, which keeps full CUDA graphs under a
-batch-size schedule. Reads only the settings: imports without vLLM."""
+"""What speculation needs from the settings, decided once: :func:`decide` returns a
+:class:`SpeculationPlan`, which the boot plan stores (``BootPlan.speculation``) and every later
+step reads instead of asking again.
+
+The ``auto`` values depend on one another: ``SPECULATION_CONTROL=auto`` moves n-gram and EAGLE
+heads to vLLM's V2 runner, which keeps full CUDA graphs under a batch-size schedule, and n-gram
+there runs vLLM's FULL graph mode. So :func:`decide` answers in one order, each answer from those
+before it and never from a later one: the facts that depend on no ``auto`` (eager mode, full
+graphs, the worker's scheduler, the drafter), then the control, then the runner, then the graph
+mode, then vLLM's speculative config. Why each default is what it is, with the runs behind it,
+and the whole decision table: docs/speculation.md (``tests/test_speculation_decide.py`` walks that
+table through :func:`decide`). Reads only the settings: imports without vLLM.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
-from worker.speculation.config import drafts_by_eagle, drafts_by_ngram
+from worker.speculation.config import drafts_by_eagle, drafts_by_ngram, drafts_with_model
 
 __all__ = [
-    "full_graphs_for_joins",
-    "is_eager",
-    "keeps_full_graphs",
-    "model_runner_flag",
-    "runs_worker_scheduler",
-    "speculation_control",
+    "JOIN_CAPTURE_TOKENS",
+    "SpeculationControl",
+    "SpeculationPlan",
+    "auto_schedule",
+    "decide",
+    "is_graph_schedule",
 ]
 
+SpeculationControl = Literal["auto", "static"]
 
-def is_eager(settings: Settings) -> bool:
-    """Eager mode, asked for or the tiny model's (it boots in seconds; compiling would take longer)."""
-    return settings.enforce_eager or settings.is_tiny_default
-
-
-def keeps_full_graphs(settings: Settings, *, is_cpu: bool) -> bool:
-    """Whether the target runs full CUDA graphs, which V2 keeps under a schedule: a GPU, and
-    neither eager mode (:func:`is_eager`, or through ENGINE_ARGS) nor a graph mode without full
-    graphs."""
-    eager = is_eager(settings) or bool((settings.engine_args or {}).get("enforce_eager"))
-    return not is_cpu and not eager and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
+# The largest step (tokens) given a full CUDA graph where the worker chooses FULL: 256 sequences at
+# k = 3, or 128 at k = 4 with prompts joining, which vLLM's own bound on Hopper,
+# min(2 * max_num_seqs * (1 + k), 512), would leave without a graph.
+JOIN_CAPTURE_TOKENS = 1024
 
 
-def runs_worker_scheduler(settings: Settings) -> bool:
-    """Whether a speculating engine runs the worker's scheduler (exact stats and, under
-    ``SPECULATION_CONTROL=auto``, the controller): per-request stats not turned off, and no
-    scheduler of the user's through ``ENGINE_ARGS``."""
-    return settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in (settings.engine_args or {})
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpeculationPlan:
+    """Everything the boot needs about speculation and CUDA graphs, decided by :func:`decide`.
+    ``speculative_config`` is a plain dict (the plan crosses into the pod's API processes): callers
+    copy it."""
+
+    control: SpeculationControl  # SPECULATION_CONTROL, or its default
+    model_runner: str | None  # vLLM's VLLM_USE_V2_MODEL_RUNNER: "1" (V2), "0" (V1), None (vLLM's choice)
+    is_eager: bool  # no compilation, no CUDA graphs (ENFORCE_EAGER, or the tiny model)
+    has_cuda_graphs: bool  # a GPU, and not eager (by the settings or ENGINE_ARGS)
+    cudagraph_mode: str | None  # vLLM's cudagraph_mode as given to it; None: vLLM's own (or none: eager)
+    max_cudagraph_capture_size: int | None  # None: vLLM's own
+    is_worker_full_graphs: bool  # FULL chosen by the worker: its plugin adds decode graphs, vLLM's config marked
+    speculative_config: dict[str, Any] | None  # vLLM's, as the worker builds it (ENGINE_ARGS may replace it)
+    is_exact_stats: bool  # the worker's scheduler and output processor: exact per-request stats
+
+    @property
+    def schedule(self) -> list[list[int]] | None:
+        """vLLM's batch-size schedule of k (``[start, end, k]`` ranges): the user's, or ``auto``'s."""
+        schedule = (self.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
+        return [list(entry) for entry in schedule] if schedule is not None else None
+
+    @property
+    def compilation_config(self) -> dict[str, Any] | None:
+        """vLLM's ``compilation_config`` for these choices; None: vLLM's own."""
+        config = {"cudagraph_mode": self.cudagraph_mode, "max_cudagraph_capture_size": self.max_cudagraph_capture_size}
+        return {key: value for key, value in config.items() if value is not None} or None
+
+    def shown(self) -> dict[str, Any]:
+        """The decisions as the job's ``served`` block, the pod's ``/plan`` and the boot's log line
+        show them: ``null`` for a runner or a graph mode left to vLLM, and for a control without
+        speculation."""
+        return {
+            "speculation_control": self.control if self.speculative_config is not None else None,
+            "model_runner": _runner_name(self.model_runner),
+            "cudagraph_mode": self.cudagraph_mode if self.has_cuda_graphs else "NONE",
+            "speculative_tokens_by_batch": self.schedule,
+            "spec_decode_available": self.is_exact_stats,
+        }
 
 
-def _drafts_on_v2_under_auto(settings: Settings) -> bool:
-    """n-gram or an EAGLE head: the drafters ``SPECULATION_CONTROL=auto`` runs on vLLM's V2 runner."""
+def _runner_name(flag: str | None) -> Literal["v1", "v2"] | None:
+    """``VLLM_USE_V2_MODEL_RUNNER`` as vLLM reads it (an integer, non-zero: V2); None: vLLM's choice,
+    or a value vLLM refuses at boot."""
+    try:
+        return None if flag is None else ("v2" if int(flag) else "v1")
+    except ValueError:
+        return None
+
+
+def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> SpeculationPlan:
+    """The plan for ``settings`` in ``mode`` on vLLM's CPU build (``is_cpu``) or a GPU. One pass,
+    each answer from the ones before it (module docstring; the table: docs/speculation.md)."""
+    engine_args = settings.engine_args or {}
     spec = settings.resolved_speculative_config
-    return drafts_by_ngram(spec) or drafts_by_eagle(spec)
+    # Facts no auto value depends on.
+    is_eager = settings.enforce_eager or settings.is_tiny_default  # the tiny model boots faster uncompiled
+    has_cuda_graphs = not is_cpu and not is_eager and not engine_args.get("enforce_eager")
+    # Full CUDA graphs for the target, which V2 keeps under a schedule.
+    has_full_graphs = has_cuda_graphs and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
+    # The worker's scheduler (exact stats, and the controller under auto): not turned off, not replaced.
+    runs_worker_scheduler = settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in engine_args
+    is_ngram, is_eagle, is_draft_model = drafts_by_ngram(spec), drafts_by_eagle(spec), drafts_with_model(spec)
+    users_runner = _users_model_runner(settings)
+
+    control = _control(
+        settings,
+        mode=mode,
+        is_measured=not is_cpu and not settings.is_tiny_default and runs_worker_scheduler and is_ngram,
+        users_runner=users_runner,
+        has_full_graphs=has_full_graphs,
+    )
+    runner = _model_runner(
+        mode=mode,
+        users_runner=users_runner,
+        is_draft_model=is_draft_model,
+        is_v2_under_auto=control == "auto" and has_full_graphs and (is_ngram or is_eagle),
+    )
+    # FULL for n-gram under auto on V2: a step a request joins replays a full graph too.
+    is_worker_full_graphs = (
+        settings.cudagraph_mode == "auto"
+        and has_full_graphs
+        and runs_worker_scheduler
+        and is_ngram
+        and control == "auto"
+        and runner == "1"
+    )
+    is_captured = not is_cpu and not is_eager
+    cudagraph_mode, capture = _graphs(
+        settings, mode=mode, is_full=is_worker_full_graphs, speculates=spec is not None, is_captured=is_captured
+    )
+    on_v2 = not is_cpu and runner == "1"
+    if spec is not None:
+        spec = _speculative_config(
+            spec, is_ngram=is_ngram, on_v2=on_v2, control=control, controls_v2=on_v2 and runs_worker_scheduler
+        )
+    # Exact stats wherever the engine speculates (ENGINE_ARGS' config included) under the worker's scheduler.
+    speculates = engine_args.get("speculative_config", spec) is not None
+    return SpeculationPlan(
+        control=control,
+        model_runner=runner,
+        is_eager=is_eager,
+        has_cuda_graphs=has_cuda_graphs,
+        cudagraph_mode=cudagraph_mode,
+        max_cudagraph_capture_size=capture,
+        is_worker_full_graphs=is_worker_full_graphs,
+        speculative_config=spec,
+        is_exact_stats=speculates and runs_worker_scheduler,
+    )
 
 
 def _users_model_runner(settings: Settings) -> str | None:
@@ -53,105 +155,97 @@ def _users_model_runner(settings: Settings) -> str | None:
     return settings.vllm_use_v2_model_runner
 
 
-def speculation_control(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> Literal["auto", "static"]:
-    """``SPECULATION_CONTROL``, or its default where unset: ``auto`` where the H200 map measured it
-    at or above the static choice, and safe (n-gram on V2); ``static`` elsewhere (issue 49's runs:
-    docs/benchmarks.md, and docs/gpu-results/HISTORY.md before the thirty-third):
-
-    - the CPU build: ``static``. The controller's cost figures are a GPU's; on two cores they
-      misjudged the tiny draft (``auto`` chose k = 1 and ran at 0.41x no speculation).
-    - n-gram: ``auto`` moves the engine to V2 (:func:`model_runner_flag`), where it ran 2.35x no
-      speculation at one stream (acceptance length 2.5) against 1.50x static on V1. So ``auto``
-      where V2 runs anyway: a pod, or a runner the user set to v2. A serverless worker keeps V1 and
-      ``static``, since every V2 boot pays vLLM's kernel warm-up (~30 s); so does a runner set to v1
-      (``auto`` on V1 ran 1.14x), and an engine without full CUDA graphs (not measured).
-    - an EAGLE head: ``static``. Under ``auto`` on V2 an EAGLE-3 head ran 2.32x at one stream and at or
-      above static k = 4 at every load, but in one of two runs its engine died at 256 streams (a CUDA
-      illegal memory access in vLLM 0.32's V2 runner, 154 requests left at k = 1): opt-in until that is understood.
-    - a separate draft model (V1 in either case): ``static``. With the drafter's CUDA graphs a
-      1B-shaped draft under ``auto`` ran 0.90-0.99x static k = 4 at 1-64 streams and 1.22x at 256,
-      both below no speculation (the second run; V1 turns the target's graphs piecewise under a schedule).
-    - any other method (MTP, suffix, ...), the tiny default (the figures are an 8B's), and an engine
-      without the worker's scheduler (``PER_REQUEST_SPEC_DECODE_METRICS=none``, a ``scheduler_cls``),
-      where no controller would answer the schedule: ``static``.
-    """
+def _control(
+    settings: Settings, *, mode: DeploymentMode, is_measured: bool, users_runner: str | None, has_full_graphs: bool
+) -> SpeculationControl:
+    """``SPECULATION_CONTROL``, or its default: ``auto`` only where the GPU map measured it at or
+    above the static choice, n-gram on V2 with full graphs and the worker's scheduler
+    (``is_measured`` holds the rest: a GPU, a real model, the scheduler, n-gram); ``static`` for the
+    others (docs/speculation.md says why for each)."""
     if settings.speculation_control is not None:
         return settings.speculation_control
-    spec = settings.resolved_speculative_config
-    # No controller without the worker's scheduler: a schedule alone would only cost V1 its full graphs.
-    if is_cpu or settings.is_tiny_default or not runs_worker_scheduler(settings):
+    if not is_measured or not has_full_graphs:
         return "static"
-    if not drafts_by_ngram(spec):
-        return "static"  # draft models and EAGLE heads (above), and the methods not measured (MTP, suffix, ...)
-    users = _users_model_runner(settings)
-    if users is not None:
-        return "auto" if users == "1" and keeps_full_graphs(settings, is_cpu=is_cpu) else "static"
-    return "auto" if mode == "pod" and keeps_full_graphs(settings, is_cpu=is_cpu) else "static"
+    if users_runner is not None:
+        return "auto" if users_runner == "1" else "static"
+    # A pod runs V2 anyway; a serverless worker keeps V1, whose boots skip V2's kernel warm-up.
+    return "auto" if mode == "pod" else "static"
 
 
-def model_runner_flag(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> str | None:
-    """vLLM's ``VLLM_USE_V2_MODEL_RUNNER`` for ``MODEL_RUNNER`` (unset: vLLM decides, V2 on a GPU).
-
-    Measured on an H200 with vLLM 0.32, 8B shape (docs/benchmarks.md): the V1 runner booted to the
-    first token in 47.6 s with warm caches against 77.6 s for V2, which spends 24-34 s of every
-    compiled boot warming kernels, caches or not; decode through AsyncLLM was +1.4% / +0.7% /
-    -2.1% at 1 / 64 / 256 streams (3 runs), the handler path -6.7% at 256. With a draft model V1 decoded
-    1.8x-2.3x faster (V2 runs the draft without CUDA graphs). Serverless pays every boot and
-    serves small batches: V1. Pods boot once and run large batches: V2, unless a draft model.
-    n-gram stays on V2 in pods: on output that loops, V2's GPU proposer (drafting from the latest
-    earlier match) drafted only the loop's period and decoded 1.4-1.6x slower than V1 (drafting from
-    the earliest), but where a span occurs once earlier both draft the same and V2's step was ~7%
-    cheaper at 256 streams; ``MODEL_RUNNER=v1`` is the setting for looping output. n-gram and EAGLE
-    heads under ``SPECULATION_CONTROL=auto`` run on V2 in both modes, on a GPU with CUDA graphs (below).
-    """
-    users = _users_model_runner(settings)  # MODEL_RUNNER, else vLLM's own variable
-    if users is not None:
-        return users
-    if settings.draft_ref is not None:
+def _model_runner(
+    *, mode: DeploymentMode, users_runner: str | None, is_draft_model: bool, is_v2_under_auto: bool
+) -> str | None:
+    """``VLLM_USE_V2_MODEL_RUNNER``: the user's; V1 for a draft model (V2 runs it without CUDA
+    graphs); V2 for n-gram and EAGLE heads under ``auto`` (V1 turns the target's full graphs
+    piecewise under a schedule); V1 for serverless (a shorter boot); else vLLM's (V2 for pods)."""
+    if users_runner is not None:
+        return users_runner
+    if is_draft_model:
         return "0"
-    is_auto = speculation_control(settings, mode=mode, is_cpu=is_cpu) == "auto"
-    if is_auto and keeps_full_graphs(settings, is_cpu=is_cpu) and _drafts_on_v2_under_auto(settings):
-        # Under a batch-size schedule the V1 runner turns the target's full CUDA graphs piecewise
-        # ("for reliability"); V2 keeps them. On an H200 (8B, n-gram k = 4, synthetic acceptance
-        # 2.5, the schedule of ``auto_schedule``, ngram_gpu) auto on V2 ran 2.40x / 2.17x / 1.97x /
-        # 1.74x no speculation at 1 / 8 / 32 / 64 streams; on V1 (an earlier run) 1.14x / 1.06x /
-        # 0.99x at 1 / 8 / 64. An EAGLE-3 head for the 8B shape (acceptance length 3.0 at k = 4) under
-        # auto: 2.32x / 2.15x / 2.08x / 1.89x / 1.39x / 1.10x at 1-256 streams on V2, 0.76x-1.00x on
-        # V1 (docs/gpu-results/HISTORY.md). V2's costs stay: its kernel warm-up at every boot, and its n-gram
-        # proposer's shorter drafts on looping output. Not for a separate draft model (above).
+    if is_v2_under_auto:
         return "1"
-    if mode == "serverless":
-        return "0"
-    return None
+    return "0" if mode == "serverless" else None
 
 
-def full_graphs_for_joins(settings: Settings, *, mode: DeploymentMode, is_cpu: bool = False) -> bool:
-    """Whether ``CUDAGRAPH_MODE=auto`` means vLLM's FULL (a full CUDA graph for a step that carries
-    a prompt too) instead of vLLM's FULL_AND_PIECEWISE: n-gram under ``SPECULATION_CONTROL=auto`` on
-    the V2 runner, where the worker chose V2 or the user did.
+def _graphs(
+    settings: Settings, *, mode: DeploymentMode, is_full: bool, speculates: bool, is_captured: bool
+) -> tuple[str | None, int | None]:
+    """``CUDAGRAPH_MODE`` and ``MAX_CUDAGRAPH_CAPTURE_SIZE`` as given to vLLM (None: vLLM's own).
 
-    On an H200 (8B, V2, a mixed wave whose requests end unevenly, as traffic's do) a step that a
-    request joined ran on vLLM's piecewise graphs, at 1.46-1.65x the cost model's decode step
-    without speculation (about 1.6x the measured ones), and under FULL at 0.96-0.97x (about 1.04x);
-    ``auto`` went from 1.01x / 0.74x the best static choice at 64 / 128 streams to 1.00x / 1.05x,
-    and ran 1.03x / 0.98x at 32 / 256. On waves that start together (decode alone) vLLM's FULL
-    decoded within 2% at 1-8 streams and 2.5-6% slower at 64-256 without speculation: it replays
-    graphs planned for prompts on decode steps. So where this is true the worker's plugin adds
-    vLLM's decode graphs (``worker.vllm_plugin``), and speculation switched off then ran 1.02x /
-    0.99x no speculation at 64 / 256 streams, for a capture of 19 s instead of 5
-    (docs/gpu-results/HISTORY.md, the twenty-first to thirty-second runs; 0.98-1.01x at 1-256 in
-    the thirty-third, docs/benchmarks.md). Not measured: an EAGLE head's or a draft model's graphs
-    under FULL, the V1 runner on uneven traffic, and an engine without the worker's controller;
-    those keep vLLM's mode, as does an engine without speculation (``CUDAGRAPH_MODE=FULL`` is the
-    setting). FULL over an attention backend with full graphs for decode only (FlashAttention 2:
-    A100, L40S) falls back to vLLM's mode by vLLM's own rule, and over one with none (Llama 4's
-    chunked local attention) by the worker's plugin (``worker.vllm_plugin``).
+    ``auto`` keeps vLLM's mode (FULL_AND_PIECEWISE), but for the worker's FULL (``is_full``), with
+    graphs up to :data:`JOIN_CAPTURE_TOKENS`. Under a mode without piecewise graphs a serverless
+    worker captures no decode batch larger than it takes jobs (``MAX_CONCURRENCY``); under vLLM's
+    mode the capture sizes serve its piecewise graphs too, and with speculation a step is ``1 + k``
+    tokens a sequence: vLLM's sizes there. An eager engine, or the CPU build, captures nothing."""
+    if not is_captured:
+        return None, None
+    cudagraph_mode = None if settings.cudagraph_mode == "auto" else settings.cudagraph_mode
+    capture = settings.max_cudagraph_capture_size
+    if is_full:
+        cudagraph_mode, capture = "FULL", capture or JOIN_CAPTURE_TOKENS
+    if capture is None and mode == "serverless" and not speculates and cudagraph_mode in ("FULL_DECODE_ONLY", "FULL"):
+        capture = settings.max_concurrency
+    return cudagraph_mode, capture
+
+
+def _speculative_config(
+    spec: dict[str, Any], *, is_ngram: bool, on_v2: bool, control: SpeculationControl, controls_v2: bool
+) -> dict[str, Any]:
+    """vLLM's speculative config for the decisions: n-gram on V2 named ``ngram_gpu``, and under
+    ``auto`` a batch-size schedule unless the user gave one.
+
+    V2 drafts both n-gram names on the GPU, but vLLM 0.32 keeps async scheduling only for the name
+    ``ngram_gpu`` (under ``ngram`` every step waits for the host); not on V1, whose GPU proposer
+    ran slower than its CPU one. The schedule is what lets vLLM change k per step, and the worker's
+    scheduler answers its lookups (``controller.py``): on V1 one range, the configured k; on V2
+    under the worker's controller every k from the configured one to 0, so that V2 captures full
+    graphs for each (:func:`auto_schedule`)."""
+    if is_ngram and on_v2:
+        spec = {key: value for key, value in spec.items() if key != "model"} | {"method": "ngram_gpu"}
+    k = spec.get("num_speculative_tokens")
+    if control == "auto" and isinstance(k, int) and k > 0:
+        spec.setdefault("num_speculative_tokens_per_batch_size", auto_schedule(k, on_v2=controls_v2))
+    return spec
+
+
+def auto_schedule(k: int, *, on_v2: bool) -> list[list[int]]:
+    """The batch-size schedule ``SPECULATION_CONTROL=auto`` gives vLLM when the user gave none.
+
+    vLLM's V1 runner runs any k up to the configured one under a schedule (piecewise graphs): one
+    range, k, carried to every batch size. The V2 runner keeps its full CUDA graphs and captures
+    them only for the query lengths of the schedule's k values (each for every capture size), so
+    the schedule lists each k from the configured one down to 0, one batch size each:
+    ``1-1:4,2-2:3,3-3:2,4-4:1,5+:0`` for k = 4. vLLM reads it for its graphs only; the worker's
+    controller, which answers vLLM's per-step lookup, takes it for the list of runnable k values,
+    not as a ceiling by batch size (:func:`is_graph_schedule`). Why every k, and the 0:
+    docs/speculation.md, "The schedule under auto".
     """
-    if settings.cudagraph_mode != "auto" or not keeps_full_graphs(settings, is_cpu=is_cpu):
-        return False
-    if not runs_worker_scheduler(settings):
-        return False  # no controller: measured only with one
-    if not drafts_by_ngram(settings.resolved_speculative_config):
-        return False
-    is_auto = speculation_control(settings, mode=mode, is_cpu=is_cpu) == "auto"
-    return is_auto and model_runner_flag(settings, mode=mode, is_cpu=is_cpu) == "1"
+    if not on_v2:
+        return [[1, 1, k]]
+    return [[i, i, k + 1 - i] for i in range(1, k + 2)]
+
+
+def is_graph_schedule(schedule: object, k: int) -> bool:
+    """Whether a schedule vLLM runs is the one :func:`auto_schedule` makes for V2 with ``k``: a
+    list of the k values to capture graphs for, where a user's schedule is a ceiling by batch size."""
+    return isinstance(schedule, list | tuple) and [list(entry) for entry in schedule] == auto_schedule(k, on_v2=True)

@@ -66,17 +66,15 @@ class StepTimes:
     batch size (up to a power of two: 33-64, 65-128, ...): per cell, the decaying sums of the steps'
     measured and modelled milliseconds, whose ratio scales the model's step time.
 
-    The model's figures are one H200 host's: another host, a busier CPU or a driver can make the
-    steps that verify drafts dearer than they were there, and not the ones without (the H200's mixed
-    map measured static k = 2 steps at 64 streams 0.95x the model on one host and 1.3-1.65x on
-    another, with no speculation within 8% on both), which moves the break-even the model alone puts
-    k at. Sums, not a mean of each step's ratio: the engine's outputs come unevenly (a short interval
-    after a long one), and only their sum is the time the steps took (on the H200 a mean of logs read
-    verifying steps at 0.70-0.74x what the throughput gave). A cell with little evidence leans on its
-    prior: for k > 0, the other k > 0 measured at its batch size, by their weight (the host's cost of
-    verifying, so that one k measured dear does not send the choice to another never measured),
-    leaning on k = 0's scale (a host slow at every step); for k = 0, the model's figures, so that a
-    host measured dear at verifying tries k = 0 and measures it."""
+    The model's figures are one host's: another host, a busier CPU or a driver can make the steps
+    that verify drafts dearer than they were there, and not the ones without, which moves the
+    break-even the model alone puts k at (docs/speculation.md, "How auto runs"). Sums, not a mean of
+    each step's ratio: the engine's outputs come unevenly (a short interval after a long one), and
+    only their sum is the time the steps took (a mean of logs misread verifying steps). A cell with
+    little evidence leans on its prior: for k > 0, the other k > 0 measured at its batch size, by
+    their weight (the host's cost of verifying, so that one k measured dear does not send the choice
+    to another never measured), leaning on k = 0's scale (a host slow at every step); for k = 0, the
+    model's figures, so that a host measured dear at verifying tries k = 0 and measures it."""
 
     def __init__(
         self,
@@ -107,9 +105,8 @@ class StepTimes:
           chunk costs what the model does not price), and on V2 the step after it (its drafting);
         - a step that a request joins, and the step before it: with async scheduling the host
           prepares a step, with its new requests, before it takes in the outcome of the one before,
-          and on the H200 that held the interval up to that outcome at 13-22 ms where a decode step
-          took 6-8 (docs/gpu-results/HISTORY.md, the twentieth run's trace). What a join costs comes with the
-          arrivals, not with k, so a step's time waits one step to be filed."""
+          which held that interval at about twice a decode step's (docs/speculation.md). What a join
+          costs comes with the arrivals, not with k, so a step's time waits one step to be filed."""
         batch_size, k, verified, tokens = step
         is_decode = bool(batch_size) and tokens <= 2 * batch_size + verified
         counts = is_decode

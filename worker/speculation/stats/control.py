@@ -11,9 +11,10 @@ import itertools
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from worker.speculation.config import EAGLE_METHODS, NGRAM_METHODS, is_graph_schedule
+from worker.speculation.config import EAGLE_METHODS, NGRAM_METHODS
 from worker.speculation.controller import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
 from worker.speculation.cost import STEP_COSTS
+from worker.speculation.decide import is_graph_schedule
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -47,7 +48,7 @@ class ControlledScheduling(_SchedulerBase):
         # captures full graphs for the query lengths of the schedule's k values only, each up to a
         # batch size of its own (_full_graph_batches): the controller chooses among those, and 0
         # (speculation off), which runs piecewise unless the schedule holds it. The worker's own V2 schedule only lists
-        # those k values (one batch size each, worker.speculation.config.auto_schedule): no ceiling.
+        # those k values (one batch size each, worker.speculation.decide.auto_schedule): no ceiling.
         allowed: set[int] | None = None
         graph_batches: list[int] | None = None
         ceiling: list[int] | None = schedule
@@ -148,7 +149,7 @@ def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | N
     without full graphs). V2 (``vllm/v1/worker/gpu/cudagraph_utils.py``, ``_init_candidates``)
     captures uniform decode graphs of each capture size rounded up to a multiple of the query
     length ``k + 1``, dropping any past the largest capture size; a batch pads up to the next one.
-    Under FULL (one routine for every step, ``runner.full_graphs_for_joins``) it captures each size
+    Under FULL (one routine for every step, ``worker.speculation.decide``) it captures each size
     as it is, for any mix of query lengths: a step replays one up to the largest size in tokens
     (the decode graphs the worker's plugin adds beside them, ``worker.vllm_plugin``, move no bound).
     Mirrored here, since vLLM keeps the result inside its model runner, out of the scheduler's reach."""

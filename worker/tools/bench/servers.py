@@ -17,6 +17,7 @@ from typing import Any
 
 from worker.boot.engine_args import build_engine_kwargs
 from worker.config import Settings, num_api_servers
+from worker.speculation.decide import decide
 from worker.tools.bench.timing import (
     PROMPT,
     ROOT,
@@ -56,7 +57,7 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int, api_serv
     """vLLM's own server with the engine arguments our worker builds (speculation excluded), with
     ``api_server_count`` API processes (the pod part gives it the pod's)."""
     # mode="pod": vLLM's own CUDA-graph defaults, not the worker's serverless ones.
-    kwargs = build_engine_kwargs(settings, mode="pod")
+    kwargs = build_engine_kwargs(settings, decide(settings, mode="pod", is_cpu=False))
     for key in ("model", "tokenizer"):  # the target, wherever the settings name it, is the given path
         if kwargs.get(key) == settings.target_ref:
             kwargs[key] = model_path

@@ -46,7 +46,7 @@ def check_mix(base: dict[str, str], configs: list[str]) -> None:
     """Raises ValueError, in one line, for a configuration the acceptance mix cannot serve
     (:mod:`.acceptance_mix`): one on vLLM's V1 runner, one whose synthetic length is short of full
     acceptance (``K + 1``) or the standard sampler's, or an engine core started by spawn."""
-    from worker.speculation.decide import model_runner_flag
+    from worker.speculation.decide import decide
 
     for name in configs:
         env = config_env(base, name)
@@ -58,7 +58,7 @@ def check_mix(base: dict[str, str], configs: list[str]) -> None:
         full = spec["num_speculative_tokens"] + 1
         if spec.get("synthetic_acceptance_length") != full:
             raise ValueError(f"{name}: the acceptance mix needs full synthetic acceptance, LENGTH = K + 1 = {full}")
-        if model_runner_flag(load_settings(env), mode="serverless") == "0":
+        if decide(load_settings(env), mode="serverless", is_cpu=False).model_runner == "0":
             raise ValueError(f"{name}: runs on vLLM's V1 runner, which the acceptance mix misses (+MODEL_RUNNER=v2)")
 
 
