@@ -19,7 +19,7 @@ from worker.config import DeploymentMode, load_settings
 from worker.errors import ConfigError
 from worker.speculation.config import auto_schedule, is_graph_schedule
 from worker.tiny_models import TinyModels
-from worker.vllm_plugin import FULL_GRAPHS_ENV
+from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
 
 
 def test_tiny_default() -> None:
@@ -394,7 +394,7 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
     assert graphs("serverless", **ngram, VLLM_USE_V2_MODEL_RUNNER="1") == full
     for off in ({"PER_REQUEST_SPEC_DECODE_METRICS": "none"}, {"ENGINE_ARGS": '{"scheduler_cls": "my.Sched"}'}):
         assert graphs("pod", **ngram, SPECULATION_CONTROL="auto", **off) is None
-    # The plan tells the worker's vLLM plugin that FULL is the worker's choice (worker/vllm_plugin.py).
+    # The plan tells the worker's vLLM plugin that FULL is the worker's choice (worker/vllm_internals/plugin.py).
     marker: dict[DeploymentMode, str | None] = {"pod": "1", "serverless": None}
     for mode, value in marker.items():
         environment = engine_environment(load_settings({"MODEL_NAME": "org/m", **ngram}), mode=mode)

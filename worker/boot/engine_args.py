@@ -19,7 +19,7 @@ from worker.speculation.decide import (
     runs_worker_scheduler,
     speculation_control,
 )
-from worker.vllm_plugin import FULL_GRAPHS_ENV
+from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
 
 __all__ = [
     "FULL_GRAPHS_CONFIG",
