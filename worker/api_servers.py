@@ -1,9 +1,9 @@
 """Pod mode over several API server processes: ``API_SERVER_COUNT`` > 1.
 
 At high concurrency one Python process turning engine outputs into HTTP chunks is what limits a
-pod (docs/scaling.md has the measurements). vLLM's server answers with ``vllm serve
---api-server-count N``: N API processes accept on one listening socket and talk to one engine core
-over ZeroMQ, each as its own client. This module runs that machinery of vLLM's, as its
+pod (docs/benchmarks.md, "One API process at high concurrency"). vLLM's server answers with
+``vllm serve --api-server-count N``: N API processes accept on one listening socket and talk to
+one engine core over ZeroMQ, each as its own client. This module runs that machinery of vLLM's, as its
 ``vllm/entrypoints/cli/serve.py`` (``run_multi_api_server``) does: ``bind_engine_zmq_listeners``,
 ``launch_core_engines``, ``APIServerProcessManager`` and ``wait_for_completion_or_failure`` (through
 the seam, ``worker.vllm_internals.api_processes``), with the worker's own app in every API process

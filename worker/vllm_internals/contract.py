@@ -177,7 +177,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
     ),
     "worker/vllm_internals/openai_layer.py": (
         "vllm.entrypoints.serve.exception_handling.error_response:create_error_response(message)",
-        "vllm.entrypoints.serve.engine.protocol:ErrorResponse{error, model_dump}",
+        "vllm.entrypoints.serve.engine.protocol:ErrorResponse{error}",
         "vllm.entrypoints.serve.engine.protocol:ErrorInfo{code}",
         "vllm.entrypoints.serve.exception_handling.handlers.http:http_exception_handler(req, exc)",
         "vllm.entrypoints.serve.exception_handling.handlers.validation:clean_loc_for_param(loc)",
