@@ -128,7 +128,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD
-# The worker's vLLM plugin (worker/vllm_plugin.py) is found through the package's entry point, which
+# The worker's vLLM plugin (worker/vllm_internals/plugin.py) is found through the package's entry point, which
 # the installed package's metadata carries: a checkout on PYTHONPATH without runpod_vllm_worker.egg-info
 # (git ignores it; carry it) runs engines without it, as the image never does. Say so loudly.
 python3 -c "from importlib.metadata import entry_points as e

@@ -241,7 +241,7 @@ async def test_a_core_that_never_answers_switches_holding_off(
     processor = default_engine.exact_stop_stats
     assert processor is not None and processor.is_holding
     _aborts(default_engine, monkeypatch, after_outputs=None)
-    with caplog.at_level(logging.ERROR, logger="worker.speculation.stats.frontend"):
+    with caplog.at_level(logging.ERROR, logger="worker.vllm_internals.frontend"):
         assert not await check_exact_stop_stats(default_engine, wait_s=0.3)
     assert not processor.is_holding
     assert "exact spec-decode stats for stop strings are off" in caplog.text and "no_answer" in caplog.text

@@ -1,5 +1,6 @@
-"""The layout holds: the serving package never imports a tool (worker/tools/); booting and exact
-stats each live in a package of their own; no serving module grows past 350 lines."""
+"""The layout holds: the serving package never imports a tool (worker/tools/); booting, exact stats
+and vLLM's internals each live in a package of their own, and speculation's logic imports no vLLM
+(its hooks into vLLM are the seam's, worker/vllm_internals/); no serving module grows past 350 lines."""
 
 from __future__ import annotations
 
@@ -35,14 +36,32 @@ def test_serving_modules_never_import_a_tool() -> None:
     assert not {name: mods for name, mods in offenders.items() if mods}
 
 
-def test_booting_and_exact_stats_are_packages() -> None:
+def test_booting_exact_stats_and_vllms_internals_are_packages() -> None:
     assert {p.name for p in (WORKER / "boot").glob("*.py")} >= {"plan.py", "launch.py", "models.py", "prefetch.py"}
     assert {p.name for p in (WORKER / "speculation" / "stats").glob("*.py")} >= {
-        "scheduler.py",
+        "acceptance.py",
         "answers.py",
-        "frontend.py",
         "tracking.py",
     }
+    assert {p.name for p in (WORKER / "vllm_internals").glob("*.py")} >= {
+        "scheduler.py",
+        "scheduler_control.py",
+        "frontend.py",
+        "plugin.py",
+        "contract.py",
+        "check.py",
+        "public.py",
+    }
+    assert not (WORKER / "vllm_plugin.py").exists()
+
+
+def test_speculation_imports_no_vllm() -> None:
+    """The policy, the controller, its cost model and measurement, and the stats' arithmetic and books:
+    vLLM is reached only through the seam (``worker/vllm_internals/``)."""
+    modules = list((WORKER / "speculation").rglob("*.py"))
+    assert len(modules) >= 8
+    offenders = {p.name: sorted(m for m in _imports(p) if m.split(".")[0] == "vllm") for p in modules}
+    assert not {name: mods for name, mods in offenders.items() if mods}
 
 
 def test_no_serving_module_over_350_lines() -> None:

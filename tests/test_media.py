@@ -13,6 +13,7 @@ import pytest
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
 
 import worker.media as media
+import worker.vllm_internals.media  # noqa: F401  (registers the guarded connector)
 from tests.helpers import ImageServer, engine_env, engine_kwargs, png
 from worker.boot.engine_args import PUBLIC_MEDIA_CONNECTOR
 from worker.config import load_settings
@@ -130,7 +131,7 @@ async def test_a_name_that_resolves_elsewhere_at_fetch_time_is_refused(
     async def public(host: str, port: int) -> list[str]:
         return ["93.184.216.34"]
 
-    monkeypatch.setattr(media, "_lookup_async", public)
+    monkeypatch.setattr(media, "lookup_async", public)
     with pytest.raises(MediaURLRefused, match=r"host localhost \((127\.0\.0\.1|::1)\) is a loopback address"):
         await _connector().fetch_image_async(server.url(host="localhost"))
     assert server.hits == []

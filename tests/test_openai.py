@@ -330,7 +330,7 @@ async def test_media_urls_reach_the_workers_guarded_connector_on_pod_and_route(b
     import vllm.envs as envs
     from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
 
-    from worker.media import PublicMediaConnector
+    from worker.vllm_internals.media import PublicMediaConnector
 
     assert isinstance(MEDIA_CONNECTOR_REGISTRY.load(envs.VLLM_MEDIA_CONNECTOR), PublicMediaConnector)
     content = [

@@ -22,9 +22,9 @@ from worker.speculation.controller import (
 from worker.speculation.cost import STEP_COSTS, step_ms
 from worker.speculation.decide import auto_schedule
 from worker.speculation.measure import Acceptance, StepTimes, batch_bucket, geometric_rate
-from worker.speculation.stats.control import ControlledScheduling
-from worker.speculation.stats.stand_in import StandInScheduler
 from worker.tools.bench.closed_loop import auto_rate, closed_loop, fixed
+from worker.vllm_internals.scheduler_control import ControlledScheduling
+from worker.vllm_internals.stand_in import StandInScheduler
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -289,7 +289,7 @@ def test_the_steady_factors_need_enough_reviewed_requests_and_weigh_each_by_its_
 
 
 def test_the_scheduler_hooks_give_the_review_each_requests_tokens_so_far() -> None:
-    from worker.speculation.stats.stand_in import ControlledStandIn, add_drafting, step_inputs
+    from worker.vllm_internals.stand_in import ControlledStandIn, add_drafting, step_inputs
 
     scheduler = ControlledStandIn(num_spec_tokens=K, max_batch_size=4)
     ids = [f"req-{i}" for i in range(4)]
@@ -447,7 +447,7 @@ def test_where_the_engine_drafts_after_its_outcome_a_steps_time_holds_the_drafts
 
 
 def test_the_scheduler_hooks_give_the_controller_each_steps_shape() -> None:
-    from worker.speculation.stats.stand_in import ControlledStandIn, add_drafting, step_inputs
+    from worker.vllm_internals.stand_in import ControlledStandIn, add_drafting, step_inputs
 
     scheduler = ControlledStandIn(num_spec_tokens=K, max_batch_size=4)
     widths = {"req-0": K, "req-1": K, "req-2": 2}
@@ -473,7 +473,7 @@ def test_the_scheduler_hooks_give_the_controller_each_steps_shape() -> None:
 
 
 def test_a_step_scheduled_on_an_idle_engine_is_timed_from_its_scheduling() -> None:
-    from worker.speculation.stats.stand_in import add_drafting, step_inputs
+    from worker.vllm_internals.stand_in import add_drafting, step_inputs
 
     class _Returning(StandInScheduler):
         """A fake: the stand-in, whose schedule() hands back a prepared step (vLLM's returns the

@@ -14,7 +14,7 @@ from worker.boot.plan import build_plan
 from worker.config import DeploymentMode, load_settings
 from worker.errors import ConfigError
 from worker.speculation.decide import auto_schedule, decide, is_graph_schedule
-from worker.vllm_plugin import FULL_GRAPHS_ENV
+from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
 
 DOCS = ROOT / "docs" / "speculation.md"
 REAL = {"MODEL_NAME": "org/model"}
@@ -227,7 +227,7 @@ def test_serverless_captures_only_the_cuda_graphs_its_traffic_runs() -> None:
     assert graphs("serverless", **ngram, VLLM_USE_V2_MODEL_RUNNER="1") == full
     for off in ({"PER_REQUEST_SPEC_DECODE_METRICS": "none"}, {"ENGINE_ARGS": '{"scheduler_cls": "my.Sched"}'}):
         assert graphs("pod", **ngram, SPECULATION_CONTROL="auto", **off) is None
-    # The plan tells the worker's vLLM plugin that FULL is the worker's choice (worker/vllm_plugin.py).
+    # The plan tells the worker's vLLM plugin that FULL is the worker's choice (worker/vllm_internals/plugin.py).
     marker: dict[DeploymentMode, str | None] = {"pod": "1", "serverless": None}
     for mode, value in marker.items():
         environment = engine_env(load_settings({"MODEL_NAME": "org/m", **ngram}), mode=mode)

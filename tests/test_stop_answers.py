@@ -17,8 +17,8 @@ import random
 from typing import Any
 
 from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts, kept_counts
-from worker.speculation.stats.scheduler import TAIL_STEPS
-from worker.speculation.stats.stand_in import HookedStandIn, make_request, step_outputs
+from worker.vllm_internals.scheduler import TAIL_STEPS
+from worker.vllm_internals.stand_in import HookedStandIn, make_request, step_outputs
 
 K = 3
 
@@ -87,7 +87,7 @@ def test_the_counts_kept_equal_the_counts_at_the_stop_string() -> None:
 def _trial(seed: int) -> collections.Counter[str]:
     from vllm.v1.request import RequestStatus
 
-    from worker.speculation.stats.scheduler import _ENDED_STEPS
+    from worker.vllm_internals.scheduler import _ENDED_STEPS
 
     rng = random.Random(seed)
     scheduler = HookedStandIn()
@@ -130,7 +130,7 @@ def _trial(seed: int) -> collections.Counter[str]:
             assert plan.ended is not None and plan.abort - plan.ended >= _ENDED_STEPS
             continue
         counts = kept_counts(
-            answer.counts.to_vllm(),
+            answer.counts,
             tail=answer.tail,
             after=plan.seen,
             ended=answer.is_ended,
@@ -174,7 +174,7 @@ def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_c
 def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.speculation.stats.scheduler import SNAPSHOT_EVERY_STEPS
+    from worker.vllm_internals.scheduler import SNAPSHOT_EVERY_STEPS
 
     scheduler = HookedStandIn()
     scheduler.add_request(_request("plain", stop=None))
@@ -197,7 +197,7 @@ def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() ->
 def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.speculation.stats.scheduler import _ENDED_STEPS, _RING
+    from worker.vllm_internals.scheduler import _ENDED_STEPS, _RING
 
     scheduler = HookedStandIn()
     scheduler.add_request(_request("early", stop=["x"], max_tokens=4))
@@ -210,7 +210,7 @@ def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None
     scheduler.finish_requests(["early"], RequestStatus.FINISHED_ABORTED)
     _, answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["early"]
     assert (answer.tail, answer.is_ended, answer.final_accepted) == ([3], True, 3)
-    counts = kept_counts(answer.counts.to_vllm(), tail=[3], after=[4], ended=True, final_accepted=3)
+    counts = kept_counts(answer.counts, tail=[3], after=[4], ended=True, final_accepted=3)
     assert counts is not None and counts.histogram == [0, 0, 0, 0] and counts.num_draft_tokens == 0
     for _ in range(_RING):
         _step(scheduler, {"other": (3, 0, 0)})
@@ -218,7 +218,7 @@ def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None
     scheduler.finish_requests(["late"], RequestStatus.FINISHED_ABORTED)
     _, answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["late"]
     assert (answer.tail, answer.is_ended) == ([], True)
-    assert kept_counts(answer.counts.to_vllm(), tail=answer.tail, after=[4], ended=True, final_accepted=3) is None
+    assert kept_counts(answer.counts, tail=answer.tail, after=[4], ended=True, final_accepted=3) is None
     for _ in range(_ENDED_STEPS):
         _step(scheduler, {"other": (3, 0, 0)})
     scheduler.finish_requests(["latest"], RequestStatus.FINISHED_ABORTED)  # past the window: no answer
@@ -235,7 +235,7 @@ def test_kept_counts_arithmetic() -> None:
     assert kept is not None
     assert (kept.histogram, kept.num_draft_tokens) == ([1, 1, 1, 1], 12)
     assert (kept.per_step_accepted, kept.per_step_drafted) == ([3, 0, 2, 1], [3, 3, 3, 3])
-    assert kept_counts(m, tail=[3, 3], after=[]) == m and kept_counts(m, tail=[3, 3], after=[]) is not m
+    assert kept_counts(m, tail=[3, 3], after=[]) == Counts.of(m)
     assert kept_counts(m, tail=[3], after=[4, 1]) is None  # more steps to take off than described
     assert kept_counts(m, tail=[UNKNOWN, 3], after=[1]) is None
     assert kept_counts(m, tail=[NOT_VERIFIED], after=[2]) is None  # a step without drafts yields one token
@@ -275,7 +275,7 @@ def test_answers_round_trip() -> None:
         (received,) = decoder.decode(encoder.encode(EngineCoreOutputs(outputs=[carried]))).outputs
         assert received.kv_transfer_params is not None
         back = Answer.from_wire(received.kv_transfer_params[ANSWERS_KEY]["r"])
-        assert back == answer and back.counts.to_vllm() == metrics
+        assert back == answer and back.counts == Counts.of(metrics)
     # An answer of another shape (a field renamed or inserted by an upgrade) is refused, not misread.
     with pytest.raises(msgspec.ValidationError):
         Answer.from_wire([[3, [1, 0], "24", [], []], [], False, None])

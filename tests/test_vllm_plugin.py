@@ -16,7 +16,7 @@ import torch
 
 from tests.helpers import CACHE_DIR
 from worker.tiny_models import TinyModels
-from worker.vllm_plugin import register
+from worker.vllm_internals.plugin import register
 
 # Asks Linux what a fresh process may use (arch_prctl(ARCH_GET_XCOMP_PERM)): bit 18 is the AMX tile
 # data, which a process without it cannot touch ("Illegal instruction").
@@ -47,7 +47,7 @@ def test_vllm_loads_the_worker_plugin() -> None:
 )
 def test_the_plugin_gets_the_amx_tiles_a_fresh_process_lacks() -> None:
     assert _permits_amx("") is False  # what vLLM's AMX kernels would die of
-    assert _permits_amx("from worker.vllm_plugin import register; register()") is True
+    assert _permits_amx("from worker.vllm_internals.plugin import register; register()") is True
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_full_graphs_chosen_by_default_keep_vllms_fallback_for_a_backend_without
 ) -> None:
     from vllm.config.compilation import CompilationConfig
 
-    from worker.vllm_plugin import FULL_GRAPHS_ENV
+    from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
 
     original = CompilationConfig.resolve_cudagraph_mode_and_sizes
     # vLLM alone: its default mode falls back to piecewise graphs over a backend without full
@@ -138,7 +138,7 @@ def _graph_manager(mode_name: str, schedule: list[list[int]] | None = None) -> A
 def test_full_graphs_chosen_by_default_get_vllms_decode_graphs_too(
     monkeypatch: pytest.MonkeyPatch, vllm_methods_restored: None
 ) -> None:
-    from worker.vllm_plugin import FULL_GRAPHS_ENV
+    from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
 
     def decode_and_prompt(mode_name: str) -> tuple[Any, Any, list[Any]]:
         manager = _graph_manager(mode_name)
@@ -175,7 +175,7 @@ def test_the_decode_graphs_under_full_serve_each_k_of_the_controllers_schedule(
     monkeypatch: pytest.MonkeyPatch, vllm_methods_restored: None
 ) -> None:
     from worker.speculation.decide import auto_schedule
-    from worker.vllm_plugin import FULL_GRAPHS_ENV
+    from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
 
     schedule = auto_schedule(4, on_v2=True)  # every k from 4 to 0: queries of 5 down to 1 token
 
@@ -218,13 +218,13 @@ def test_the_boot_applies_the_full_graph_choices_once_the_plans_environment_is_s
     from worker.boot import launch as boot
     from worker.boot.plan import build_plan
     from worker.config import load_settings
-    from worker.vllm_plugin import FULL_GRAPHS_ENV
+    from worker.vllm_internals.plugin import FULL_GRAPHS_ENV, is_wrapped
 
     # The environment the plans write is restored too.
     plan = build_plan(load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR)}), mode="serverless")
     marked = dataclasses.replace(plan, environment={**plan.environment, FULL_GRAPHS_ENV: "1"})
     with mock.patch.dict(os.environ):
         boot.build_config(plan)  # this plan does not choose FULL (the CPU build): nothing wrapped
-        assert not getattr(ModelCudaGraphManager._init_candidates, "adds_decode_graphs", False)
+        assert not is_wrapped(ModelCudaGraphManager._init_candidates)
         boot.build_config(marked)  # one that does (a GPU's n-gram under auto on V2)
-        assert getattr(ModelCudaGraphManager._init_candidates, "adds_decode_graphs", False)
+        assert is_wrapped(ModelCudaGraphManager._init_candidates)

@@ -1,13 +1,13 @@
 """Pod mode over several API server processes: ``API_SERVER_COUNT`` > 1.
 
 At high concurrency one Python process turning engine outputs into HTTP chunks is what limits a
-pod (on an H200 at 256 streams the pod's API process, like vLLM's server's, was 89-94% busy while
-raw ``AsyncLLM`` decoded 1.4-1.8x faster). vLLM's server answers with ``vllm serve
---api-server-count N``: N API processes accept on one listening socket and talk to one engine core
-over ZeroMQ, each as its own client. This module runs that machinery of vLLM's, as its
+pod (docs/benchmarks.md, "One API process at high concurrency"). vLLM's server answers with
+``vllm serve --api-server-count N``: N API processes accept on one listening socket and talk to
+one engine core over ZeroMQ, each as its own client. This module runs that machinery of vLLM's, as its
 ``vllm/entrypoints/cli/serve.py`` (``run_multi_api_server``) does: ``bind_engine_zmq_listeners``,
-``launch_core_engines``, ``APIServerProcessManager`` and ``wait_for_completion_or_failure``, with
-the worker's own app in every API process instead of vLLM's:
+``launch_core_engines``, ``APIServerProcessManager`` and ``wait_for_completion_or_failure`` (through
+the seam, ``worker.vllm_internals.api_processes``), with the worker's own app in every API process
+instead of vLLM's:
 
 - this process is handed the listening socket (bound before anything boots, ``worker/cli.py``),
   starts the weight prefetch, sets the engine's environment, starts the engine core (with the
@@ -90,14 +90,20 @@ def serve(settings: Settings, *, sock: socket.socket) -> int:
 
     plan = build_plan(settings, mode="pod")
     prepare_boot(plan)  # before vLLM is imported
-    from vllm.utils.system_utils import set_ulimit
-    from vllm.v1.engine.admission_control import SharedAdmissionStats
-    from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
-    from vllm.v1.executor import Executor
-    from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
-    from vllm.v1.utils import APIServerProcessManager, wait_for_completion_or_failure
+    from worker.vllm_internals.check import loud_imports
 
-    from worker.boot.launch import build_config
+    with loud_imports():  # a vLLM without the machinery below fails here, naming what it lacks
+        from worker.boot.launch import build_config
+        from worker.vllm_internals.api_processes import (
+            APIServerProcessManager,
+            Executor,
+            SharedAdmissionStats,
+            bind_engine_zmq_listeners,
+            launch_core_engines,
+            set_ulimit,
+            setup_multiprocess_prometheus,
+            wait_for_completion_or_failure,
+        )
     from worker.errors import one_line
     from worker.pod import FATAL_EXIT_DELAY_S
 
@@ -182,7 +188,8 @@ def run_api_process(listen_address: str, sock: socket.socket, args: argparse.Nam
     """One API process (the target vLLM's ``APIServerProcessManager`` spawns): the pod app over
     an ``AsyncLLM`` that is client ``client_index`` of the engine core."""
     import uvloop
-    from vllm.utils.system_utils import decorate_logs, set_process_title
+
+    from worker.vllm_internals.api_processes import decorate_logs, set_process_title
 
     plan: BootPlan = args.plan
     settings = plan.settings
@@ -194,12 +201,11 @@ def run_api_process(listen_address: str, sock: socket.socket, args: argparse.Nam
 
 async def _serve_api_process(sock: socket.socket, plan: BootPlan, shared: _Shared, client: dict[str, Any]) -> None:
     import uvicorn
-    from vllm.entrypoints.launchers.launcher import NoSignalServer
-    from vllm.v1.engine.admission_control import SharedAdmissionStats
 
     from worker.boot.launch import ApiProcess, boot
     from worker.pod import create_app
     from worker.runtime import EngineHolder
+    from worker.vllm_internals.api_processes import NoSignalServer, SharedAdmissionStats
 
     loads = client.pop("api_server_loads", None)
     count, index = client.pop("client_count"), client.pop("client_index")

@@ -5,6 +5,7 @@
     python -m worker fit --model llama-3-8b --gpu H100 SXM ...   # memory and speed planner
     python -m worker plan --requests-per-hour 120 --tokens-per-s 2000 ...   # serverless vs pod cost
     python -m worker soak --minutes 60 --out DIR   # mixed traffic, watching for growth (worker/tools/soak.py)
+    python -m worker vllm-contract --wheel vllm==0.33.0   # the seam's contract against another vLLM, unimported
 
 Configuration is the same environment as the serverless handler's (``worker/config/``).
 """
@@ -31,6 +32,7 @@ _TOOLS = {
     "quantize": "AWQ 4-bit quantization in its own environment",
     "download": "download a model (and draft) for baking into an image",
     "soak": "an hour of mixed traffic against the pod and the handler, watching memory, fds and threads",
+    "vllm-contract": "check the seam's contract against another vLLM's sources, without importing it",
 }
 
 
@@ -97,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         from worker.tools.soak import main as soak_main
 
         return soak_main(argv[1:])
+    if argv[:1] == ["vllm-contract"]:
+        from worker.tools.vllm_contract import main as contract_main
+
+        return contract_main(argv[1:])
     if argv[:1] == ["plan"]:
         from worker.tools.costs import main_plan
 

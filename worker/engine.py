@@ -4,8 +4,10 @@
 usage, timings and exact per-request acceptance stats; ``Engine.observe`` passes vLLM's own
 outputs through (for vLLM's OpenAI layer) with the same bookkeeping. Booting is ``worker/boot/launch.py``.
 
-Exact stats on every ending (stop strings, cancellations): ``worker/speculation/stats/``, installed when
-the boot plan says so. vLLM is imported here, in ``boot/launch.py``, ``speculation/stats/`` and ``openai.py``.
+Exact stats on every ending (stop strings, cancellations): ``worker/speculation/stats/``, with vLLM's
+side of them in ``worker/vllm_internals/``, installed when the boot plan says so. This module uses
+vLLM's public surface only (``worker.vllm_internals.public``); what it needs of vLLM's insides goes
+through the seam (``worker.vllm_internals.async_llm``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
-from vllm import SamplingParams, TokensPrompt
+from vllm import SamplingParams
 from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
-from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, SamplingType, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -28,8 +29,9 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from worker.config import Settings
 from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError, one_line
 from worker.schema import GenerateRequest, Served, StreamChunk, Usage
-from worker.speculation.stats.frontend import ExactStopStats
 from worker.speculation.stats.tracking import RequestEnd, RequestTracker
+from worker.vllm_internals import async_llm
+from worker.vllm_internals.frontend import ExactStopStats, installed_exact_stop_stats
 
 # vLLM's typed client errors, and the ValueError its request validation still raises in places.
 _CLIENT_ERRORS: tuple[type[Exception], ...] = (VLLMClientError, ValueError)
@@ -61,13 +63,12 @@ class Engine:
         self.served = served
         self._tokenizer = llm.get_tokenizer()
         # The frontend half of exact stats, where the boot installed it (worker.boot.launch).
-        processor = llm.output_processor
-        self.exact_stop_stats = processor if isinstance(processor, ExactStopStats) else None
+        self.exact_stop_stats: ExactStopStats | None = installed_exact_stop_stats(llm)
         # The model's default sampling parameters (its generation_config.json), applied to what a
         # request leaves unset, as vLLM's OpenAI layer applies them.
         self.default_sampling: dict[str, Any] = config.model_config.get_diff_sampling_param()
         # vLLM's CPU build cannot sample faithfully with speculation (unsupported_sampling).
-        self.is_greedy_only = bool(spec) and current_platform.is_cpu()
+        self.is_greedy_only = bool(spec) and async_llm.is_cpu_platform()
         self.observers: list[Callable[[RequestEnd], None]] = []
         # Adapters numbered in configuration order from 1, as vLLM's OpenAI layer numbers the
         # same list, so that both entrypoints share one adapter slot per name.
@@ -84,8 +85,7 @@ class Engine:
         pod, whose engine core another process started and watches (vLLM's client watches only
         the processes it started, and a killed core says nothing). Fail every request in flight
         and report dead from now on, as vLLM does when its own monitor sees the death."""
-        self._llm.engine_core.resources.engine_dead = True
-        self._llm.output_processor.propagate_error(EngineDeadError())
+        async_llm.mark_engine_dead(self._llm)
 
     @property
     def llm(self) -> AsyncLLM:
@@ -193,9 +193,7 @@ class Engine:
         params = self.sampling_params(request, num_prompt_tokens=len(prompt_ids))
         lora = self.lora_request(request.lora)
         try:
-            # vLLM's renderer, as its frontend would call it for these token ids (raw prompts handed
-            # to generate() are deprecated in 0.32): its own checks, e.g. the context length.
-            (engine_input,) = self._llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt_ids)])
+            engine_input = async_llm.render_token_prompt(self._llm, prompt_ids)
         except _CLIENT_ERRORS as exc:
             raise InvalidRequest(one_line(exc)) from None
         outputs = self._llm.generate(engine_input, params, track.request_id, lora_request=lora)
@@ -270,10 +268,8 @@ class Engine:
             track.fail()
 
     def request_state(self, request_id: str) -> Any:
-        """vLLM's frontend state of a request, through its external -> internal id map."""
-        processor = self._llm.output_processor
-        ids = processor.external_req_ids.get(request_id)
-        return processor.request_states.get(ids[0]) if ids else None
+        """vLLM's frontend state of a request (what a request tracker reads a snapshot from)."""
+        return async_llm.request_state(self._llm, request_id)
 
     def notify(self, end: RequestEnd) -> None:
         for observer in self.observers:

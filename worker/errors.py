@@ -7,7 +7,8 @@ WorkerError                  base: a message safe to show a client
 ├── AuthError                missing or wrong API key (HTTP 401)
 ├── ConfigError              bad environment configuration (fails the boot)
 ├── EngineBootError          the engine could not start (the worker must be replaced)
-│   └── IncompatibleDraft    the draft model cannot draft for the target
+│   ├── IncompatibleDraft    the draft model cannot draft for the target
+│   └── VllmInternalsMissing the installed vLLM lacks an internal the worker's seam relies on
 ├── EngineDead               the engine died while serving (the worker must be replaced)
 ├── EngineBusy               back-pressure: retry later (HTTP 429)
 └── EngineNotReady           still booting (HTTP 503)
@@ -29,6 +30,7 @@ __all__ = [
     "IncompatibleDraft",
     "InvalidRequest",
     "RequestTooLarge",
+    "VllmInternalsMissing",
     "WorkerError",
     "describe_validation_errors",
     "one_line",
@@ -81,6 +83,11 @@ class EngineBootError(WorkerError):
 
 class IncompatibleDraft(EngineBootError):
     pass
+
+
+class VllmInternalsMissing(EngineBootError):
+    """The installed vLLM lacks what ``worker/vllm_internals/`` relies on (its contract); the message
+    names each internal and the module that needs it. Raised before the engine starts."""
 
 
 class EngineDead(WorkerError):

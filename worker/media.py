@@ -6,7 +6,8 @@ request could make the worker fetch the cloud metadata service (``169.254.169.25
 own services on loopback, or private addresses, and read timing or errors back. vLLM offers the
 hooks, not the policy: a registry of media connectors chosen by ``VLLM_MEDIA_CONNECTOR``, and
 ``allowed_media_domains`` (an allow-list of host names; the worker's ``ALLOWED_MEDIA_DOMAINS``).
-This module registers :class:`PublicMediaConnector`, which the worker selects by default
+The seam (:mod:`worker.vllm_internals.media`) registers ``PublicMediaConnector``, vLLM's connector
+with this module's guard, which the worker selects by default
 (``worker.boot.engine_args.engine_environment``) for every path that reaches vLLM's layer (the pod
 and ``openai_route``; the native input takes no media):
 
@@ -33,27 +34,30 @@ import ipaddress
 import socket
 import urllib.request
 from collections.abc import Iterable
-from typing import Any
 
 import aiohttp
-import requests
 from aiohttp.abc import AbstractResolver, ResolveResult
 from urllib3.util import parse_url
-from vllm.connections import HTTPConnection
-from vllm.exceptions import VLLMValidationError
-from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
+from worker.vllm_internals.exceptions import MediaURLRefused
 
-__all__ = ["PUBLIC_MEDIA_CONNECTOR", "MediaURLRefused", "PublicMediaConnector", "address_refusal"]
+__all__ = [
+    "PUBLIC_MEDIA_CONNECTOR",
+    "MediaURLRefused",
+    "PublicResolver",
+    "address_refusal",
+    "check_literal",
+    "http_host",
+    "lookup",
+    "lookup_async",
+    "proxy_hosts",
+    "redirect_refusal",
+    "refuse_addresses",
+    "refuse_redirects",
+]
 
 _HINT = "set ALLOW_PRIVATE_MEDIA_URLS=true to serve media from your own network"
-
-
-class MediaURLRefused(VLLMValidationError):
-    """A media URL the worker will not fetch; the message says why. A vLLM validation error:
-    vLLM's layer passes it through as a 400 with its message (a ``ValueError`` raised during a
-    fetch it would turn into "Invalid URL")."""
 
 
 def address_refusal(address: str) -> str | None:
@@ -72,7 +76,7 @@ def address_refusal(address: str) -> str | None:
     return None
 
 
-def _refuse_addresses(host: str, addresses: Iterable[str]) -> None:
+def refuse_addresses(host: str, addresses: Iterable[str]) -> None:
     for address in addresses:
         why = address_refusal(address)
         if why is not None:
@@ -80,7 +84,7 @@ def _refuse_addresses(host: str, addresses: Iterable[str]) -> None:
             raise MediaURLRefused(f"media URL refused: host {shown} is a {why} address; {_HINT}")
 
 
-def _http_host(url: str, *, allow_file: bool) -> tuple[str, int] | None:
+def http_host(url: str, *, allow_file: bool) -> tuple[str, int] | None:
     """The host and port a media URL would connect to (None: it connects nowhere: ``data:``,
     or ``file:`` where vLLM allows local files); refuses other schemes."""
     if url[:5].lower() == "data:":
@@ -101,13 +105,13 @@ def _http_host(url: str, *, allow_file: bool) -> tuple[str, int] | None:
     return spec.hostname.strip("[]"), spec.port or (443 if scheme == "https" else 80)
 
 
-def _check_literal(host: str) -> bool:
+def check_literal(host: str) -> bool:
     """Refuse an IP-literal host at once; True when ``host`` is a literal (no lookup needed)."""
     try:
         ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return False
-    _refuse_addresses(host, [host])
+    refuse_addresses(host, [host])
     return True
 
 
@@ -115,7 +119,7 @@ def _unresolved(host: str, exc: OSError) -> MediaURLRefused:
     return MediaURLRefused(f"media URL refused: host {host} does not resolve ({exc.strerror or exc})")
 
 
-class _PublicResolver(AbstractResolver):
+class PublicResolver(AbstractResolver):
     """aiohttp's resolver, passing only public addresses (proxy hosts from the environment exempt):
     the addresses a fetch connects to pass the same test as the URL did."""
 
@@ -128,26 +132,26 @@ class _PublicResolver(AbstractResolver):
     ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
         if host not in self._exempt:
-            _refuse_addresses(host, [r["host"] for r in found])
+            refuse_addresses(host, [r["host"] for r in found])
         return found
 
     async def close(self) -> None:
         await self._inner.close()
 
 
-async def _no_redirects(response: aiohttp.ClientResponse) -> None:
+async def refuse_redirects(response: aiohttp.ClientResponse) -> None:
     if 300 <= response.status < 400:
-        raise _redirect_refusal(response.status, response.headers.get("Location"))
+        raise redirect_refusal(response.status, response.headers.get("Location"))
 
 
-def _redirect_refusal(status: int, location: str | None) -> MediaURLRefused:
+def redirect_refusal(status: int, location: str | None) -> MediaURLRefused:
     return MediaURLRefused(
         f"media URL refused: it answered with a redirect (HTTP {status} to {location or 'nowhere'}), "
         "which the worker does not follow; send the final URL"
     )
 
 
-def _proxy_hosts() -> set[str]:
+def proxy_hosts() -> set[str]:
     hosts = set()
     for url in urllib.request.getproxies().values():
         try:
@@ -159,62 +163,7 @@ def _proxy_hosts() -> set[str]:
     return hosts
 
 
-class PublicHTTPConnection(HTTPConnection):
-    """vLLM's HTTP client for media, connecting only to public addresses and not following redirects."""
-
-    async def get_async_client(self) -> aiohttp.ClientSession:
-        if self._async_client is None or not self.reuse_client:
-            connector = aiohttp.TCPConnector(resolver=_PublicResolver(_proxy_hosts()))
-            self._async_client = aiohttp.ClientSession(
-                trust_env=True, connector=connector, raise_for_status=_no_redirects
-            )
-        return self._async_client
-
-    def get_response(self, url: str, **kwargs: Any) -> requests.Response:
-        kwargs["allow_redirects"] = False
-        response: requests.Response = super().get_response(url, **kwargs)
-        if response.is_redirect:
-            response.close()
-            raise _redirect_refusal(response.status_code, response.headers.get("Location"))
-        return response
-
-    async def get_async_response(self, url: str, **kwargs: Any) -> Any:
-        kwargs["allow_redirects"] = False
-        return await super().get_async_response(url, **kwargs)
-
-
-_CONNECTION = PublicHTTPConnection()
-
-
-@MEDIA_CONNECTOR_REGISTRY.register(PUBLIC_MEDIA_CONNECTOR)
-class PublicMediaConnector(MediaConnector):
-    """vLLM's media connector, refusing URLs that reach loopback, private or link-local addresses."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("connection", _CONNECTION)
-        super().__init__(*args, **kwargs)
-
-    def _target(self, url: str) -> tuple[str, int] | None:
-        """The host name and port to look up before fetching ``url`` (None: nothing to look up)."""
-        target = _http_host(url, allow_file=self.allowed_local_media_path is not None)
-        if target is None or _check_literal(target[0]):
-            return None
-        return target
-
-    def load_from_url(self, url: str, media_io: Any, *, fetch_timeout: int | None = None) -> Any:
-        target = self._target(url)
-        if target is not None:
-            _refuse_addresses(target[0], _lookup(*target))
-        return super().load_from_url(url, media_io, fetch_timeout=fetch_timeout)
-
-    async def load_from_url_async(self, url: str, media_io: Any, *, fetch_timeout: int | None = None) -> Any:
-        target = self._target(url)
-        if target is not None:
-            _refuse_addresses(target[0], await _lookup_async(*target))
-        return await super().load_from_url_async(url, media_io, fetch_timeout=fetch_timeout)
-
-
-def _lookup(host: str, port: int) -> list[str]:
+def lookup(host: str, port: int) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -222,7 +171,7 @@ def _lookup(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
-async def _lookup_async(host: str, port: int) -> list[str]:
+async def lookup_async(host: str, port: int) -> list[str]:
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:

@@ -34,17 +34,16 @@ from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
-from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
-from vllm.entrypoints.serve.exception_handling.handlers.http import http_exception_handler
-from vllm.entrypoints.serve.exception_handling.handlers.validation import clean_loc_for_param
 from vllm.exceptions import VLLMValidationError
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import EngineDead, describe_validation_errors, to_openai_error
+from worker.vllm_internals.async_llm import freeze_gc_heap
+from worker.vllm_internals.check import require_internals
+from worker.vllm_internals.openai_layer import answer_http_error, error_answer, field_path
 
 __all__ = ["OpenAIResponse", "OpenAIServer", "describe_request_errors", "server_args", "server_flags"]
 
@@ -118,8 +117,8 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
         if isinstance(exc, EngineDeadError) or engine.is_dead:
             error = EngineDead("the inference engine died while serving this request")
             return JSONResponse(to_openai_error(error), status_code=error.status)
-        response = create_error_response(exc)  # a request-specific failure: vLLM's own answer
-        return JSONResponse(response.model_dump(), status_code=response.error.code)
+        body, status = error_answer(exc)  # a request-specific failure: vLLM's own answer
+        return JSONResponse(body, status_code=status)
 
     app.add_exception_handler(EngineDeadError, answer)
     app.add_exception_handler(EngineGenerateError, answer)
@@ -128,8 +127,7 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
         # A 400 is FastAPI's "error parsing the body"; its 404 and 405 (no such route, method) stay
         # FastAPI's, which the serverless route turns into sentences naming the route.
         if exc.status_code == 400:
-            # vLLM's own handler, typed for FastAPI's subclass; it reads status_code and detail only.
-            return cast("Response", await http_exception_handler(request, cast("Any", exc)))
+            return await answer_http_error(request, exc)  # vLLM's own handler
         return await fastapi_http_exception_handler(request, exc)
 
     app.exception_handler(HTTPException)(unreadable)
@@ -141,11 +139,11 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
 def describe_request_errors(errors: Any, *, prefix: str = "") -> str:
     """A request's validation errors as one sentence naming each field, e.g. ``openai_input.messages:
     field required``, where vLLM's layer answers with a rendering of pydantic's error dicts.
-    Field paths are vLLM's own (``clean_loc_for_param``), without the leading ``body``."""
+    Field paths are vLLM's own (``field_path``), without the leading ``body``."""
 
     def place(loc: Sequence[Any]) -> str:
         parts = [str(part) for part in loc if part != "body"]
-        return f"{prefix}{clean_loc_for_param(tuple(parts))}" if parts else ""
+        return f"{prefix}{field_path(parts)}" if parts else ""
 
     lowered = [{**error, "msg": _lower_first(str(error.get("msg", "invalid")))} for error in errors]
     return describe_validation_errors(lowered, place=place, limit=3) or "the request is not valid"
@@ -190,6 +188,7 @@ class OpenAIServer:
 
     @classmethod
     async def create(cls, engine: Engine, settings: Settings) -> OpenAIServer:
+        require_internals()  # the OpenAI layer's too, now that vLLM's serving modules are loaded
         llm = engine.llm
         lora_paths = {name: request.lora_path for name, request in engine.lora_requests.items()}
         args = server_args(settings, model_path=llm.vllm_config.model_config.model, lora_paths=lora_paths)

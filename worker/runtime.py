@@ -54,7 +54,10 @@ async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
     plan = build_plan(settings, mode=mode)
     prepare_boot(plan)
     started = time.perf_counter()
-    from worker.boot.launch import boot  # imports vLLM (once a process)
+    from worker.vllm_internals.check import loud_imports
+
+    with loud_imports():  # a vLLM without what the seam imports fails here, naming what it lacks
+        from worker.boot.launch import boot  # imports vLLM (once a process)
 
     # The boot's stamps (this line, the config's, vLLM's own) split the main process's time.
     log.info("vLLM imported in %.2f s", time.perf_counter() - started)

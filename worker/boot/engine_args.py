@@ -13,7 +13,7 @@ from typing import Any, Literal
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 from worker.speculation.decide import SpeculationPlan
-from worker.vllm_plugin import FULL_GRAPHS_ENV
+from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
 
 __all__ = [
     "FULL_GRAPHS_CONFIG",
@@ -29,7 +29,7 @@ __all__ = [
 TINY_MAX_MODEL_LEN = 1024
 TINY_KV_CACHE_BYTES = 256 * 2**20
 # In vLLM's config (``additional_config``, part of its hash) where the worker chose FULL: the
-# worker's plugin then captures vLLM's decode graphs beside FULL's (``worker.vllm_plugin``), which
+# worker's plugin then captures vLLM's decode graphs beside FULL's (``worker.vllm_internals.plugin``), which
 # vLLM's config does not show, and vLLM keys by that hash the startup plan a later boot reuses (its
 # KV cache reserved without measuring the graphs' memory) and the compile cache.
 FULL_GRAPHS_CONFIG = {"runpod_worker_cuda_graphs": "FULL, and decode graphs beside"}

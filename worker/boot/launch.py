@@ -29,10 +29,9 @@ import pydantic
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.usage.usage_lib import UsageContext
-from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 
-import worker.media  # noqa: F401  (registers the media connector engine_environment selects)
+import worker.vllm_internals.media  # noqa: F401  (registers the media connector engine_environment selects)
 from worker.boot import modelinfo
 from worker.boot.draft_check import check_draft_compatible
 from worker.boot.models import check_local_paths
@@ -49,10 +48,12 @@ from worker.errors import (
     one_line,
 )
 from worker.schema import parse_request
-from worker.speculation.stats import frontend as spec_frontend
-from worker.speculation.stats.scheduler import SCHEDULER_CLASSES
 from worker.speculation.stats.tracking import RequestEnd
-from worker.vllm_plugin import apply_full_graph_choices
+from worker.vllm_internals import async_llm, scheduler
+from worker.vllm_internals import frontend as spec_frontend
+from worker.vllm_internals.async_llm import freeze_gc_heap
+from worker.vllm_internals.check import require_internals
+from worker.vllm_internals.plugin import apply_full_graph_choices
 
 __all__ = [
     "WARMUP_SAMPLING_FEATURES",
@@ -129,11 +130,11 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
     against; serverless, vLLM's library defaults (2048 and 128), since ``MAX_CONCURRENCY``,
     the jobs a worker takes at once, follows ``max_num_seqs``.
     """
+    require_internals()  # every vLLM internal the seam relies on, named if missing (once a process)
     context = UsageContext.OPENAI_API_SERVER if plan.mode == "pod" else UsageContext.ENGINE_CONTEXT
     modelinfo.wait()  # the model-class inspection prepare_boot started in this process, if any
     args = build_args(plan)
-    # What vLLM's multi-API-server launcher sets (rank -1: the process that starts the engine core).
-    args._api_process_count, args._api_process_rank = api_process_count, api_process_rank
+    async_llm.set_api_process(args, count=api_process_count, rank=api_process_rank)
     try:
         vllm_config = args.create_engine_config(usage_context=context)
     except pydantic.ValidationError as exc:  # vLLM's config refused a value: name the variable that set it
@@ -143,15 +144,7 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
     # The worker's vLLM plugin, for an engine core forked from this process (vllm_plugin's docstring).
     apply_full_graph_choices()
     if plan.speculation.is_exact_stats:
-        spec = vllm_config.speculative_config
-        # SPECULATION_CONTROL=auto: the worker's controller answers vLLM's per-step k (speculation/controller.py).
-        is_controlled = (
-            spec is not None and plan.speculation.control == "auto" and spec.uses_dynamic_speculative_decoding()
-        )
-        # vLLM turns async scheduling off for n-gram drafted under the name "ngram" (V1's CPU proposer,
-        # or V2 under that name) and keeps it for ngram_gpu and draft models.
-        sched = vllm_config.scheduler_config
-        sched.scheduler_cls = SCHEDULER_CLASSES[is_controlled, bool(sched.async_scheduling)]
+        scheduler.install(vllm_config, is_auto=plan.speculation.control == "auto")
     return vllm_config
 
 
@@ -164,12 +157,7 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
     # vLLM's client of an engine core another process started (what its API server processes pass).
     client: dict[str, Any] = {}
     if api_process is not None:
-        client = {
-            "usage_context": UsageContext.OPENAI_API_SERVER,
-            "client_addresses": dict(api_process.addresses),
-            "client_count": count,
-            "client_index": index,
-        }
+        client = async_llm.client_kwargs(api_process.addresses, count=count, index=index)
     try:
         started = time.perf_counter()
         vllm_config = build_config(plan, api_process_count=count, api_process_rank=index)

@@ -4,15 +4,17 @@ Before it builds the engine config vLLM inspects the model's class (what it supp
 multimodal input, ...) and keeps the answer under ``VLLM_CACHE_ROOT/modelinfos``. On a miss, which
 is every boot on an empty cache root (an endpoint's first worker, and every cold start of an
 endpoint without a network volume), it runs the inspection in a subprocess that imports vLLM
-again, after the main process has imported it: 18.2 s of a 102.6 s boot on an H200
-(docs/benchmarks.md). ``start(plan)`` runs the same inspection in a subprocess started before
-the main process imports vLLM, so that the two imports overlap; the boot waits for it (``wait``)
-just before vLLM builds the config, which then reads the answer from its cache.
+again, after the main process has imported it (what that costs a boot: docs/benchmarks.md, "The
+model-class inspection on an empty cache root"). ``start(plan)`` runs the same inspection in a
+subprocess started before the main process imports vLLM, so that the two imports overlap; the boot
+waits for it (``wait``) just before vLLM builds the config, which then reads the answer from its
+cache.
 
-Written here because vLLM has no switch for it. The subprocess calls vLLM's own registry (private
-names: ``_LazyRegisteredModel``, ``_ModelInfo``), so the file it writes is the one vLLM reads and
-checks against the model module's hash; whatever goes wrong there (a renamed function, an
-architecture vLLM does not know, a timeout) leaves vLLM to inspect as it does today.
+Written here because vLLM has no switch for it. The subprocess calls vLLM's own registry
+(:mod:`worker.vllm_internals.modelinfo`, in the seam: its private names are in the contract, which
+the boot checks), so the file it writes is the one vLLM reads and checks against the model module's
+hash; what else can go wrong there (an architecture vLLM does not know, a timeout) leaves vLLM to
+inspect as it does today.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from worker.boot.plan import BootPlan
 
-__all__ = ["architectures", "fill", "missing", "start", "wait"]
+__all__ = ["NAMES_FILE", "architectures", "missing", "recorded", "start", "wait"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ def architectures(directories: list[Path]) -> list[str]:
 # (``vllm-model_executor-models-llama-LlamaForCausalLM.json``), which only vLLM's registry knows;
 # the class is the architecture's own name for most, not all (``Ministral3ForCausalLM`` is
 # answered by ``...-mistral-MistralForCausalLM.json``).
-_NAMES_FILE = "worker-architectures.json"
+NAMES_FILE = "worker-architectures.json"
 
 
 def missing(names: list[str], directory: Path) -> list[str]:
@@ -72,18 +74,18 @@ def missing(names: list[str], directory: Path) -> list[str]:
         files = set(os.listdir(directory))
     except OSError:
         return list(names)
-    recorded = _recorded(directory)
+    names_found = recorded(directory)
     return [
         name
         for name in names
-        if recorded.get(name) not in files and not any(f.endswith(f"-{name}.json") for f in files)
+        if names_found.get(name) not in files and not any(f.endswith(f"-{name}.json") for f in files)
     ]
 
 
-def _recorded(directory: Path) -> dict[str, str]:
+def recorded(directory: Path) -> dict[str, str]:
     """What the subprocess recorded in ``directory`` (nothing where it is missing or unreadable)."""
     try:
-        recorded = json.loads((directory / _NAMES_FILE).read_text())
+        recorded = json.loads((directory / NAMES_FILE).read_text())
     except (OSError, ValueError):
         return {}
     return recorded if isinstance(recorded, dict) else {}
@@ -101,7 +103,7 @@ def start(plan: BootPlan) -> subprocess.Popen[bytes] | None:
     package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     _pending = subprocess.Popen(
-        [sys.executable, "-m", "worker.boot.modelinfo", str(plan.model_info_dir), *names],
+        [sys.executable, "-m", "worker.vllm_internals.modelinfo", str(plan.model_info_dir), *names],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -125,37 +127,3 @@ def wait(timeout_s: float = WAIT_S) -> None:
         log.warning("model-class inspection still running after %.0f s: stopped, vLLM inspects on its own", timeout_s)
         return
     log.info("model-class inspection waited for %.2f s (exit %d)", time.perf_counter() - started, process.returncode)
-
-
-def fill(directory: Path, names: list[str]) -> int:
-    """In the subprocess: vLLM's own inspection of each architecture, saved where vLLM reads it
-    (``directory``: the plan's ``model_info_dir``, vLLM's own under the environment the subprocess
-    inherits); the number of answers written."""
-    import importlib.util
-
-    from vllm.model_executor.models.registry import ModelRegistry, _LazyRegisteredModel, _ModelInfo
-
-    written = 0
-    found: dict[str, str] = {}
-    for name in names:
-        model = ModelRegistry.models.get(name)
-        if not isinstance(model, _LazyRegisteredModel):
-            continue  # unknown to vLLM, or already imported (no inspection subprocess either)
-        spec = importlib.util.find_spec(model.module_name)
-        if spec is None or not spec.origin:
-            continue
-        module_hash = model._get_modelinfo_module_hash(Path(spec.origin))
-        if model._load_modelinfo_from_cache(module_hash) is None:
-            model._save_modelinfo_to_cache(_ModelInfo.from_model_cls(model.load_model_cls()), module_hash)
-            written += 1
-        found[name] = model._get_cache_filename()
-    if found:
-        recorded = {**_recorded(directory), **found}
-        temporary = directory / f".{_NAMES_FILE}.{os.getpid()}"
-        temporary.write_text(json.dumps(recorded, indent=1, sort_keys=True))
-        temporary.replace(directory / _NAMES_FILE)  # atomic: a boot reading it sees all or nothing
-    return written
-
-
-if __name__ == "__main__":
-    fill(Path(sys.argv[1]), sys.argv[2:])

@@ -1,7 +1,8 @@
 """What the engine core answers to a stop string's abort, and what the frontend makes of it.
 
 The answer (:class:`Answer`) is the request's counts when the core let go of it (:class:`Counts`,
-vLLM's ``RequestSpecDecodeMetrics`` field by field) and its *tail*: what each of its last steps
+vLLM's ``RequestSpecDecodeMetrics`` field by field; the seam, :mod:`worker.vllm_internals`, turns them
+back into vLLM's class) and its *tail*: what each of its last steps
 verified, newest first. It travels as msgspec's builtins through vLLM's serialiser and is converted
 back field by field on arrival, so an answer of another shape is refused, never misread.
 :func:`kept_counts` takes the steps the core ran past the stop string off the counts.
@@ -9,14 +10,12 @@ back field by field on arrival, so an answer of another shape is refused, never 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
-from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-__all__ = ["ANSWERS_ID", "ANSWERS_KEY", "NOT_VERIFIED", "UNKNOWN", "Answer", "Counts", "kept_counts"]
+__all__ = ["ANSWERS_ID", "ANSWERS_KEY", "NOT_VERIFIED", "UNKNOWN", "Answer", "Counts", "SpecCounts", "kept_counts"]
 
 # In a tail: a step that verified no drafts (it yielded one token), and one whose shape the ring
 # cannot tell (a prefill chunk or a recomputation after a preemption): the frontend stops there.
@@ -33,6 +32,21 @@ ANSWERS_ID = "\x00spec-decode-answers"
 ANSWERS_KEY = "spec_decode_answers"
 
 
+class SpecCounts(Protocol):
+    """What the arithmetic reads of per-request counts: vLLM's ``RequestSpecDecodeMetrics``, or :class:`Counts`."""
+
+    @property
+    def num_spec_tokens(self) -> int: ...
+    @property
+    def histogram(self) -> list[int]: ...
+    @property
+    def num_draft_tokens(self) -> int: ...
+    @property
+    def per_step_accepted(self) -> list[int]: ...
+    @property
+    def per_step_drafted(self) -> list[int]: ...
+
+
 class Counts(msgspec.Struct, array_like=True, frozen=True):
     """vLLM's ``RequestSpecDecodeMetrics``, field by field, for the answer's transport."""
 
@@ -43,14 +57,9 @@ class Counts(msgspec.Struct, array_like=True, frozen=True):
     per_step_drafted: list[int]
 
     @classmethod
-    def of(cls, m: RequestSpecDecodeMetrics) -> Counts:
+    def of(cls, m: SpecCounts) -> Counts:
         """A copy of vLLM's live counts, field by field by name (a field vLLM renames fails here)."""
         return msgspec.convert(m, cls, from_attributes=True)
-
-    def to_vllm(self) -> RequestSpecDecodeMetrics:
-        return RequestSpecDecodeMetrics(
-            **{name: copy.copy(value) for name, value in msgspec.structs.asdict(self).items()}
-        )
 
 
 class Answer(msgspec.Struct, array_like=True, frozen=True):
@@ -74,13 +83,13 @@ class Answer(msgspec.Struct, array_like=True, frozen=True):
 
 
 def kept_counts(
-    metrics: RequestSpecDecodeMetrics,
+    metrics: SpecCounts,
     *,
     tail: Sequence[int],
     after: Sequence[int],
     ended: bool = False,
     final_accepted: int | None = None,
-) -> RequestSpecDecodeMetrics | None:
+) -> Counts | None:
     """The counts of the steps a request kept, or None where they cannot be told exactly.
 
     ``metrics``: its counts when the engine core let go of it; ``tail``: what its last steps
@@ -116,7 +125,7 @@ def kept_counts(
     if drafted < 0:
         return None
     steps = len(metrics.per_step_accepted) - verified
-    return RequestSpecDecodeMetrics(
+    return Counts(
         num_spec_tokens=metrics.num_spec_tokens,
         histogram=histogram,
         num_draft_tokens=drafted,

@@ -12,7 +12,7 @@ from worker.speculation.stats.acceptance import spec_stats_from_histogram
 
 __all__ = ["Release", "ReleaseReason", "RequestEnd", "RequestTracker"]
 
-# Why a stop string's final output went out as it did (``worker.speculation.stats.frontend``): with the
+# Why a stop string's final output went out as it did (``worker.vllm_internals.frontend``): with the
 # core's answer (exact), or partial: no answer in time, an answer whose last steps did not match,
 # the engine failing while it waited, or holding switched off for the engine's life.
 ReleaseReason = Literal["answered", "no_answer", "unmatched", "engine_error", "holding_off"]
@@ -95,11 +95,12 @@ class RequestTracker:
         the first output seen here is no first token (it comes at the end)."""
         if self._end is not None:
             return self._end.spec_decode
-        engine_ttft = getattr(stats, "first_token_latency", 0.0)
+        engine_ttft = stats.first_token_latency if stats is not None else 0.0
         ttft = engine_ttft if engine_ttft > 0 else self._ttft()
-        metrics = getattr(completion, "spec_decode_metrics", None)
+        metrics = completion.spec_decode_metrics if completion is not None else None
         finish_reason = completion.finish_reason if completion is not None else "stop"
-        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.speculation.stats.frontend).
+        # Partial: a cancellation, or a stop string whose exact counts did not come (worker.vllm_internals.frontend).
+        # ``release`` is the worker's own attribute, on the counts the seam's frontend released (absent on vLLM's).
         release = getattr(metrics, "release", None)
         if not isinstance(release, Release):
             release = None
@@ -113,7 +114,7 @@ class RequestTracker:
     def cancel(self) -> None:
         """The consumer went away (a request closed after its final output is not cut short)."""
         if self._end is None:
-            metrics = getattr(self._state, "spec_decode_metrics", None)
+            metrics = self._state.spec_decode_metrics if self._state else None
             observed = None if metrics is None else stats_from_vllm(metrics, is_partial=True)
             self._tell(RequestEnd(self.request_id, "cancelled", None, observed, self._ttft(), self.num_tokens))
 
@@ -124,8 +125,8 @@ class RequestTracker:
 
     def timings(self, output: Any, *, now: float) -> Timings:
         queue_ms = None
-        stats = getattr(output, "metrics", None)
-        queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
+        stats = output.metrics
+        queued, scheduled = (stats.queued_ts, stats.scheduled_ts) if stats is not None else (0.0, 0.0)
         if queued and scheduled:
             queue_ms = max(0.0, (scheduled - queued) * 1000)
         first = self._first_token_at

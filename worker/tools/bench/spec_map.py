@@ -283,11 +283,11 @@ def controller_step_us(batch_size: int, *, k: int = 4, steps: int = 4000, caps: 
     """CPU time per engine step of ``SPECULATION_CONTROL=auto``'s hooks (the controller's lookup,
     its reading of the step's outputs, the per-request review every ``REVIEW_EVERY_STEPS`` steps
     and, with ``caps``, trimming half the requests' drafts), in microseconds: the worker's hooks
-    over the shared stand-in of vLLM's scheduler (:class:`worker.speculation.stats.stand_in.ControlledStandIn`),
+    over the shared stand-in of vLLM's scheduler (:class:`worker.vllm_internals.stand_in.ControlledStandIn`),
     less the stand-in's own update (its ``entered`` / ``returned`` marks)."""
     import random
 
-    from worker.speculation.stats.stand_in import ControlledStandIn, add_drafting, step_inputs
+    from worker.vllm_internals.stand_in import ControlledStandIn, add_drafting, step_inputs
 
     rng = random.Random(0)
     scheduler = ControlledStandIn(num_spec_tokens=k, max_batch_size=batch_size)

@@ -6,8 +6,8 @@ path adds to each engine step instead, with vLLM's own types and serialiser:
 
 - vLLM's per-request tracking (``RequestSpecDecodeMetrics.observe``, once per request per step),
   which ``PER_REQUEST_SPEC_DECODE_METRICS=summary`` turns on in vLLM's scheduler;
-- the worker's scheduler hooks (``worker/speculation/stats/scheduler.py``) over the stand-in for vLLM's
-  scheduler that the tests use too (``worker/speculation/stats/stand_in.py``: vLLM's own ``Request`` objects,
+- the worker's scheduler hooks (``worker/vllm_internals/scheduler.py``) over the stand-in for vLLM's
+  scheduler that the tests use too (``worker/vllm_internals/stand_in.py``: vLLM's own ``Request`` objects,
   scheduler and model outputs shaped as vLLM's): the per-step
   hook around vLLM's update (timed from its call to the stand-in update's start, and from the
   stand-in's return to its own), plus the abort path of every request that ends on its stop
@@ -124,8 +124,8 @@ def _time_case(
     from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
     from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY
-    from worker.speculation.stats.frontend import ExactStopStats
-    from worker.speculation.stats.stand_in import HookedStandIn, StandInScheduler, make_request, step_inputs
+    from worker.vllm_internals.frontend import ExactStopStats
+    from worker.vllm_internals.stand_in import HookedStandIn, StandInScheduler, make_request, step_inputs
 
     serial = iter(range(10**9))
 
@@ -264,7 +264,7 @@ class _Processor:
 
 def bench_stats_path(batch_sizes: list[int], *, k: int = 4, steps: int = 800, repeats: int = 5) -> dict[str, Any]:
     """Per batch size, what the stats path adds to an engine step (µs), for each case of STOP_CASES."""
-    from worker.speculation.stats.scheduler import SNAPSHOT_EVERY_STEPS
+    from worker.vllm_internals.scheduler import SNAPSHOT_EVERY_STEPS
 
     text, tokenizer = _text_and_tokenizer()
     blank = "\n\n"

@@ -52,10 +52,10 @@ class ControlledScheduling(_SchedulerBase):
         allowed: set[int] | None = None
         graph_batches: list[int] | None = None
         ceiling: list[int] | None = schedule
-        if getattr(self, "use_v2_model_runner", False):
+        if self.use_v2_model_runner:
             allowed = set(schedule[1:]) | {0}
             graph_batches = _full_graph_batches(self.vllm_config, self.num_spec_tokens)
-            given = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+            given = spec.num_speculative_tokens_per_batch_size if spec is not None else None
             if is_graph_schedule(given, self.num_spec_tokens):
                 ceiling = None
         self.controller = SpeculationController(
@@ -67,7 +67,7 @@ class ControlledScheduling(_SchedulerBase):
             # The model's figures are a GPU's; a CPU's steps (the tests' engines) would rescale them
             # out of the choices they check.
             calibrate=self.vllm_config.device_config.device_type != "cpu",
-            drafts_after_output=bool(getattr(self, "use_v2_model_runner", False)),
+            drafts_after_output=bool(self.use_v2_model_runner),
         )
         # vLLM only indexes its table by batch size (``dynamic_sd_lookup[n]``), as the controller answers.
         self.dynamic_sd_lookup = cast("list[int]", self.controller)
@@ -151,11 +151,10 @@ def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | N
     length ``k + 1``, dropping any past the largest capture size; a batch pads up to the next one.
     Under FULL (one routine for every step, ``worker.speculation.decide``) it captures each size
     as it is, for any mix of query lengths: a step replays one up to the largest size in tokens
-    (the decode graphs the worker's plugin adds beside them, ``worker.vllm_plugin``, move no bound).
+    (the decode graphs the worker's plugin adds beside them, ``worker.vllm_internals.plugin``, move no bound).
     Mirrored here, since vLLM keeps the result inside its model runner, out of the scheduler's reach."""
-    compilation = getattr(vllm_config, "compilation_config", None)
-    model = getattr(vllm_config, "model_config", None)
-    if compilation is None or model is None or model.enforce_eager:
+    compilation, model = vllm_config.compilation_config, vllm_config.model_config
+    if model.enforce_eager:
         return None
     if not compilation.cudagraph_mode.has_full_cudagraphs():
         return None
@@ -180,5 +179,4 @@ def _cost_key(vllm_config: Any) -> str:
         return "eagle"
     if spec is None or spec.method not in NGRAM_METHODS:
         return "draft_model"
-    scheduler = getattr(vllm_config, "scheduler_config", None)
-    return "ngram" if getattr(scheduler, "async_scheduling", False) else "ngram_sync"
+    return "ngram" if vllm_config.scheduler_config.async_scheduling else "ngram_sync"

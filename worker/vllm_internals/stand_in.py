@@ -1,7 +1,7 @@
 """A stand-in for vLLM's scheduler, for the tests and the benchmark of the worker's scheduler hooks.
 
 A test double beside the real thing (as httpx keeps its ``MockTransport``): vLLM's scheduler reduced
-to what :class:`~worker.speculation.stats.scheduler.SpecMetricsSnapshots` calls (taking requests, handing
+to what :class:`~worker.vllm_internals.scheduler.SpecMetricsSnapshots` calls (taking requests, handing
 back a step's outputs for the tokens given it, finishing requests, its one exit ``_free_request``),
 over vLLM's own ``Request`` objects, outputs and metrics. A real engine core cannot be stepped by
 hand with chosen shapes (drafts, grammar-invalidated drafts, accepted counts, prefill chunks), which
@@ -23,8 +23,8 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import Request, RequestStatus
 
-from worker.speculation.stats.control import ControlledScheduling
-from worker.speculation.stats.scheduler import SpecMetricsSnapshots
+from worker.vllm_internals.scheduler import SpecMetricsSnapshots
+from worker.vllm_internals.scheduler_control import ControlledScheduling
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -74,6 +74,7 @@ class StandInScheduler:
             SimpleNamespace(
                 speculative_config=SimpleNamespace(method=method),
                 device_config=SimpleNamespace(device_type=device_type),
+                scheduler_config=SimpleNamespace(async_scheduling=False),
             ),
         )
 
@@ -108,7 +109,7 @@ class StandInScheduler:
                 del tokens[room:]
                 request.status, finish = RequestStatus.FINISHED_LENGTH_CAPPED, FinishReason.LENGTH
             request.append_output_token_ids(list(tokens))
-            output = EngineCoreOutput(rid, list(tokens), finish_reason=finish)
+            output = EngineCoreOutput(request_id=rid, new_token_ids=list(tokens), finish_reason=finish)
             if finish is not None:
                 output.spec_decode_metrics = metrics
                 self._free_request(request)
@@ -154,7 +155,9 @@ def make_request(
 ) -> Request:
     """One of vLLM's engine-core requests, with the per-request metrics its scheduler gives them."""
     params = SamplingParams(stop=stop, max_tokens=max_tokens)
-    request = Request(rid, [1, 2, 3], params, None, client_index=client)
+    request = Request(
+        request_id=rid, prompt_token_ids=[1, 2, 3], sampling_params=params, pooling_params=None, client_index=client
+    )
     request.spec_decode_metrics = RequestSpecDecodeMetrics.new(num_spec_tokens)
     return request
 

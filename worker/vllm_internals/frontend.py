@@ -2,7 +2,7 @@
 
 vLLM's frontend detects stop strings. When one completes, it finishes the request at once and
 aborts it in the engine core, which has run a step or more past the stop string by then, and
-whose counts include those steps. The worker's scheduler (:mod:`worker.speculation.stats.scheduler`) answers
+whose counts include those steps. The worker's scheduler (:mod:`worker.vllm_internals.scheduler`) answers
 that abort with the request's counts and the shape of its last steps. This processor holds the
 request's final output until the answer arrives, and takes off the steps that came after the stop
 string. It saw their outputs: vLLM drops them, since the request has finished in the frontend.
@@ -42,14 +42,14 @@ from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutput, RequestOutputCollector, RequestState
 from vllm.v1.metrics.stats import IterationStats, RequestSpecDecodeMetrics
 
-from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, Answer, kept_counts
-from worker.speculation.stats.scheduler import copy_metrics
+from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, Answer, SpecCounts, kept_counts
 from worker.speculation.stats.tracking import Release, ReleaseReason
+from worker.vllm_internals.scheduler import copy_metrics
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-__all__ = ["ExactStopStats", "ReleasedSpecDecodeMetrics", "install"]
+__all__ = ["ExactStopStats", "ReleasedSpecDecodeMetrics", "install", "installed_exact_stop_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -198,10 +198,11 @@ class ExactStopStats(OutputProcessor):
         held_s = time.monotonic() - entry.since
         exact = None
         if answer is not None:
-            whole = answer.counts.to_vllm()
-            exact = kept_counts(
+            whole = answer.counts
+            kept = kept_counts(
                 whole, tail=answer.tail, after=entry.after, ended=answer.is_ended, final_accepted=answer.final_accepted
             )
+            exact = None if kept is None else copy_metrics(kept, RequestSpecDecodeMetrics)
             reason = "answered" if exact is not None else "unmatched"
         if answer is not None and exact is not None:
             self._num_unanswered = 0
@@ -228,7 +229,7 @@ class ExactStopStats(OutputProcessor):
         completion.spec_decode_metrics = marked
 
 
-def _taken_off(whole: RequestSpecDecodeMetrics, kept: RequestSpecDecodeMetrics) -> tuple[int, int, int]:
+def _taken_off(whole: SpecCounts, kept: SpecCounts) -> tuple[int, int, int]:
     """Of vLLM's engine-wide counters (verify steps, draft tokens, accepted tokens), what the steps
     taken off had added: the per-request counts plus these add up to those counters."""
     pairs = list(zip(whole.histogram, kept.histogram, strict=True))
@@ -248,3 +249,9 @@ def install(llm: AsyncLLM, *, num_spec_tokens: int, wait_s: float = STATS_WAIT_S
     assert isinstance(processor, ExactStopStats)
     processor._init_exact_stop_stats(num_spec_tokens=num_spec_tokens, wait_s=wait_s)
     return processor
+
+
+def installed_exact_stop_stats(llm: AsyncLLM) -> ExactStopStats | None:
+    """The engine's output processor where :func:`install` switched it (None: it did not)."""
+    processor = llm.output_processor
+    return processor if isinstance(processor, ExactStopStats) else None

@@ -25,14 +25,14 @@ supports full graphs for decode only already falls back from FULL to vLLM's defa
 There too, it gives FULL the uniform-decode graphs vLLM's default mode captures
 (``_capture_decode_graphs_under_full``). vLLM's V2 runner captures FULL's graphs for batches that
 may carry a prompt, with the attention planned for a query as long as the batch
-(``prepare_inputs_to_capture``: ``max_query_len = num_tokens``), and replays them for decode too;
-on an H200 (8B, waves that start together) decode alone then ran 2-7% slower at 64-256 streams than
-under vLLM's default mode, whose decode graphs are planned for the decode's query length. vLLM has
-no mode of full graphs for both (``CUDAGraphMode`` pairs FULL decode graphs with piecewise or no
-mixed ones), hence here. With them, n-gram's speculation switched off ran 1.02x / 0.99x no
-speculation at 64 / 256 streams, against 0.99x / 0.91x under vLLM's FULL in the same run; the
-capture took 19 s and 1.63 GiB for 395 graphs, against 5 s and 1.22 GiB for 83
-(docs/gpu-results/HISTORY.md, the thirty-first run).
+(``prepare_inputs_to_capture``: ``max_query_len = num_tokens``), and replays them for decode too,
+so decode alone ran slower under FULL than under vLLM's default mode, whose decode graphs are
+planned for the decode's query length. vLLM has no mode of full graphs for both (``CUDAGraphMode``
+pairs FULL decode graphs with piecewise or no mixed ones), hence here. What they cost and gain
+(capture time, memory, decode speed with speculation switched off):
+docs/benchmarks.md, "FULL's decode graphs".
+
+Every vLLM name this module touches is in the seam's contract (``worker.vllm_internals.contract``).
 """
 
 from __future__ import annotations
@@ -42,11 +42,18 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["FULL_GRAPHS_ENV", "apply_full_graph_choices", "register"]
+__all__ = ["FULL_GRAPHS_ENV", "apply_full_graph_choices", "is_wrapped", "register"]
 
 log = logging.getLogger(__name__)
 
 FULL_GRAPHS_ENV = "RUNPOD_WORKER_FULL_GRAPHS_BY_DEFAULT"
+# Marks the worker's wrappers of vLLM's methods (in the wrapper's own __dict__), so that a process
+# wraps each method once.
+_WRAPPED = "runpod_worker_wrapper"
+
+
+def is_wrapped(method: Any) -> bool:
+    return bool(vars(method).get(_WRAPPED))
 
 
 def register() -> None:
@@ -75,15 +82,16 @@ def _fall_back_from_full_graphs() -> None:
     """Wrap vLLM's ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` so that FULL over a backend
     without full graphs resolves as vLLM's default mode would (module docstring). Once a process."""
     from vllm.config.compilation import CompilationConfig, CUDAGraphMode
+    from vllm.v1.attention.backend import AttentionCGSupport
 
     resolve = CompilationConfig.resolve_cudagraph_mode_and_sizes
-    if getattr(resolve, "falls_back_from_full", False):
+    if is_wrapped(resolve):
         return
 
     @functools.wraps(resolve)
     def resolve_or_fall_back(self: CompilationConfig, min_cg_support: Any, *args: Any, **kwargs: Any) -> Any:
         chosen = os.environ.get(FULL_GRAPHS_ENV) == "1"
-        if chosen and self.cudagraph_mode == CUDAGraphMode.FULL and getattr(min_cg_support, "name", None) == "NEVER":
+        if chosen and self.cudagraph_mode == CUDAGraphMode.FULL and min_cg_support == AttentionCGSupport.NEVER:
             log.warning(
                 "CUDA graphs: the attention backend %s supports no full graphs; vLLM's default mode instead of FULL",
                 args[0] if args else kwargs.get("min_cg_attn_backend"),
@@ -91,7 +99,7 @@ def _fall_back_from_full_graphs() -> None:
             self.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
         return resolve(self, min_cg_support, *args, **kwargs)
 
-    resolve_or_fall_back.falls_back_from_full = True  # type: ignore[attr-defined]
+    resolve_or_fall_back.__dict__[_WRAPPED] = True
     CompilationConfig.resolve_cudagraph_mode_and_sizes = resolve_or_fall_back  # type: ignore[method-assign]
 
 
@@ -105,7 +113,7 @@ def _capture_decode_graphs_under_full() -> None:
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
     init = ModelCudaGraphManager._init_candidates
-    if getattr(init, "adds_decode_graphs", False):
+    if is_wrapped(init):
         return
 
     @functools.wraps(init)
@@ -132,7 +140,7 @@ def _capture_decode_graphs_under_full() -> None:
             self._candidates[key] = decode + [d for d in self._candidates.get(key, []) if d not in decode]
         return None
 
-    init_with_decode_graphs.adds_decode_graphs = True  # type: ignore[attr-defined]
+    init_with_decode_graphs.__dict__[_WRAPPED] = True
     ModelCudaGraphManager._init_candidates = init_with_decode_graphs  # type: ignore[method-assign]
 
 

@@ -7,7 +7,7 @@ get none: a stop string, which vLLM's frontend detects and then aborts the reque
 - A stop string: these subclasses answer the abort. The answer is the request's counts as the core
   let go of it and the shape of its last steps, its *tail*: for each recent
   step that yielded it tokens, how many drafts that step verified, or that it verified none. The
-  frontend (:mod:`worker.speculation.stats.frontend`) knows how many of those steps came after the stop string
+  frontend (:mod:`worker.vllm_internals.frontend`) knows how many of those steps came after the stop string
   (it saw their outputs, and dropped them), and takes them off. A request the core finished itself
   (EOS, ``max_tokens``) after the frontend's stop string is answered the same way when the abort
   comes, for ``_ENDED_STEPS`` steps (with what the ring still holds of its tail).
@@ -35,9 +35,10 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import Request, RequestStatus
 
-from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts
+from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts, SpecCounts
 
 if TYPE_CHECKING:
+    from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import ModelRunnerOutput
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 else:
     _SchedulerBase = object
 
-from worker.speculation.stats.control import ControlledScheduling
+from worker.vllm_internals.scheduler_control import ControlledScheduling
 
 __all__ = [
     "SCHEDULER_CLASSES",
@@ -58,6 +59,7 @@ __all__ = [
     "SpecMetricsScheduler",
     "SpecMetricsSnapshots",
     "copy_metrics",
+    "install",
 ]
 
 # Engine steps between snapshots of every request: a cancelled request then reports counts at
@@ -227,7 +229,9 @@ class SpecMetricsSnapshots(_SchedulerBase):
     def _send_answers(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         """The step's answers, one output per client, last in its list (where the frontend looks)."""
         for client_index, answers in self._answers.items():
-            answer = EngineCoreOutput(ANSWERS_ID, [], kv_transfer_params={ANSWERS_KEY: answers})
+            answer = EngineCoreOutput(
+                request_id=ANSWERS_ID, new_token_ids=[], kv_transfer_params={ANSWERS_KEY: answers}
+            )
             engine_outputs = outputs.get(client_index)
             if engine_outputs is None:
                 outputs[client_index] = EngineCoreOutputs(outputs=[answer])
@@ -245,8 +249,9 @@ class SpecMetricsSnapshots(_SchedulerBase):
                         output.spec_decode_metrics = copy_metrics(request.spec_decode_metrics, RequestSpecDecodeMetrics)
 
 
-def copy_metrics(m: RequestSpecDecodeMetrics, cls: type[_M]) -> _M:
-    """A copy of ``m`` as ``cls`` (vLLM's class, or a subclass). A snapshot must be a copy: the core goes on mutating
+def copy_metrics(m: SpecCounts, cls: type[_M]) -> _M:
+    """A copy of ``m`` (vLLM's counts, or the worker's :class:`Counts`) as ``cls`` (vLLM's class, or a
+    subclass). A snapshot must be a copy: the core goes on mutating
     the live object (the next step may run while the output thread serialises this one)."""
     return cls(
         num_spec_tokens=m.num_spec_tokens,
@@ -281,3 +286,15 @@ SCHEDULER_CLASSES: dict[tuple[bool, bool], type[Scheduler]] = {
     (True, False): SpecControlScheduler,
     (True, True): SpecControlAsyncScheduler,
 }
+
+
+def install(vllm_config: VllmConfig, *, is_auto: bool) -> None:
+    """Give the engine core the worker's scheduler: the exact stats always, and the controller's
+    hooks where ``SPECULATION_CONTROL=auto`` (``is_auto``) meets vLLM's batch-size schedule (which
+    ``engine_args`` adds). vLLM turns async scheduling off for n-gram drafted under the name
+    ``ngram`` (V1's CPU proposer, or V2 under that name) and keeps it for ``ngram_gpu`` and draft
+    models: the class follows the config vLLM resolved."""
+    spec = vllm_config.speculative_config
+    is_controlled = spec is not None and is_auto and spec.uses_dynamic_speculative_decoding()
+    sched = vllm_config.scheduler_config
+    sched.scheduler_cls = SCHEDULER_CLASSES[is_controlled, bool(sched.async_scheduling)]

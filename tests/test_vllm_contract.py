@@ -1,0 +1,104 @@
+"""The seam's contract (worker/vllm_internals/contract.py) against the installed vLLM, in seconds and
+without an engine: every internal the seam relies on exists, with the parameters it is called with
+and the attributes it reads or writes; a broken one is named with the module that needs it. And the
+contract is in step with the seam's source: every vLLM name the seam imports, and every private
+name of vLLM's it touches, is listed."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from worker.errors import VllmInternalsMissing
+from worker.vllm_internals import check
+from worker.vllm_internals.contract import CONTRACT, Internal
+from worker.vllm_internals.public import PUBLIC_SURFACE
+
+SEAM = Path(__file__).resolve().parent.parent / "worker" / "vllm_internals"
+
+
+def test_the_installed_vllm_keeps_the_contract() -> None:
+    problems = check.problems()
+    assert not problems, "\n".join(problems)
+
+
+def test_a_broken_entry_names_the_internal_and_the_module_that_needs_it() -> None:
+    free = next(e for e in CONTRACT if e.name == "Scheduler._free_request")
+    renamed = dataclasses.replace(free, uses=("request", "delay_free_block"))
+    assert check.problem(renamed) == (
+        "vllm.v1.core.sched.scheduler.Scheduler._free_request (callable, needed by "
+        "worker/vllm_internals/scheduler.py): no parameter 'delay_free_block' (the seam passes it)"
+    )
+    gone = Internal("vllm.v1.engine.output_processor", "OutputProcessor._finish", "callable", (), "x.py")
+    assert check.problem(gone) == (
+        "vllm.v1.engine.output_processor.OutputProcessor._finish (callable, needed by x.py): "
+        "vllm.v1.engine.output_processor.OutputProcessor has no '_finish'"
+    )
+    attribute = Internal("vllm.v1.engine.core_client", "BackgroundResources", "class", ("engine_is_dead",), "x.py")
+    assert "no attribute 'engine_is_dead'" in str(check.problem(attribute))
+    module = Internal("vllm.v1.no_such_module", "Thing", "value", (), "x.py")
+    assert "module vllm.v1.no_such_module cannot be imported" in str(check.problem(module))
+
+
+def test_the_boot_check_fails_loud_naming_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = Internal("vllm.v1.core.sched.scheduler", "Scheduler._free_requests", "callable", (), "seam.py")
+    monkeypatch.setattr(check, "CONTRACT", (*CONTRACT, broken))
+    with pytest.raises(VllmInternalsMissing, match=r"lacks 1 internal\(s\).*Scheduler\._free_requests.*seam\.py"):
+        check.require_internals()
+    monkeypatch.setattr(check, "CONTRACT", CONTRACT)
+    check.require_internals()  # the real contract holds
+
+
+def _seam_trees() -> dict[str, ast.Module]:
+    return {p.name: ast.parse(p.read_text()) for p in sorted(SEAM.glob("*.py"))}
+
+
+def _listed(module: str, name: str) -> bool:
+    """Whether ``module.name`` (as imported) is the start of an entry: defined there, or in a submodule
+    of a package that re-exports it."""
+    return any(
+        e.name.split(".")[0] == name and (e.module == module or e.module.startswith(module + ".")) for e in CONTRACT
+    )
+
+
+def test_every_vllm_name_the_seam_and_the_allowlist_import_is_in_the_contract() -> None:
+    imported = {
+        (f"{file}:{node.lineno}", node.module, alias.name)
+        for file, tree in _seam_trees().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vllm"
+        for alias in node.names
+    }
+    imported |= {("public.py", module, name) for module, names in PUBLIC_SURFACE.items() for name in names}
+    assert len(imported) > 50
+    unlisted = sorted(f"{where}: {module}.{name}" for where, module, name in imported if not _listed(module, name))
+    assert not unlisted, "imported from vLLM but not in the contract:\n" + "\n".join(unlisted)
+
+
+def test_every_private_vllm_name_the_seam_touches_is_in_the_contract() -> None:
+    """A private name (``x._name``) the seam uses that a class of the contract has (vLLM's, not the
+    seam's own) must be an entry's name or one of its attributes."""
+    classes = []
+    for entry in CONTRACT:
+        if entry.kind == "class" and "." not in entry.name:
+            classes.append(getattr(importlib.import_module(entry.module), entry.name))
+    listed = {part for e in CONTRACT for part in (*e.name.split("."), *e.uses)}
+    used = {
+        (f"{file}:{node.lineno}", node.attr)
+        for file, tree in _seam_trees().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+    }
+    vllms = {
+        (where, name)
+        for where, name in used
+        if any(check.has_attribute(c, name) for c in classes if inspect.isclass(c))
+    }
+    assert {name for _, name in vllms} >= {"_free_request", "_finish_request", "_init_candidates", "_async_client"}
+    unlisted = sorted(f"{where}: {name}" for where, name in vllms if name not in listed)
+    assert not unlisted, "vLLM's private names the seam touches, not in the contract:\n" + "\n".join(unlisted)

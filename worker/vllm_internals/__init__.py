@@ -1,0 +1,20 @@
+"""The one seam between the worker and vLLM's internals.
+
+The worker is fast because it reaches into vLLM: it subclasses vLLM's schedulers and output
+processor (exact per-request stats, ``SPECULATION_CONTROL=auto``), wraps two of vLLM's methods for
+the FULL CUDA-graph mode (its plugin), builds vLLM's OpenAI app over its own engine, runs vLLM's
+multi-API-server machinery, registers a media connector and fills vLLM's model-class cache. Every
+subclass, override, monkeypatch, private attribute and private import on vLLM lives in this
+package, and nowhere else: the rest of the worker imports from vLLM only the short public surface
+in :mod:`worker.vllm_internals.public` (``tests/test_vllm_seam.py`` enforces it).
+
+What this package relies on is declared as data in :mod:`worker.vllm_internals.contract`: each
+internal, what the seam calls it with or reads of it, and the seam module that needs it. It is
+checked three ways: against the installed vLLM by ``tests/test_vllm_contract.py`` (fast lane), at
+boot before the engine starts (:func:`worker.vllm_internals.check.require_internals`: a missing
+internal fails the boot with a sentence naming it, never a silent fallback), and against another
+vLLM's wheel without importing it (``python -m worker vllm-contract --wheel vllm==X``;
+docs/vllm-contract.md).
+
+Imports nothing on purpose: the modules that import vLLM are loaded only where they are used.
+"""

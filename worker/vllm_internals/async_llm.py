@@ -1,0 +1,69 @@
+"""What the worker reaches for inside vLLM's ``AsyncLLM`` beyond its public methods: the engine
+core's death flag, the output processor's request states, the renderer, the client settings of an
+engine core another process started, and vLLM's own heap freeze."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vllm import TokensPrompt
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.platforms import current_platform
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.gc_utils import freeze_gc_heap
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
+
+__all__ = [
+    "client_kwargs",
+    "freeze_gc_heap",
+    "is_cpu_platform",
+    "mark_engine_dead",
+    "render_token_prompt",
+    "request_state",
+    "set_api_process",
+]
+
+
+def mark_engine_dead(llm: AsyncLLM) -> None:
+    """Report the engine dead from now on and fail every request in flight, as vLLM does when its
+    own monitor sees the engine core die (it has no public call for a death another process saw)."""
+    llm.engine_core.resources.engine_dead = True
+    llm.output_processor.propagate_error(EngineDeadError())
+
+
+def request_state(llm: AsyncLLM, request_id: str) -> Any:
+    """vLLM's frontend state of a request (None: not tracked), through its external -> internal id map."""
+    processor = llm.output_processor
+    ids = processor.external_req_ids.get(request_id)
+    return processor.request_states.get(ids[0]) if ids else None
+
+
+def render_token_prompt(llm: AsyncLLM, prompt_ids: Sequence[int]) -> Any:
+    """vLLM's engine input for these token ids, by its renderer as its frontend calls it (raw
+    prompts handed to ``generate()`` are deprecated in 0.32): its own checks, e.g. the context length."""
+    (engine_input,) = llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=list(prompt_ids))])
+    return engine_input
+
+
+def is_cpu_platform() -> bool:
+    return bool(current_platform.is_cpu())
+
+
+def set_api_process(args: AsyncEngineArgs | Namespace, *, count: int, rank: int) -> None:
+    """What vLLM's multi-API-server launcher sets on the engine arguments (rank -1: the process that
+    starts the engine core); private fields of ``AsyncEngineArgs``."""
+    args._api_process_count, args._api_process_rank = count, rank
+
+
+def client_kwargs(addresses: Mapping[str, Any], *, count: int, index: int) -> dict[str, Any]:
+    """``AsyncLLM.from_vllm_config``'s arguments for a client of an engine core another process
+    started (what vLLM's API server processes pass)."""
+    return {
+        "usage_context": UsageContext.OPENAI_API_SERVER,
+        "client_addresses": dict(addresses),
+        "client_count": count,
+        "client_index": index,
+    }
