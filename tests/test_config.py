@@ -251,3 +251,21 @@ def test_the_local_run_sends_vllms_logs_to_stderr_at_warning() -> None:
     }
     assert local_run_environment({}, is_verbose=True) == {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
     assert local_run_environment({"VLLM_LOGGING_STREAM": "ext://sys.stdout"}, is_verbose=True) == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "sentence"),
+    [
+        ({"SPECULATIVE_METHOD": "eagle3"}, "SPECULATIVE_METHOD=eagle3 needs SPECULATIVE_MODEL"),
+        ({"SPECULATIVE_CONFIG": '{"method": "eagle3", "num_speculative_tokens": 3}'}, 'method "eagle3" needs "model"'),
+        ({"SPECULATIVE_CONFIG": '{"method": "ngram"}'}, 'n-gram needs "num_speculative_tokens"'),
+    ],
+)
+def test_a_method_missing_its_part_is_named_before_vllm_talks_of_a_draft_model(
+    env: dict[str, str], sentence: str
+) -> None:
+    # vLLM's own errors: "num_speculative_tokens was provided but without speculative model" (eagle3,
+    # where the user set no k) and "... must be provided with speculative model" (n-gram, which has none).
+    with pytest.raises(ConfigError) as info:
+        load_settings({"MODEL_NAME": "m", **env})
+    assert sentence in info.value.message and "speculative model" not in info.value.message

@@ -1,9 +1,11 @@
 """The worker's configuration, the only reader of the environment: the ``Settings`` schema
 (``settings.py``), speculation policy (``speculation.py``), and host and entry-point facts
-(``host.py``)."""
+(``host.py``), and the environment read into the schema (``environment.py``: ``load_settings``, and
+the names that are not settings)."""
 
+from worker.config.environment import load_settings
 from worker.config.host import is_on_runpod, local_run_environment, num_api_servers, sdk_environment
-from worker.config.settings import DeploymentMode, LoraModule, Settings, load_settings
+from worker.config.settings import DeploymentMode, LoraModule, Settings
 from worker.config.speculation import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     TINY_PREFIX,
