@@ -269,3 +269,13 @@ def test_a_method_missing_its_part_is_named_before_vllm_talks_of_a_draft_model(
     with pytest.raises(ConfigError) as info:
         load_settings({"MODEL_NAME": "m", **env})
     assert sentence in info.value.message and "speculative model" not in info.value.message
+
+
+def test_an_unknown_tiny_model_is_a_configuration_error_naming_the_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"MODEL_NAME": "tiny:nope"})
+    assert "MODEL_NAME=tiny:nope is not an embedded tiny model; they are tiny:target" in info.value.message
+    from worker.boot.models import resolver
+
+    with pytest.raises(ConfigError, match="tiny:nope is not an embedded tiny model"):  # a LoRA module's path
+        resolver(load_settings({}))("tiny:nope", None)

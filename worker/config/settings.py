@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from worker.config import host, parsing, speculation
 from worker.config.parsing import LoraModule
 from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
+from worker.tiny_models import VARIANTS as TINY_VARIANTS
 
 __all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings"]
 
@@ -234,6 +235,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "STRUCTURED_OUTPUTS_DISABLE_ANY_WHITESPACE needs STRUCTURED_OUTPUTS_BACKEND=xgrammar or guidance"
             )
+        for name in ("model_name", "speculative_model", "tokenizer_name"):
+            ref = getattr(self, name) or ""
+            if ref.startswith(TINY_PREFIX) and ref.removeprefix(TINY_PREFIX) not in TINY_VARIANTS:
+                known = ", ".join(TINY_PREFIX + variant for variant in TINY_VARIANTS)
+                raise ValueError(f"{name.upper()}={ref} is not an embedded tiny model; they are {known}")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ValueError("ENABLE_AUTO_TOOL_CHOICE needs TOOL_CALL_PARSER (e.g. hermes)")
         lora_knobs = [name.upper() for name in ("lora_modules", "max_loras", "max_lora_rank") if getattr(self, name)]
