@@ -5,8 +5,7 @@ tool-call and reasoning parsers; LoRA adapters by model name; per-request ``metr
 engine client. :meth:`OpenAIServer.create` hands it the worker's ``AsyncLLM``, wrapped so that every
 request also reaches the worker's observers, with vLLM's server arguments made from the settings by
 vLLM's own parser. :meth:`OpenAIServer.call` drives the app in-process for a RunPod job (no port),
-streaming its events as they come; the pod's gate (API key, body limit, back-pressure) is in
-``worker/pod.py``. Imports vLLM: loaded only once an OpenAI request arrives or a pod boots.
+streaming its events; the pod's gate is in ``worker/pod.py``. Imports vLLM: loaded only on use.
 """
 
 from __future__ import annotations
@@ -62,10 +61,9 @@ def server_flags(settings: Settings, *, lora_paths: dict[str, str] | None = None
         "--response-role",
         settings.response_role,
         "--disable-fastapi-docs",
-        # usage.prompt_tokens_details.cached_tokens: the prefix cache's hits, per request
-        "--enable-prompt-tokens-details",
-        # metrics' timing fields (time to first token, queue, decode), beside speculative_decoding: null without it
-        "--enable-per-request-metrics",
+        # usage.prompt_tokens_details.cached_tokens (the prefix cache's hits); the timings beside the
+        # acceptance stats in an answer's metrics block (time to first token, queue, decode): null without
+        *("--enable-prompt-tokens-details", "--enable-per-request-metrics"),
     ]
     if settings.enable_auto_tool_choice:
         argv.append("--enable-auto-tool-choice")
@@ -97,9 +95,9 @@ class _ObservedClient:
             name, message = problem
             raise VLLMValidationError(message, parameter=name)  # vLLM's layer answers 400
         outputs: AsyncIterator[Any] = self._llm.generate(prompt, sampling_params, request_id, **kwargs)
-        if sampling_params.structured_outputs is not None:  # only these fail with a native library's message
-            outputs = _clean_validation_errors(outputs)
-        return self._engine.observe(outputs, request_id)
+        # Only structured outputs fail with a native library's message (xgrammar's).
+        is_structured = sampling_params.structured_outputs is not None
+        return self._engine.observe(_clean_validation_errors(outputs) if is_structured else outputs, request_id)
 
 
 async def _clean_validation_errors(outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
