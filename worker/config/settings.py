@@ -3,8 +3,7 @@
 Variable names follow RunPod's official vLLM worker where the meaning is the same
 (``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...). An unset
 ``MODEL_NAME`` selects the embedded tiny model (built offline on first use). The schema and its
-validators live here; speculation policy in ``speculation.py``, host facts in ``host.py``;
-``environment.py``'s ``load_settings`` reads the environment into them.
+validators live here (``environment.py``'s ``load_settings`` reads the environment into them).
 """
 
 from __future__ import annotations
@@ -25,6 +24,9 @@ __all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModul
 # The media connector that refuses URLs reaching inside the host: worker/media.py registers it under
 # this name, and unless ALLOW_PRIVATE_MEDIA_URLS the boot plan's environment selects it.
 PUBLIC_MEDIA_CONNECTOR = "worker-public-only"
+# Methods drafting with weights of their own ("model"; MTP and DSpark default to the target's, n-gram needs none).
+METHODS_WITH_A_MODEL = frozenset({"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "dflash"})
+_SPEC_KNOBS = ("speculative_model", "num_speculative_tokens", "speculative_tokens_by_batch")
 # Serverless traffic is latency-bound (small batches); pods run large batches.
 DeploymentMode = Literal["serverless", "pod"]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
@@ -228,10 +230,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Settings:
-        if self.structured_outputs_disable_any_whitespace and self.structured_outputs_backend not in (
-            "xgrammar",
-            "guidance",
-        ):
+        backend = self.structured_outputs_backend
+        if self.structured_outputs_disable_any_whitespace and backend not in ("xgrammar", "guidance"):
             raise ValueError(
                 "STRUCTURED_OUTPUTS_DISABLE_ANY_WHITESPACE needs STRUCTURED_OUTPUTS_BACKEND=xgrammar or guidance"
             )
@@ -251,7 +251,23 @@ class Settings(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError("LORA_MODULES: adapter names must be unique")
         speculation.check(self)
+        self._check_speculation_parts()
         return self
+
+    def _check_speculation_parts(self) -> None:
+        """A knob without effect refused; a method's missing part named before vLLM blames a draft model."""
+        method, config = self.speculative_method, self.speculative_config or {}
+        ignored = [name.upper() for name in _SPEC_KNOBS if method == "none" and getattr(self, name) is not None]
+        if ignored:
+            raise ValueError(f"SPECULATIVE_METHOD=none turns speculation off: unset {', '.join(ignored)}")
+        if method in METHODS_WITH_A_MODEL and not self.speculative_model:
+            raise ValueError(f"SPECULATIVE_METHOD={method} needs SPECULATIVE_MODEL (what drafts)")
+        if config.get("method") in METHODS_WITH_A_MODEL and not config.get("model"):
+            raise ValueError(f'SPECULATIVE_CONFIG: method "{config["method"]}" needs "model" (what drafts)')
+        if speculation.drafts_by_ngram(config) and "num_speculative_tokens" not in config:
+            raise ValueError('SPECULATIVE_CONFIG: n-gram needs "num_speculative_tokens" (the tokens drafted per step)')
+        if self.num_speculative_tokens is not None and self.resolved_speculative_config is None:
+            raise ValueError("NUM_SPECULATIVE_TOKENS needs SPECULATIVE_METHOD or SPECULATIVE_MODEL")
 
     @property
     def is_tiny_default(self) -> bool:

@@ -40,9 +40,6 @@ VLLM_SPECULATIVE_METHODS = frozenset(
     bailing_hybrid_v3_mtp minimax_m3_mtp bailing_hybrid_mtp mtp kimi_k3_mtp pangu_ultra_moe_mtp step3p5_mtp
     hy_v3_mtp hy_v4_mtp gemma4_mtp inkling_mtp glm5_next_mtp dflash ngram_gpu dspark""".split()
 )
-# Methods that draft with weights of their own, named by "model" (vLLM's SpeculativeConfig finds no
-# default for them: MTP heads and DSpark default to the target, n-gram and suffix need none).
-METHODS_WITH_A_MODEL = frozenset({"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "dflash"})
 # NUM_SPECULATIVE_TOKENS when the simple knobs turn speculation on without it (the tiny default's k).
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
 
@@ -155,28 +152,14 @@ def check(settings: SpeculationSettings) -> None:
             "NUM_SPECULATIVE_TOKENS; use one or the other"
         )
     if settings.speculative_method == "none":
-        # A knob that has no effect is refused, as SPECULATIVE_CONFIG beside the knobs is.
-        ignored = [name for name in _KNOBS_BESIDE_NONE if getattr(settings, name.lower()) is not None]
-        if ignored:
-            raise ValueError(f"SPECULATIVE_METHOD=none turns speculation off: unset {', '.join(ignored)}")
         return
     if settings.speculative_method is not None and settings.speculative_method not in VLLM_SPECULATIVE_METHODS:
         raise ValueError(
             f"SPECULATIVE_METHOD={settings.speculative_method!r} is not one of vLLM's methods: none, "
             + ", ".join(sorted(VLLM_SPECULATIVE_METHODS))
         )
-    if settings.speculative_method in METHODS_WITH_A_MODEL and not settings.speculative_model:
-        raise ValueError(f"SPECULATIVE_METHOD={settings.speculative_method} needs SPECULATIVE_MODEL (what drafts)")
-    config = settings.speculative_config or {}
-    if config.get("method") in METHODS_WITH_A_MODEL and not config.get("model"):
-        raise ValueError(f'SPECULATIVE_CONFIG: method "{config["method"]}" needs "model" (what drafts)')
-    if drafts_by_ngram(config) and "num_speculative_tokens" not in config:
-        raise ValueError('SPECULATIVE_CONFIG: n-gram needs "num_speculative_tokens" (the tokens drafted per step)')
-    if settings.num_speculative_tokens is not None and speculative_config(settings) is None:
-        raise ValueError(
-            "NUM_SPECULATIVE_TOKENS needs SPECULATIVE_METHOD or SPECULATIVE_MODEL: MODEL_NAME's model "
-            "speculates only when asked"
-        )
+    if settings.speculative_method == "draft_model" and not settings.speculative_model:
+        raise ValueError("SPECULATIVE_METHOD=draft_model needs SPECULATIVE_MODEL")
     schedule = settings.speculative_tokens_by_batch
     if schedule is not None:
         spec = speculative_config(settings)
@@ -185,9 +168,6 @@ def check(settings: SpeculationSettings) -> None:
         k, highest = spec.get("num_speculative_tokens"), max(entry[2] for entry in schedule)
         if isinstance(k, int) and highest > k:
             raise ValueError(f"SPECULATIVE_TOKENS_BY_BATCH asks for k={highest}, above NUM_SPECULATIVE_TOKENS={k}")
-
-
-_KNOBS_BESIDE_NONE = ("SPECULATIVE_MODEL", "NUM_SPECULATIVE_TOKENS", "SPECULATIVE_TOKENS_BY_BATCH")
 
 
 def speculative_config(settings: SpeculationSettings) -> dict[str, Any] | None:
