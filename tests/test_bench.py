@@ -384,3 +384,27 @@ def test_vllms_server_beside_the_handler_keeps_its_own_cuda_graph_defaults() -> 
     assert "--compilation-config" not in flags(MAX_CONCURRENCY="8")  # the serverless defaults are the worker's
     chosen = flags(CUDAGRAPH_MODE="FULL_AND_PIECEWISE")  # a mode set by hand: both get it
     assert json.loads(chosen[chosen.index("--compilation-config") + 1]) == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
+
+
+def test_a_lossy_row_on_the_cpu_build_says_why() -> None:
+    from worker.tools.bench.tables_boot import LOSSY_ON_CPU, lossless_section
+
+    row = {"config": "draft", "tv_per_position": [0.5], "positions_over_threshold": [0], "low_logprob_share": 0.4}
+    block = {
+        "sampling": {"temperature": 1.0},
+        "num_samples": 10,
+        "num_positions": 1,
+        "prompt": "Once",
+        "bootstrap": {"quantile": 0.999, "draws": 400},
+        "thresholds": [0.1],
+        "control": {
+            "tv_per_position": [0.05],
+            "positions_over_threshold": [],
+            "low_logprob_share": 0.0,
+            "passes": True,
+        },
+        "rows": [{**row, "lossless": False}],
+    }
+    assert LOSSY_ON_CPU in lossless_section({"lossless": [block]})
+    assert LOSSY_ON_CPU not in lossless_section({"lossless": [block], "gpu": "NVIDIA H200"})
+    assert LOSSY_ON_CPU not in lossless_section({"lossless": [{**block, "rows": [{**row, "lossless": True}]}]})

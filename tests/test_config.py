@@ -197,12 +197,13 @@ def test_api_server_count_is_a_number_or_auto_from_the_host() -> None:
         assert "API_SERVER_COUNT" in info.value.message
 
 
-def test_every_setting_is_in_the_readmes_configuration_table() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_every_setting_is_in_the_readmes_configuration_table_or_the_rest() -> None:
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
     start = readme.index("## Configuration")
-    table = readme[start : readme.index("\n## ", start)]
-    missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in table]
-    assert not missing, f"not in the README's configuration table: {missing}"
+    tables = readme[start : readme.index("\n## ", start)] + (root / "docs" / "configuration.md").read_text()
+    missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in tables]
+    assert not missing, f"not in the README's configuration table nor docs/configuration.md: {missing}"
 
 
 def test_speculative_tokens_by_batch_passes_vllms_schedule_through() -> None:
@@ -251,3 +252,31 @@ def test_the_local_run_sends_vllms_logs_to_stderr_at_warning() -> None:
     }
     assert local_run_environment({}, is_verbose=True) == {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
     assert local_run_environment({"VLLM_LOGGING_STREAM": "ext://sys.stdout"}, is_verbose=True) == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "sentence"),
+    [
+        ({"SPECULATIVE_METHOD": "eagle3"}, "SPECULATIVE_METHOD=eagle3 needs SPECULATIVE_MODEL"),
+        ({"SPECULATIVE_CONFIG": '{"method": "eagle3", "num_speculative_tokens": 3}'}, 'method "eagle3" needs "model"'),
+        ({"SPECULATIVE_CONFIG": '{"method": "ngram"}'}, 'n-gram needs "num_speculative_tokens"'),
+    ],
+)
+def test_a_method_missing_its_part_is_named_before_vllm_talks_of_a_draft_model(
+    env: dict[str, str], sentence: str
+) -> None:
+    # vLLM's own errors: "num_speculative_tokens was provided but without speculative model" (eagle3,
+    # where the user set no k) and "... must be provided with speculative model" (n-gram, which has none).
+    with pytest.raises(ConfigError) as info:
+        load_settings({"MODEL_NAME": "m", **env})
+    assert sentence in info.value.message and "speculative model" not in info.value.message
+
+
+def test_an_unknown_tiny_model_is_a_configuration_error_naming_the_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({"MODEL_NAME": "tiny:nope"})
+    assert "MODEL_NAME=tiny:nope is not an embedded tiny model; they are tiny:target" in info.value.message
+    from worker.boot.models import resolver
+
+    with pytest.raises(ConfigError, match="tiny:nope is not an embedded tiny model"):  # a LoRA module's path
+        resolver(load_settings({}))("tiny:nope", None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.errors import EngineDead, InvalidRequest, to_error_payload, to_openai_error
+from worker.errors import EngineDead, InvalidRequest, one_line, to_error_payload, to_openai_error
 
 
 def test_worker_errors_keep_their_message_type_and_param() -> None:
@@ -26,3 +26,13 @@ def test_unexpected_exceptions_get_a_generic_message_never_their_text() -> None:
         assert isinstance(payload["error"], str) and secret not in str(payload)
         body = to_openai_error(exc)["error"]
         assert body["message"] == payload["error"] and body["code"] == 500 and secret not in str(body)
+
+
+def test_a_native_librarys_source_location_stays_out_of_a_message() -> None:
+    error = ValueError(
+        "Failed to transform regex into a grammar: [18:26:21] /project/cpp/regex_converter.cc:83: "
+        "Regex parsing error at position 2: Unclosed '['\n"
+    )
+    assert one_line(error) == (
+        "Failed to transform regex into a grammar: Regex parsing error at position 2: Unclosed '['"
+    )

@@ -1,6 +1,7 @@
 """RunPod Hub metadata (``.runpod/hub.json``, ``.runpod/tests.json``) against RunPod's publishing
 guide and against the worker's own settings and request schema: every variable named is one the
-worker reads, and every value offered loads."""
+worker reads, every value offered loads, and every preset fits every GPU the Hub offers it on
+(``python -m worker fit``'s arithmetic)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,37 @@ import pytest
 
 from worker.config import Settings, load_settings
 from worker.schema import parse_request
+from worker.tools.fit import DEFAULT_CONCURRENCY, fit, load_shape
 
 RUNPOD = Path(__file__).resolve().parent.parent / ".runpod"
 SETTINGS = {name.upper() for name in Settings.model_fields}
 INPUT_TYPES = {"string", "number", "boolean", "huggingface"}
 CATEGORIES = {"audio", "embedding", "language", "video", "image"}
-# What a value needs beside it to load (a draft model method names its draft).
-COMPANIONS = {"SPECULATIVE_METHOD": {"SPECULATIVE_MODEL": "org/draft"}}
+
+
+# What a value needs beside it to load: a method that drafts with weights names them, a LoRA limit
+# needs LoRA on.
+def _companions(key: str, value: Any) -> dict[str, str]:
+    if key == "SPECULATIVE_METHOD" and value in ("draft_model", "eagle3"):
+        return {"SPECULATIVE_MODEL": "org/draft"}
+    return {"ENABLE_LORA": "true"} if key in ("MAX_LORAS", "MAX_LORA_RANK") else {}
+
+
+# RunPod's GPU pools (hub.json's gpuIds), each as the GPU of ``fit`` with the pool's memory.
+GPU_POOLS = {
+    "AMPERE_24": "L4",
+    "ADA_24": "RTX 4090",
+    "AMPERE_48": "RTX A6000",
+    "ADA_48_PRO": "L40S",
+    "AMPERE_80": "A100 80GB",
+    "ADA_80_PRO": "H100 PCIe",
+    "HOPPER_141": "H200",
+}
+# The presets' models as fit's shapes and weight formats.
+FIT_MODELS = {
+    "Qwen/Qwen2.5-7B-Instruct": ("qwen2.5-7b", None),
+    "Qwen/Qwen2.5-7B-Instruct-AWQ": ("qwen2.5-7b", "awq"),
+}
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -56,7 +81,7 @@ def test_every_hub_variable_is_a_setting_and_every_value_offered_loads(entry: di
     values = [option["value"] for option in spec.get("options", [])]
     values += [spec[name] for name in ("default", "min", "max", "trueValue", "falseValue") if name in spec]
     for value in values:
-        load_settings({**COMPANIONS.get(key, {}), key: _as_env(value)})  # raises ConfigError naming the variable
+        load_settings({**_companions(key, value), key: _as_env(value)})  # raises ConfigError naming it
     if spec["type"] == "boolean":
         field = key.lower()
         assert getattr(load_settings({key: spec["trueValue"]}), field) is True
@@ -67,11 +92,54 @@ def test_every_hub_variable_is_a_setting_and_every_value_offered_loads(entry: di
             assert getattr(load_settings({key: _as_env(spec["default"])}), key.lower()) == default
 
 
-@pytest.mark.parametrize("preset", HUB["config"]["presets"], ids=[p["name"] for p in HUB["config"]["presets"]])
-def test_every_hub_preset_loads(preset: dict[str, Any]) -> None:
+FORM_DEFAULTS = {entry["key"]: _as_env(entry["input"]["default"]) for entry in ENV if "default" in entry["input"]}
+PRESETS = HUB["config"]["presets"]
+
+
+def test_the_forms_defaults_load_together() -> None:
+    load_settings(FORM_DEFAULTS)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p["name"] for p in PRESETS])
+def test_every_hub_preset_loads_over_the_forms_defaults(preset: dict[str, Any]) -> None:
     keys = {entry["key"] for entry in ENV}
     assert set(preset["defaults"]) <= keys
-    load_settings({key: _as_env(value) for key, value in preset["defaults"].items()})
+    load_settings({**FORM_DEFAULTS, **{key: _as_env(value) for key, value in preset["defaults"].items()}})
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p["name"] for p in PRESETS])
+def test_every_preset_fits_every_gpu_the_hub_offers(preset: dict[str, Any]) -> None:
+    # `python -m worker fit --model M --gpu G --max-model-len L`: at its default concurrency (32 sequences
+    # of the full context), as fit answers a deployer who gives no more.
+    defaults = preset["defaults"]
+    shape, quantization = FIT_MODELS[defaults["MODEL_NAME"]]
+    assert defaults.get("SPECULATIVE_METHOD") in ("none", "ngram"), "a draft's weights need fit's arithmetic too"
+    misfits = []
+    for pool in HUB["config"]["gpuIds"].split(","):
+        report = fit(
+            load_shape(shape),
+            gpu=GPU_POOLS[pool],
+            quantization=quantization,
+            kv_cache_dtype="auto",
+            max_model_len=int(defaults["MAX_MODEL_LEN"]),
+            concurrency=DEFAULT_CONCURRENCY,
+        )
+        if not report.fits:
+            misfits.append(f"{pool} ({GPU_POOLS[pool]}): {report.max_concurrency_at_context} sequences fit")
+    assert misfits == []
+
+
+def test_no_preset_drafts_with_a_separate_model() -> None:
+    # The README measures a separate draft model at 0.20-0.43x no speculation on vLLM 0.32, at every load.
+    for preset in PRESETS:
+        settings = load_settings({key: _as_env(value) for key, value in preset["defaults"].items()})
+        assert settings.draft_ref is None, preset["name"]
+
+
+def test_the_form_has_the_settings_a_deployer_reaches_for() -> None:
+    keys = {entry["key"] for entry in ENV}
+    wanted = {"SPECULATION_CONTROL", "MAX_NUM_SEQS", "ENABLE_LORA", "LORA_MODULES", "MAX_LORAS", "MAX_LORA_RANK"}
+    assert wanted <= keys
 
 
 def test_hub_tests_name_settings_and_send_inputs_the_worker_accepts() -> None:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import socket
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from worker.config import load_settings
 from worker.metrics import AcceptanceWatchdog, WatchdogWindow, WorkerMetrics, render_metrics
+from worker.runtime import EngineHolder
+from worker.serverless import ServerlessWorker
 from worker.speculation.stats.acceptance import spec_stats_from_histogram
 
 
@@ -127,3 +132,29 @@ def test_steps_with_speculation_off_are_counted_per_request() -> None:
     assert samples["worker_spec_decode_steps_off_total"] == 17 + 9
     assert samples["worker_request_drafts_per_step_sum"] == 2.0
     assert samples["worker_request_spec_off_fraction_sum"] == pytest.approx(17 / 21 + 1.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _answers(address: str, port: int) -> bool:
+    try:
+        return httpx.get(f"http://{address}:{port}/metrics", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.parametrize(("host", "is_reachable_elsewhere"), [(None, False), ("0.0.0.0", True)])
+def test_serverless_metrics_bind_loopback_unless_metrics_host_says(
+    host: str | None, is_reachable_elsewhere: bool
+) -> None:
+    # 127.0.0.2 is another address of this host: a page bound to 127.0.0.1 alone does not answer there.
+    port = _free_port()
+    env = {"METRICS_PORT": str(port), **({"METRICS_HOST": host} if host else {})}
+    worker = ServerlessWorker(EngineHolder(settings_loader=lambda: load_settings(env)))
+    worker.serve_metrics_page()
+    assert _answers("127.0.0.1", port)
+    assert _answers("127.0.0.2", port) is is_reachable_elsewhere

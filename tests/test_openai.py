@@ -253,10 +253,12 @@ async def test_route_errors_are_readable_strings_and_the_worker_keeps_serving(bo
         ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, "gpt-4"),
         ("/v1/no-such-route", {}, "no route"),
         ("/v1/chat/completions", None, "needs openai_input"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"regex": "("}}, "Regex parsing"),
     ]
     for path, body, named in cases:
         (item,) = await both.route(path, body)
         assert isinstance(item["error"], str) and named in item["error"], item
+        assert ".cc:" not in item["error"]  # xgrammar's own source path stays out
         assert item["error_type"] in ("invalid_request_error", "not_found_error")
     # A body vLLM's pydantic models refuse: a sentence naming the fields, vLLM's own object beside it.
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "many", "n": []}

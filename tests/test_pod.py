@@ -23,6 +23,8 @@ pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "test-key-0123456789"
 MODEL = "tiny:target"
+# vLLM's per-request timings in an answer's metrics block (--enable-per-request-metrics).
+TIMING_FIELDS = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
 
 
 class PodServer:
@@ -99,7 +101,9 @@ def test_chat_completion_with_usage_and_stats(pod: PodServer) -> None:
     assert response.choices[0].finish_reason == "stop"
     assert response.usage.completion_tokens > 0
     assert response.usage.prompt_tokens_details.cached_tokens >= 0
-    spec = response.model_extra["metrics"]["speculative_decoding"]
+    metrics = response.model_extra["metrics"]
+    assert TIMING_FIELDS <= {name for name, value in metrics.items() if value is not None}
+    spec = metrics["speculative_decoding"]
     assert spec["num_draft_tokens"] >= spec["num_accepted_draft_tokens"] > 0
     assert spec["mean_acceptance_length"] == pytest.approx(
         1 + spec["num_accepted_draft_tokens"] / spec["num_spec_steps"]
@@ -133,7 +137,10 @@ def test_chat_stream_with_include_usage(pod: PodServer) -> None:
     assert finishes == ["stop"]
     usage_chunk = chunks[-1]
     assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens > 0
-    assert usage_chunk.model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] > 0
+    # The same metrics block as a whole answer's, on OpenAI's usage chunk (no choices).
+    metrics = usage_chunk.model_extra["metrics"]
+    assert TIMING_FIELDS <= {name for name, value in metrics.items() if value is not None}
+    assert metrics["speculative_decoding"]["num_spec_steps"] > 0
 
 
 async def test_async_completions_stream_and_not(pod: PodServer) -> None:

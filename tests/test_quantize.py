@@ -82,3 +82,12 @@ async def test_the_worker_serves_the_awq_checkpoint(awq_model: Path, tiny_models
         assert text.startswith("Once upon a time"), text  # the 4-bit model still tells its story
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("folder", ["tiny-awq", "model-awq"])
+def test_the_readmes_quantize_outputs_are_ignored_by_git(folder: str) -> None:
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/config.json"], cwd=root, check=False)
+    assert ignored.returncode == 0, f"{folder}/ (README: quantize --out ./{folder}) is not in .gitignore"

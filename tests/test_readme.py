@@ -40,7 +40,7 @@ from tests.helpers import ROOT, free_port, wait_until_ready
 
 README = ROOT / "README.md"
 # The pages whose examples run too, after the README's (the tools' examples moved out of it).
-DOCS = (README, ROOT / "docs" / "tools.md")
+DOCS = (README, ROOT / "docs" / "tools.md", ROOT / "docs" / "pod.md")
 POD_PORT, LOCAL_API_PORT = 8000, 8001  # the README's
 _MARK = re.compile(r"<!-- (not-run|output)(?::\s*(.*?))? -->")
 _FENCE = re.compile(r"^```(\w*)$")

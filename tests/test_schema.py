@@ -3,7 +3,7 @@ from typing import Any
 import pytest
 
 from worker.errors import InvalidRequest
-from worker.schema import parse_request
+from worker.schema import ChatMessage, parse_batch_sizes, parse_request
 
 
 def test_prompt_request_defaults() -> None:
@@ -26,7 +26,18 @@ def test_stop_string_becomes_a_list() -> None:
         ({"prompt": "x", "sampling_params": {"max_tokens": 0}}, "sampling_params.max_tokens"),
         ({"prompt": "x", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
         ({"prompt": "x", "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
-        ({"prompt": "x", "sampling_params": {"n": 2}}, "sampling_params.n"),
+        ({"prompt": "x", "sampling_params": {"n": 2}}, "sampling_params.n: a native job returns one completion"),
+        ({"prompt": "x", "stream": "yes"}, "stream: Input should be a valid boolean"),
+        ({"prompt": "x", "stream": 1}, "stream: Input should be a valid boolean"),
+        (
+            {"prompt": "x", "sampling_params": {"max_tokens": "3"}},
+            "sampling_params.max_tokens: Input should be a valid",
+        ),
+        ({"prompt": "x", "sampling_params": {"seed": 1.5}}, "sampling_params.seed"),
+        ({"prompt": "x", "sampling_params": {"ignore_eos": "true"}}, "sampling_params.ignore_eos"),
+        ({"prompt": "x", "max_batch_size": "8"}, "max_batch_size"),
+        ({"prompt": "x", "batch_size_growth_factor": 0.5}, "batch_size_growth_factor"),
+        ({"prompt": "x", "use_openai_format": True}, "use_openai_format: worker-vllm's field; here an OpenAI-shaped"),
         ({"prompt": 5}, "prompt"),
         ({"prompt": ""}, "prompt"),
         ({}, "exactly one of 'prompt' or 'messages'"),
@@ -58,3 +69,31 @@ def test_error_messages_do_not_echo_input() -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request({"prompt": "x", "sampling_params": {"max_tokens": "SECRET-VALUE"}})
     assert "SECRET-VALUE" not in info.value.message
+
+
+def test_numbers_keep_their_json_types() -> None:
+    options = parse_request({"prompt": "x", "sampling_params": {"temperature": 0, "max_tokens": 3}}).sampling_params
+    assert options.temperature == 0.0 and options.max_tokens == 3
+
+
+def test_worker_vllms_job_fields_keep_their_meaning() -> None:
+    request = parse_request(
+        {
+            "prompt": "Hi",
+            "apply_chat_template": True,
+            "max_batch_size": 8,
+            "min_batch_size": 2,
+            "batch_size_growth_factor": 2,
+        }
+    )
+    assert request.chat == [ChatMessage(role="user", content="Hi")]
+    assert (request.max_batch_size, request.min_batch_size, request.batch_size_growth_factor) == (8, 2, 2.0)
+    assert parse_request({"prompt": "Hi"}).chat is None  # the prompt as it is
+    messages = parse_request({"messages": [{"role": "user", "content": "Hi"}], "apply_chat_template": False})
+    assert messages.chat == messages.messages  # messages always take the chat template, as in worker-vllm
+
+
+def test_an_openai_jobs_coalescing_fields_are_checked_too() -> None:
+    assert parse_batch_sizes({"max_batch_size": 4}).max_batch_size == 4
+    with pytest.raises(InvalidRequest, match="min_batch_size"):
+        parse_batch_sizes({"min_batch_size": 0})

@@ -68,6 +68,20 @@ async def test_long_generation_is_coalesced(worker: ServerlessWorker) -> None:
     assert len(items) <= 12
 
 
+async def test_worker_vllms_job_fields_set_this_jobs_coalescing_and_chat(worker: ServerlessWorker) -> None:
+    job = {"prompt": "The", "sampling_params": {"temperature": 0, "max_tokens": 60, "ignore_eos": True}}
+    # Every item one token (up to vLLM merging outputs the handler has not read yet), or 60 tokens at most.
+    small = await run_job(worker, {**job, "max_batch_size": 1})
+    large = await run_job(worker, {**job, "min_batch_size": 60, "max_batch_size": 60})
+    assert len(small) > len(large) and len(large) <= 3
+    assert "".join(i["text"] for i in small) == "".join(i["text"] for i in large)
+    chat = {"sampling_params": {"temperature": 0, "max_tokens": 20}, "stream": False}
+    as_message = await run_job(worker, {**chat, "prompt": "Tell me a story.", "apply_chat_template": True})
+    as_messages = await run_job(worker, {**chat, "messages": [{"role": "user", "content": "Tell me a story."}]})
+    assert as_message[0]["text"] == as_messages[0]["text"]
+    assert as_message[0]["usage"]["prompt_tokens"] == as_messages[0]["usage"]["prompt_tokens"]
+
+
 async def test_chat_messages_use_the_chat_template(worker: ServerlessWorker) -> None:
     items = await run_job(
         worker, {"messages": [{"role": "user", "content": "Tell me a story."}], "sampling_params": {"temperature": 0}}
@@ -181,7 +195,7 @@ async def test_closing_the_stream_early_aborts_its_engine_request_at_once(
         (None, "input must be a JSON object"),
         ({"prompt": "word " * 3000}, "context"),
         ({"prompt": "x", "sampling_params": {"max_tokens": 5000}}, "sampling_params.max_tokens"),
-        ({"prompt": "x", "sampling_params": {"structured_outputs": {"regex": "("}}}, ""),
+        ({"prompt": "x", "sampling_params": {"structured_outputs": {"regex": "("}}}, "Regex parsing error"),
     ],
 )
 async def test_bad_input_gets_a_named_error_and_the_next_job_succeeds(
@@ -190,7 +204,7 @@ async def test_bad_input_gets_a_named_error_and_the_next_job_succeeds(
     items = await run_job(worker, job_input)
     assert len(items) == 1 and "error" in items[0], items
     assert named in items[0]["error"]
-    assert "Traceback" not in items[0]["error"]
+    assert "Traceback" not in items[0]["error"] and ".cc:" not in items[0]["error"]  # no xgrammar source path
     assert items[0]["error_type"] == "invalid_request_error"
     assert "refresh_worker" not in worker.runpod_config
     ok = await run_job(

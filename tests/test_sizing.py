@@ -51,3 +51,12 @@ def test_roofline_on_h200_is_near_the_reference_measurement() -> None:
     assert (
         decode_roofline_tokens_per_s(LLAMA3_8B, bandwidth_gbs=4800, context_len=640, quantization="fp8") > 1.7 * bound
     )
+
+
+def test_the_tools_page_names_every_fit_preset() -> None:
+    from pathlib import Path
+
+    from worker.tools.fit import PRESETS
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "tools.md").read_text()
+    assert [name for name in PRESETS if f"`{name}`" not in page] == []

@@ -107,13 +107,13 @@ class Engine:
 
     # ----------------------------------------------------------------- requests
     def render_prompt(self, request: GenerateRequest) -> list[int]:
-        """Token ids of the request's prompt (the chat template applied to messages)."""
-        tokenizer = self._tokenizer
-        if request.messages is not None:
+        """Token ids of the request's prompt (the chat template applied to its chat, if any)."""
+        tokenizer, chat = self._tokenizer, request.chat
+        if chat is not None:
             if not getattr(tokenizer, "chat_template", None):
                 raise InvalidRequest("this model has no chat template; send 'prompt' instead of 'messages'")
             text = tokenizer.apply_chat_template(
-                [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True
+                [m.model_dump() for m in chat], tokenize=False, add_generation_prompt=True
             )
             return list(tokenizer.encode(str(text), add_special_tokens=False))
         return list(tokenizer.encode(request.prompt or ""))

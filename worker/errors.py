@@ -16,6 +16,7 @@ WorkerError                  base: a message safe to show a client
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "one_line",
     "to_error_payload",
     "to_openai_error",
+    "without_native_locations",
 ]
 
 
@@ -159,8 +161,19 @@ def describe_validation_errors(
     return "; ".join(named)
 
 
+# A native library's log prefix in its messages: xgrammar's "[18:26:21] /project/cpp/regex_converter.cc:83: ".
+_NATIVE_LOCATION = re.compile(r"\[\d\d:\d\d:\d\d\] [\w./-]+:\d+: ")
+
+
+def without_native_locations(message: str) -> str:
+    """``message`` without the time and source location a native library (xgrammar) writes in front
+    of its own: the reader's problem is the rest."""
+    return _NATIVE_LOCATION.sub("", message)
+
+
 def one_line(exc: BaseException) -> str:
     """The exception's message on one line (pydantic's validation errors name the field on the
-    lines after the first), without pydantic's links."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if "errors.pydantic.dev" not in line]
+    lines after the first), without pydantic's links or a native library's source locations."""
+    text = without_native_locations(str(exc))
+    lines = [line.strip() for line in text.strip().splitlines() if "errors.pydantic.dev" not in line]
     return " ".join(line for line in lines if line)[:500] or type(exc).__name__

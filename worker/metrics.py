@@ -293,7 +293,7 @@ def render_metrics(metrics: WorkerMetrics | None) -> bytes:
     return generate_latest(_page(lambda: metrics))
 
 
-def serve_metrics_page(port: int, worker_metrics: Callable[[], WorkerMetrics | None]) -> None:
-    """The pod's /metrics page on 127.0.0.1:``port`` (serverless ``METRICS_PORT``), served by
-    prometheus_client's own HTTP server on a daemon thread."""
-    start_http_server(port, addr="127.0.0.1", registry=_page(worker_metrics))
+def serve_metrics_page(port: int, worker_metrics: Callable[[], WorkerMetrics | None], *, host: str) -> None:
+    """The pod's /metrics page on ``host``:``port`` (serverless ``METRICS_HOST``, ``METRICS_PORT``),
+    served by prometheus_client's own HTTP server on a daemon thread."""
+    start_http_server(port, addr=host, registry=_page(worker_metrics))

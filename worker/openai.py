@@ -1,16 +1,11 @@
 """vLLM's own OpenAI serving layer over the worker's engine: for the pod and RunPod's ``openai_route``.
 
-vLLM builds the whole OpenAI surface (``/v1/chat/completions``, ``/v1/completions``,
-``/v1/responses``, ``/v1/models``, tokenize, embeddings for an embedding model; tool-call and
-reasoning parsers; LoRA adapters by model name; per-request ``metrics.speculative_decoding``)
-over any engine client. :meth:`OpenAIServer.create` hands it the worker's booted ``AsyncLLM``,
-wrapped so that every request also reaches the worker's observers (Prometheus, the acceptance
-watchdog), with vLLM's server arguments made from the worker's settings by vLLM's own parser.
-
-What the worker adds, because vLLM's layer has no such thing: :meth:`OpenAIServer.call`
-drives the app in-process for a RunPod job (no port, no HTTP client), streaming its
-server-sent events as they come; the pod's gate (API key, body limit, back-pressure) is in
-``worker/pod.py``. Imports vLLM: loaded only once an OpenAI request arrives or a pod boots.
+vLLM builds the whole OpenAI surface (chat, completions, responses, models, tokenize, embeddings;
+tool-call and reasoning parsers; LoRA adapters by model name; per-request ``metrics``) over any
+engine client. :meth:`OpenAIServer.create` hands it the worker's ``AsyncLLM``, wrapped so that every
+request also reaches the worker's observers, with vLLM's server arguments made from the settings by
+vLLM's own parser. :meth:`OpenAIServer.call` drives the app in-process for a RunPod job (no port),
+streaming its events; the pod's gate is in ``worker/pod.py``. Imports vLLM: loaded only on use.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from worker.config import Settings
 from worker.engine import Engine
-from worker.errors import EngineDead, describe_validation_errors, to_openai_error
+from worker.errors import EngineDead, describe_validation_errors, to_openai_error, without_native_locations
 from worker.vllm_internals.async_llm import freeze_gc_heap
 from worker.vllm_internals.check import require_internals
 from worker.vllm_internals.openai_layer import answer_http_error, error_answer, field_path
@@ -65,8 +60,9 @@ def server_flags(settings: Settings, *, lora_paths: dict[str, str] | None = None
         "--response-role",
         settings.response_role,
         "--disable-fastapi-docs",
-        # usage.prompt_tokens_details.cached_tokens: the prefix cache's hits, per request
-        "--enable-prompt-tokens-details",
+        # usage.prompt_tokens_details.cached_tokens (the prefix cache's hits); the timings beside the
+        # acceptance stats in an answer's metrics block (time to first token, queue, decode): null without
+        *("--enable-prompt-tokens-details", "--enable-per-request-metrics"),
     ]
     if settings.enable_auto_tool_choice:
         argv.append("--enable-auto-tool-choice")
@@ -97,21 +93,28 @@ class _ObservedClient:
         if problem is not None:
             name, message = problem
             raise VLLMValidationError(message, parameter=name)  # vLLM's layer answers 400
-        return self._engine.observe(self._llm.generate(prompt, sampling_params, request_id, **kwargs), request_id)
+        outputs: AsyncIterator[Any] = self._llm.generate(prompt, sampling_params, request_id, **kwargs)
+        # Only structured outputs fail with a native library's message (xgrammar's).
+        is_structured = sampling_params.structured_outputs is not None
+        return self._engine.observe(_clean_validation_errors(outputs) if is_structured else outputs, request_id)
+
+
+async def _clean_validation_errors(outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """vLLM's request validation errors without the source locations xgrammar writes into them."""
+    try:
+        async for output in outputs:
+            yield output
+    except VLLMValidationError as exc:
+        raise VLLMValidationError(without_native_locations(exc.args[0]), parameter=exc.parameter) from None
 
 
 def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
-    """The engine's own errors answered as the worker's: vLLM's handler for them stops vLLM's
-    uvicorn server through ``app.state.server``, which only vLLM's launcher sets, so here it
-    raised, and a request in flight when the engine died got ``500 "'State' object has no
-    attribute 'server'"``. A dead engine is the typed engine-dead error (503) that serverless jobs
-    get; the pod exits by its own watch (``worker/pod.py``).
-
-    And FastAPI's own refusals in vLLM's error shape: vLLM registers its handler for FastAPI's
-    ``HTTPException``, but FastAPI raises Starlette's, the base class, for a body it cannot read
-    (one ``json.loads`` fails on other than a syntax error: too deeply nested, or not decodable in
-    the encoding json tells from its first bytes), which then got ``{"detail": ...}``, not OpenAI's
-    ``{"error": ...}``. Only that 400: FastAPI's 404 and 405 keep their shape."""
+    """The engine's own errors answered as the worker's: vLLM's handler for them stops vLLM's uvicorn
+    server through ``app.state.server``, which only vLLM's launcher sets (a request in flight when the
+    engine died got ``500 "'State' object has no attribute 'server'"``). A dead engine is the typed
+    engine-dead error (503); the pod exits by its own watch (``worker/pod.py``). And FastAPI's 400 for
+    a body it cannot read (Starlette's ``HTTPException``, which vLLM's handler, typed for FastAPI's
+    subclass, misses) in OpenAI's ``{"error": ...}`` shape; its 404 and 405 keep theirs."""
 
     async def answer(request: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, EngineDeadError) or engine.is_dead:

@@ -9,8 +9,12 @@ A request (``job["input"]`` in serverless mode)::
                         skip_special_tokens, structured_outputs: {json | json_object | regex
                         | choice | grammar}}
     "stream": true          (default; false gives one item with the whole text)
+    "lora": "<adapter>"     (a name in LORA_MODULES)
+    worker-vllm's fields: "apply_chat_template": true (a prompt sent as the user's message),
+    "max_batch_size", "min_batch_size", "batch_size_growth_factor" (this job's stream coalescing)
 
-Unknown fields are errors that name them. Each answer item is a :class:`StreamChunk`; the
+Unknown fields are errors that name them, and so are ill-typed ones: types are strict (``"3"`` is
+not an integer, ``"yes"`` not a boolean). Each answer item is a :class:`StreamChunk`; the
 last one also carries ``finish_reason``, ``usage``, ``timings``, ``spec_decode`` and ``served``.
 """
 
@@ -20,11 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from worker.errors import InvalidRequest, describe_validation_errors
 
 __all__ = [
+    "BatchSizes",
     "ChatMessage",
     "GenerateRequest",
     "SamplingOptions",
@@ -34,13 +39,14 @@ __all__ = [
     "StructuredOutputs",
     "Timings",
     "Usage",
+    "parse_batch_sizes",
     "parse_request",
     "validation_message",
 ]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class StructuredOutputs(_Strict):
@@ -52,7 +58,7 @@ class StructuredOutputs(_Strict):
     choice: list[str] | None = Field(None, min_length=1)
     grammar: str | None = None
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:
@@ -75,7 +81,8 @@ def _check_json_schema(schema: dict[str, Any]) -> None:
 
 
 class SamplingOptions(_Strict):
-    """Sampling parameters, with vLLM's names and bounds. ``n`` is fixed at 1."""
+    """Sampling parameters, with vLLM's names and bounds. ``n`` is 1: a native job streams one
+    completion (an ``openai_route`` job returns ``n`` choices)."""
 
     max_tokens: int | None = Field(None, ge=1)
     min_tokens: int = Field(0, ge=0)
@@ -94,7 +101,7 @@ class SamplingOptions(_Strict):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputs | None = None
-    n: Literal[1] = 1
+    n: int = 1
 
     @model_validator(mode="before")
     @classmethod
@@ -102,6 +109,13 @@ class SamplingOptions(_Strict):
         if isinstance(data, dict) and isinstance(data.get("stop"), str):
             data = {**data, "stop": [data["stop"]]}
         return data
+
+    @field_validator("n")
+    @classmethod
+    def _one_completion(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("a native job returns one completion; for several, send an openai_route job with n")
+        return n
 
     @model_validator(mode="after")
     def _check(self) -> SamplingOptions:
@@ -117,18 +131,38 @@ class ChatMessage(_Strict):
     content: str
 
 
-class GenerateRequest(_Strict):
+class BatchSizes(_Strict):
+    """worker-vllm's job fields for this job's stream coalescing, in tokens per item (events per item
+    on an ``openai_route`` job); unset: ``DEFAULT_BATCH_SIZE`` and the like."""
+
+    max_batch_size: int | None = Field(None, ge=1)
+    min_batch_size: int | None = Field(None, ge=1)
+    batch_size_growth_factor: float | None = Field(None, ge=1)
+
+
+class GenerateRequest(BatchSizes):
     prompt: str | None = Field(None, min_length=1)
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     sampling_params: SamplingOptions = Field(default_factory=SamplingOptions)
     stream: bool = True
     lora: str | None = Field(None, min_length=1, description="the name of a configured LoRA adapter (LORA_MODULES)")
+    apply_chat_template: bool = Field(False, description="worker-vllm's: the prompt as the user's chat message")
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
         return self
+
+    @property
+    def chat(self) -> list[ChatMessage] | None:
+        """The messages to render with the chat template: ``messages``, or the prompt as the user's
+        message under ``apply_chat_template``; None: the prompt as it is."""
+        if self.messages is not None:
+            return self.messages
+        if self.apply_chat_template and self.prompt is not None:
+            return [ChatMessage(role="user", content=self.prompt)]
+        return None
 
 
 class Usage(BaseModel):
@@ -233,10 +267,24 @@ def validation_message(exc: ValidationError, *, prefix: str = "") -> str:
     )
 
 
+def parse_batch_sizes(data: dict[str, Any]) -> BatchSizes:
+    """An ``openai_route`` job's coalescing fields, or :class:`InvalidRequest` naming the bad one."""
+    try:
+        return BatchSizes.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(validation_message(exc)) from None
+
+
 def parse_request(data: Any) -> GenerateRequest:
     """Validate a job input into a :class:`GenerateRequest` or raise :class:`InvalidRequest`."""
     if not isinstance(data, dict):
         raise InvalidRequest(f"input must be a JSON object, got {type(data).__name__}")
+    if "use_openai_format" in data:
+        raise InvalidRequest(
+            "use_openai_format: worker-vllm's field; here an OpenAI-shaped answer comes from an openai_route job "
+            '({"openai_route": "/v1/chat/completions", "openai_input": {<the OpenAI request>}})',
+            param="use_openai_format",
+        )
     try:
         return GenerateRequest.model_validate(data)
     except ValidationError as exc:

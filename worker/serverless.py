@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 from worker import version_line
 from worker.errors import ConfigError, EngineDead, InvalidRequest, WorkerError, to_error_payload
 from worker.runtime import EngineHolder
-from worker.schema import parse_request
+from worker.schema import GenerateRequest, parse_batch_sizes, parse_request
 from worker.streaming import ChunkBatcher, coalesce_events, collect_final
 
 __all__ = ["Job", "JobItem", "ServerlessWorker", "local_arg_parser", "main_local", "openai_error_item"]
@@ -31,6 +31,8 @@ __all__ = ["Job", "JobItem", "ServerlessWorker", "local_arg_parser", "main_local
 log = logging.getLogger(__name__)
 
 FALLBACK_CONCURRENCY = 8
+# worker-vllm's stream-coalescing fields, which an openai_route job takes too.
+_BATCH_FIELDS = ("max_batch_size", "min_batch_size", "batch_size_growth_factor")
 
 # A RunPod job as the SDK hands it over: {"id": ..., "input": <anything the client sent>}.
 Job: TypeAlias = Mapping[str, object]
@@ -61,18 +63,18 @@ class ServerlessWorker:
         return settings.max_num_seqs or FALLBACK_CONCURRENCY
 
     def serve_metrics_page(self) -> None:
-        """With ``METRICS_PORT`` set, the pod's /metrics page on that loopback port, from now on
-        (vLLM's gauges appear once the first job has booted the engine). A configuration error
-        is left to the first job to report."""
+        """With ``METRICS_PORT`` set, the pod's /metrics page on ``METRICS_HOST`` (loopback unless
+        set), from now on (vLLM's gauges appear once the first job has booted the engine). A
+        configuration error is left to the first job to report."""
         try:
-            port = self.holder.settings.metrics_port
+            port, host = self.holder.settings.metrics_port, self.holder.settings.metrics_host
         except ConfigError:
             return
         if port is not None:
             from worker.metrics import serve_metrics_page
 
-            serve_metrics_page(port, lambda: self.holder.metrics)
-            log.info("metrics on http://127.0.0.1:%d/metrics", port)
+            serve_metrics_page(port, lambda: self.holder.metrics, host=host)
+            log.info("metrics on http://%s:%d/metrics", host, port)
 
     def request_replacement(self, reason: str) -> None:
         log.error("asking RunPod to replace this worker: %s", reason)
@@ -97,7 +99,7 @@ class ServerlessWorker:
                 if not request.stream:
                     yield (await collect_final(chunks)).to_wire()
                     return
-                batcher = self._batcher()
+                batcher = self._batcher(request)
                 async for chunk in chunks:
                     out = batcher.add(chunk)
                     if out is not None:
@@ -114,23 +116,25 @@ class ServerlessWorker:
             log.exception("job %s failed unexpectedly", job_id)
             yield to_error_payload(exc)
 
-    def _batcher(self) -> ChunkBatcher:
+    def _batcher(self, request: GenerateRequest) -> ChunkBatcher:
+        """The job's stream coalescing: its own sizes (worker-vllm's job fields), else the settings'."""
         settings = self.holder.settings
         return ChunkBatcher(
-            max_batch_size=settings.default_batch_size,
-            min_batch_size=settings.default_min_batch_size,
-            growth_factor=settings.default_batch_size_growth_factor,
+            max_batch_size=request.max_batch_size or settings.default_batch_size,
+            min_batch_size=request.min_batch_size or settings.default_min_batch_size,
+            growth_factor=request.batch_size_growth_factor or settings.default_batch_size_growth_factor,
         )
 
     async def _openai(self, job_input: dict[str, Any]) -> AsyncIterator[JobItem]:
         """``{"openai_route": ..., "openai_input": {...}}``: what the pod server would answer, from
         vLLM's own OpenAI layer: a response object, or its server-sent events, coalesced into
         items as the native stream's tokens are (each item costs the platform a POST)."""
-        unknown = sorted(set(job_input) - {"openai_route", "openai_input"})
+        unknown = sorted(set(job_input) - {"openai_route", "openai_input", *_BATCH_FIELDS})
         if unknown:
             raise InvalidRequest(
                 f"{', '.join(unknown)}: unknown field (an OpenAI job has openai_route and openai_input)"
             )
+        sizes = parse_batch_sizes({name: job_input[name] for name in _BATCH_FIELDS if name in job_input})
         route, body = job_input["openai_route"], job_input.get("openai_input")
         if not isinstance(route, str) or not route.startswith("/"):
             raise InvalidRequest("openai_route: give a path such as /v1/chat/completions", param="openai_route")
@@ -151,9 +155,9 @@ class ServerlessWorker:
         settings = self.holder.settings
         async for item in coalesce_events(
             response.events(),
-            max_batch_size=settings.default_batch_size,
-            min_batch_size=settings.default_min_batch_size,
-            growth_factor=settings.default_batch_size_growth_factor,
+            max_batch_size=sizes.max_batch_size or settings.default_batch_size,
+            min_batch_size=sizes.min_batch_size or settings.default_min_batch_size,
+            growth_factor=sizes.batch_size_growth_factor or settings.default_batch_size_growth_factor,
         ):
             yield item
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import TINY_PREFIX, Settings, drafts_with_model
-from worker.errors import EngineBootError
+from worker.errors import ConfigError, EngineBootError
 
 __all__ = ["ModelRef", "References", "cached_snapshot", "check_local_paths", "resolve_references", "resolver"]
 
@@ -110,9 +110,12 @@ def resolver(settings: Settings) -> Callable[[str, str | None], str]:
     def resolve(ref: str, revision: str | None) -> str:
         if not ref.startswith(TINY_PREFIX):
             return _cached_or_named(ref, revision, cache_dir=settings.runpod_model_cache_dir)
-        from worker.tiny_models import ensure_tiny_model
+        from worker.tiny_models import VARIANTS, ensure_tiny_model
 
-        return str(ensure_tiny_model(settings.worker_cache_dir, ref.removeprefix(TINY_PREFIX)))
+        variant = ref.removeprefix(TINY_PREFIX)
+        if variant not in VARIANTS:  # a LoRA path or a config's model: the settings check the rest
+            raise ConfigError(f"{ref} is not an embedded tiny model; they are tiny:{', tiny:'.join(VARIANTS)}")
+        return str(ensure_tiny_model(settings.worker_cache_dir, variant))
 
     return resolve
 

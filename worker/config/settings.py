@@ -3,32 +3,32 @@
 Variable names follow RunPod's official vLLM worker where the meaning is the same
 (``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...). An unset
 ``MODEL_NAME`` selects the embedded tiny model (built offline on first use). The schema and its
-validators live here; speculation policy in ``worker/speculation/config.py``, host facts in ``host.py``.
-
-``load_settings`` is where the environment is read (with ``host.py``'s entry-point facts).
+validators live here (``environment.py``'s ``load_settings`` reads the environment into them);
+speculation policy in ``worker/speculation/config.py``, host facts in ``host.py``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import host, parsing
 from worker.config.parsing import LoraModule
-from worker.errors import ConfigError, describe_validation_errors
 from worker.speculation import config as speculation
 from worker.speculation.config import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
+from worker.tiny_models import VARIANTS as TINY_VARIANTS
 
-__all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "load_settings"]
+__all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings"]
 
 # The media connector that refuses URLs reaching inside the host: worker/media.py registers it under
 # this name, and unless ALLOW_PRIVATE_MEDIA_URLS the boot plan's environment selects it.
 PUBLIC_MEDIA_CONNECTOR = "worker-public-only"
+# Methods drafting with weights of their own ("model"; MTP and DSpark default to the target's, n-gram needs none).
+METHODS_WITH_A_MODEL = frozenset({"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "dflash"})
+_SPEC_KNOBS = ("speculative_model", "num_speculative_tokens", "speculative_tokens_by_batch")
 # Serverless traffic is latency-bound (small batches); pods run large batches.
 DeploymentMode = Literal["serverless", "pod"]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
@@ -119,11 +119,9 @@ class Settings(BaseSettings):
     vllm_disabled_kernels: str | None = Field(
         None, description="vLLM's own variable, read here so that the AWQ_KERNEL choice can extend it"
     )
-    # Compact JSON for structured outputs: with free whitespace a weak model can pad JSON
-    # with spaces until max_tokens. Engine-wide in vLLM, and only the xgrammar and guidance
-    # backends honour it; guidance covers the widest range of JSON schemas.
-    # xgrammar: guidance fails every tool call of vLLM 0.32's hermes parser ("Invalid grammar
-    # specification: 'triggers'"), and vLLM's "auto" cannot be combined with compact JSON.
+    # Compact JSON: with free whitespace a weak model can pad JSON with spaces until max_tokens. Engine-wide
+    # in vLLM, honoured by xgrammar and guidance only; xgrammar: guidance fails every tool call of vLLM 0.32's
+    # hermes parser ("Invalid grammar specification: 'triggers'"), and "auto" cannot be combined with it.
     structured_outputs_disable_any_whitespace: bool = True
     structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "xgrammar"
     engine_args: Annotated[dict[str, Any] | None, BeforeValidator(parsing.json_object)] = Field(
@@ -195,9 +193,8 @@ class Settings(BaseSettings):
     # Metrics: the acceptance watchdog warns when speculation stops paying.
     acceptance_watchdog_threshold: float = Field(1.5, ge=1.0, description="mean acceptance length floor")
     acceptance_watchdog_window: int = Field(50, ge=1, description="requests in the rolling window")
-    metrics_port: int | None = Field(
-        None, ge=1, le=65535, description="serverless: the pod's /metrics page on 127.0.0.1:METRICS_PORT"
-    )
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="serverless: the pod's /metrics page here")
+    metrics_host: str = Field("127.0.0.1", description="serverless: METRICS_PORT's address (0.0.0.0: every interface)")
 
     # Pod mode
     host: str = "127.0.0.1"
@@ -214,11 +211,17 @@ class Settings(BaseSettings):
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, *_: Any, **__: Any) -> tuple[Any, ...]:
-        # load_settings() reads the environment it is given; nothing else is consulted.
+        # load_settings() (environment.py) reads the environment it is given; nothing else is consulted.
         return (init_settings,)
 
     @field_validator(
-        "speculative_method", "speculative_model", "quantization", "model_name", "tool_call_parser", mode="before"
+        "speculative_method",
+        "speculative_model",
+        "speculation_control",
+        "quantization",
+        "model_name",
+        "tool_call_parser",
+        mode="before",
     )
     @classmethod
     def _blank_is_none(cls, value: Any) -> Any:
@@ -226,22 +229,44 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Settings:
-        if self.structured_outputs_disable_any_whitespace and self.structured_outputs_backend not in (
-            "xgrammar",
-            "guidance",
-        ):
+        backend = self.structured_outputs_backend
+        if self.structured_outputs_disable_any_whitespace and backend not in ("xgrammar", "guidance"):
             raise ValueError(
                 "STRUCTURED_OUTPUTS_DISABLE_ANY_WHITESPACE needs STRUCTURED_OUTPUTS_BACKEND=xgrammar or guidance"
             )
+        for name in ("model_name", "speculative_model", "tokenizer_name"):
+            ref = getattr(self, name) or ""
+            if ref.startswith(TINY_PREFIX) and ref.removeprefix(TINY_PREFIX) not in TINY_VARIANTS:
+                known = ", ".join(TINY_PREFIX + variant for variant in TINY_VARIANTS)
+                raise ValueError(f"{name.upper()}={ref} is not an embedded tiny model; they are {known}")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ValueError("ENABLE_AUTO_TOOL_CHOICE needs TOOL_CALL_PARSER (e.g. hermes)")
-        if self.lora_modules and not self.enable_lora:
-            raise ValueError("LORA_MODULES needs ENABLE_LORA=true")
+        lora_knobs = [name.upper() for name in ("lora_modules", "max_loras", "max_lora_rank") if getattr(self, name)]
+        if lora_knobs and not self.enable_lora:  # a knob that has no effect is refused
+            raise ValueError(f"{', '.join(lora_knobs)} needs ENABLE_LORA=true")
+        if self.speculation_control is not None and self.resolved_speculative_config is None:
+            raise ValueError("SPECULATION_CONTROL needs speculative decoding to be configured")
         names = [module.name for module in self.lora_modules]
         if len(set(names)) != len(names):
             raise ValueError("LORA_MODULES: adapter names must be unique")
         speculation.check(self)
+        self._check_speculation_parts()
         return self
+
+    def _check_speculation_parts(self) -> None:
+        """A knob without effect refused; a method's missing part named before vLLM blames a draft model."""
+        method, config = self.speculative_method, self.speculative_config or {}
+        ignored = [name.upper() for name in _SPEC_KNOBS if method == "none" and getattr(self, name) is not None]
+        if ignored:
+            raise ValueError(f"SPECULATIVE_METHOD=none turns speculation off: unset {', '.join(ignored)}")
+        if method in METHODS_WITH_A_MODEL and not self.speculative_model:
+            raise ValueError(f"SPECULATIVE_METHOD={method} needs SPECULATIVE_MODEL (what drafts)")
+        if config.get("method") in METHODS_WITH_A_MODEL and not config.get("model"):
+            raise ValueError(f'SPECULATIVE_CONFIG: method "{config["method"]}" needs "model" (what drafts)')
+        if speculation.drafts_by_ngram(config) and "num_speculative_tokens" not in config:
+            raise ValueError('SPECULATIVE_CONFIG: n-gram needs "num_speculative_tokens" (the tokens drafted per step)')
+        if self.num_speculative_tokens is not None and self.resolved_speculative_config is None:
+            raise ValueError("NUM_SPECULATIVE_TOKENS needs SPECULATIVE_METHOD or SPECULATIVE_MODEL")
 
     @property
     def is_tiny_default(self) -> bool:
@@ -272,21 +297,3 @@ class Settings(BaseSettings):
         """vLLM's cache root as vLLM finds it (:func:`worker.config.host.vllm_cache_root`): the one
         setting that also reads the process environment (``XDG_CACHE_HOME``, as vLLM does)."""
         return host.vllm_cache_root(self)
-
-
-def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:
-    """Parse settings from ``env`` (default: the process environment), then ``overrides`` (CLI flags).
-
-    Raises :class:`ConfigError` naming the offending variable.
-    """
-    source: dict[str, Any] = {**(os.environ if env is None else env), **(overrides or {})}
-    fields = {name.upper() for name in Settings.model_fields}
-    values: dict[str, Any] = {key.lower(): value for key, value in source.items() if key.upper() in fields}
-    try:
-        return Settings(**values)
-    except ValidationError as exc:
-        # A rule across fields (an empty loc) names its variables in its own message.
-        problems = describe_validation_errors(
-            exc.errors(include_url=False, include_input=False), place=lambda loc: ".".join(map(str, loc)).upper()
-        )
-        raise ConfigError("invalid configuration: " + problems) from None

@@ -166,4 +166,14 @@ def lossless_section(results: dict[str, Any]) -> list[str]:
                 f"{'lossless' if row['lossless'] else '**lossy**'} |"
             )
         lines.append("")
+        if not results.get("gpu") and not all(row["lossless"] for row in block["rows"]):
+            lines += [LOSSY_ON_CPU, ""]
     return lines
+
+
+# Why a speculating engine on vLLM's CPU build samples off the target's distribution (README, "Sampling").
+LOSSY_ON_CPU = (
+    "Lossy is expected here: vLLM's CPU build has no Triton, which its rejection sampler needs at "
+    "temperature > 0, so a speculating CPU engine does not keep the target's distribution (the worker "
+    "refuses such requests with an error saying so); on a GPU this part measures vLLM's real sampler."
+)
