@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
-README_MAX_BYTES = 25 * 1024
+README_MAX_BYTES = 25_000
 # [text](target), outside code spans; images too.
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
