@@ -102,3 +102,15 @@ def test_every_private_vllm_name_the_seam_touches_is_in_the_contract() -> None:
     assert {name for _, name in vllms} >= {"_free_request", "_finish_request", "_init_candidates", "_async_client"}
     unlisted = sorted(f"{where}: {name}" for where, name in vllms if name not in listed)
     assert not unlisted, "vLLM's private names the seam touches, not in the contract:\n" + "\n".join(unlisted)
+
+
+def test_a_failed_seam_import_is_answered_with_the_contracts_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ImportError, match="not the contract's"), check.loud_imports():
+        raise ImportError("not the contract's")  # the contract holds: the original error stands
+    gone = Internal("vllm.v1.engine.gone", "Thing", "value", (), "worker/vllm_internals/x.py")
+    monkeypatch.setattr(check, "CONTRACT", (*CONTRACT, gone))
+    with pytest.raises(
+        VllmInternalsMissing, match=r"vllm\.v1\.engine\.gone\.Thing .*needed by worker/vllm_internals/x\.py"
+    ):
+        with check.loud_imports():
+            raise ImportError("cannot import name 'Thing'")

@@ -8,7 +8,9 @@ A boot that fails says why in its error: when vLLM's engine core dies while star
 exception says only "see root cause above", so the root cause is read from what the engine's
 processes wrote (:class:`worker.boot.output_tail.OutputTail`).
 
-Imports vLLM (with ``engine.py``, ``speculation/stats/`` and ``openai.py``).
+Imports vLLM's public surface (``worker.vllm_internals.public``); what the boot does inside vLLM
+(the worker's schedulers, the output processor switched, the plugin's graph choices) goes through
+the seam, ``worker.vllm_internals``, whose contract is checked before the engine starts.
 """
 
 from __future__ import annotations

@@ -41,11 +41,12 @@ def installed_version() -> str:
     return str(vllm.__version__)
 
 
-def problems(entries: Iterable[Internal] = CONTRACT, *, imported_only: bool = False) -> list[str]:
-    """One sentence per broken entry (none: the installed vLLM keeps the contract). ``imported_only``:
-    skip entries whose module this process has not imported (nothing is imported then)."""
+def problems(entries: Iterable[Internal] | None = None, *, imported_only: bool = False) -> list[str]:
+    """One sentence per broken entry of ``entries`` (default: the whole contract; none: the installed
+    vLLM keeps it). ``imported_only``: skip entries whose module this process has not imported
+    (nothing is imported then)."""
     found = []
-    for entry in entries:
+    for entry in CONTRACT if entries is None else entries:
         if imported_only and entry.module not in sys.modules:
             continue
         why = problem(entry)

@@ -76,6 +76,9 @@ def apply_full_graph_choices() -> None:
         return
     _fall_back_from_full_graphs()
     _capture_decode_graphs_under_full()
+    from worker.vllm_internals.check import require_internals
+
+    require_internals()  # what the wraps rely on, now imported, is the contract's (once a process)
 
 
 def _fall_back_from_full_graphs() -> None:

@@ -169,8 +169,8 @@ class SpecMetricsSnapshots(_SchedulerBase):
     def _free_request(
         self, request: Request, delay_free_blocks: bool = False
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        # vLLM's one exit for every finished request (a private method: vLLM is pinned; the boot's
-        # check of exact stats (worker.boot.launch) notices when an upgrade moves it).
+        # vLLM's one exit for every finished request (a private method, in the seam's contract: an
+        # upgrade that renames it fails the contract test and the boot's check).
         if self._with_stops and request.request_id in self._with_stops:
             self._with_stops.discard(request.request_id)
             if request.status != RequestStatus.FINISHED_ABORTED:
