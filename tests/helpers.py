@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CACHE_DIR",
     "LORA_ENV",
+    "TINY_DEFAULT_SERVED",
     "ImageServer",
     "Pod",
     "alive_after",
@@ -56,6 +57,20 @@ __all__ = [
 
 # The session engine's LoRA adapter (tests of vLLM's OpenAI layer select it by name).
 LORA_ENV = {"ENABLE_LORA": "true", "LORA_MODULES": "tiny-lora=tiny:lora"}
+
+
+# The served block of the tiny default on the CPU (the README's): what the plan and the pod's /plan show.
+TINY_DEFAULT_SERVED = {
+    "model": "tiny:target",
+    "quantization": None,
+    "speculative_method": "draft_model",
+    "num_speculative_tokens": 3,
+    "speculation_control": "static",
+    "model_runner": "v1",
+    "cudagraph_mode": "NONE",
+    "speculative_tokens_by_batch": None,
+    "spec_decode_available": True,
+}
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("WORKER_CACHE_DIR", str(Path.home() / ".cache" / "runpod-vllm-worker")))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CACHE_DIR
+from tests.helpers import CACHE_DIR, TINY_DEFAULT_SERVED
 from worker.boot.models import resolver
 from worker.boot.plan import BootPlan, build_plan, served_line
 from worker.config import DeploymentMode, Settings, load_settings
@@ -57,17 +57,7 @@ def test_exact_stats_are_decided_in_one_place() -> None:
 
 def test_the_served_block_and_the_boot_line_show_the_resolved_plan() -> None:
     served = _plan().served(quantization=None, speculative_method="draft_model", num_speculative_tokens=3)
-    assert served.model_dump() == {  # the README's served block: the tiny default on the CPU
-        "model": "tiny:target",
-        "quantization": None,
-        "speculative_method": "draft_model",
-        "num_speculative_tokens": 3,
-        "speculation_control": "static",
-        "model_runner": "v1",
-        "cudagraph_mode": "NONE",
-        "speculative_tokens_by_batch": None,
-        "spec_decode_available": True,
-    }
+    assert served.model_dump() == TINY_DEFAULT_SERVED  # the README's served block: the tiny default on the CPU
     assert served_line(served) == (
         "serving: model=tiny:target, quantization=None, speculative_method=draft_model, num_speculative_tokens=3, "
         "speculation_control=static, model_runner=v1, cudagraph_mode=NONE, speculative_tokens_by_batch=None, "

@@ -16,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import free_port, wait_until_ready, worker_for
+from tests.helpers import TINY_DEFAULT_SERVED, free_port, wait_until_ready, worker_for
 
 pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 
@@ -79,17 +79,7 @@ def test_models(pod: PodServer) -> None:
 
 def test_plan_shows_what_the_boot_resolved(pod: PodServer) -> None:
     """The job's served block, at /plan: the tiny default's draft model, static, on V1, eager."""
-    assert httpx.get(pod.base + "/plan", timeout=5).json() == {
-        "model": MODEL,
-        "quantization": None,
-        "speculative_method": "draft_model",
-        "num_speculative_tokens": 3,
-        "speculation_control": "static",
-        "model_runner": "v1",
-        "cudagraph_mode": "NONE",
-        "speculative_tokens_by_batch": None,
-        "spec_decode_available": True,
-    }
+    assert httpx.get(pod.base + "/plan", timeout=5).json() == {**TINY_DEFAULT_SERVED, "model": MODEL}
 
 
 def test_chat_completion_with_usage_and_stats(pod: PodServer) -> None:
