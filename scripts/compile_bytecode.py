@@ -38,22 +38,28 @@ def compile_directories(directories: Iterable[str]) -> None:
         compileall.compile_dir(directory, quiet=2, workers=0)
 
 
-def missing_bytecode(packages: Iterable[str]) -> list[str]:
+def missing_bytecode(packages: Iterable[str], first: Iterable[str] = ()) -> list[str]:
     """The installed ``packages`` whose ``__init__`` has no bytecode for this Python (one not
-    installed is not missing)."""
+    installed is not missing), each found as a process started in ``first`` finds it: the image's
+    ``python3 handler.py`` in /app imports /app/worker, not the copy pip put in site-packages."""
     missing = []
-    for name in packages:
-        spec = importlib.util.find_spec(name)  # finds the package without importing it
-        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-            continue
-        if not Path(importlib.util.cache_from_source(spec.origin)).exists():
-            missing.append(name)
+    saved = sys.path[:]
+    sys.path[:0] = [os.path.abspath(directory) for directory in first]
+    try:
+        for name in packages:
+            spec = importlib.util.find_spec(name)  # finds the package without importing it
+            if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+                continue
+            if not Path(importlib.util.cache_from_source(spec.origin)).exists():
+                missing.append(name)
+    finally:
+        sys.path[:] = saved
     return missing
 
 
 def main(argv: list[str]) -> int:
     compile_directories([*site_directories(), *argv])
-    missing = missing_bytecode(COLD_START_PACKAGES)
+    missing = missing_bytecode(COLD_START_PACKAGES, first=argv)
     if missing:
         print(f"compile_bytecode: no bytecode written for {', '.join(missing)}", file=sys.stderr)
         return 1

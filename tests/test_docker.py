@@ -107,3 +107,11 @@ def test_the_bytecode_script_compiles_a_site_directory_and_names_what_lacks_it(t
     subprocess.run([sys.executable, "-c", compile_it], env=env, check=True, capture_output=True)
     after = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert after.stdout.strip() == "[]"
+    # The app directory's copy is the one checked, as `python3 handler.py` there imports it: a
+    # compiled site copy does not stand in for an app copy without bytecode.
+    app = tmp_path / "app"
+    (app / "coldpkg").mkdir(parents=True)
+    (app / "coldpkg" / "__init__.py").write_text("VALUE = 2\n")
+    in_app = helpers + f"print(m['missing_bytecode'](['coldpkg'], first=[{str(app)!r}]))"
+    app_probe = subprocess.run([sys.executable, "-c", in_app], env=env, capture_output=True, text=True, check=True)
+    assert app_probe.stdout.strip() == "['coldpkg']"

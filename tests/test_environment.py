@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from pathlib import Path
 
 import pytest
 
 from worker.config import Settings, load_settings
-from worker.config.environment import ALIASES, OTHERS_PREFIXES, WORKER_PREFIXES, WORKER_VLLM, review
+from worker.config.environment import (
+    ALIASES,
+    OTHERS_PREFIXES,
+    WORKER_PREFIXES,
+    WORKER_VLLM,
+    WORKER_VLLM_FORM,
+    review,
+)
 from worker.errors import ConfigError
 
 SETTINGS = {name.upper() for name in Settings.model_fields}
@@ -49,6 +57,13 @@ def test_ordinary_variables_are_never_warned_about() -> None:
     assert review(dict.fromkeys(ORDINARY, "1"), SETTINGS).warnings == []
 
 
+def test_the_benchmark_scripts_names_are_never_warned_about() -> None:
+    script = (README.parent / "scripts" / "gpu_bench.sh").read_text()
+    names = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]{3,})", script))
+    assert {"MAP_CONCURRENCY", "API_SERVERS"} <= names
+    assert review(dict.fromkeys(names, "1"), SETTINGS).warnings == []
+
+
 def test_a_misspelt_setting_outside_the_prefixes_is_caught_by_its_likeness() -> None:
     warnings = review({"SPECULATVE_METHOD": "ngram", "QUANTISATION": "awq"}, SETTINGS).warnings
     assert warnings == [
@@ -77,7 +92,8 @@ def test_the_migration_sentences_name_vllms_own_arguments() -> None:
     spec_keys = {field.name for field in dataclasses.fields(SpeculativeConfig)}
     for name, sentence in WORKER_VLLM.items():
         if "ENGINE_ARGS='" in sentence:
-            assert name.lower() in engine_args, name
+            argument = re.search(r"ENGINE_ARGS='\{\"(\w+)\"", sentence)
+            assert argument and argument.group(1) in engine_args, name
         elif "has no such setting" in sentence:
             assert name.lower() not in engine_args, name
         if "inside SPECULATIVE_CONFIG" in sentence:
@@ -119,3 +135,85 @@ def test_the_readme_maps_worker_vllms_names() -> None:
     section = section[: section.index("\n## ", 1)]
     named = ["SPECULATIVE_DISABLE_BY_BATCH_SIZE", "RAW_OPENAI_OUTPUT", "ENGINE_ARGS", *ALIASES]
     assert [name for name in named if name not in section] == []
+
+
+# worker-vllm's RunPod form as an endpoint moved to this image keeps it: every field with a default
+# at that default (its own names, WORKER_VLLM_FORM, and the names it shares with this worker), and
+# every field without one left blank.
+WORKER_VLLM_ENDPOINT = {
+    **WORKER_VLLM_FORM,
+    **dict.fromkeys(("ENABLE_LORA", "ENABLE_PREFIX_CACHING", "ENFORCE_EAGER", "TRUST_REMOTE_CODE"), "false"),
+    **dict.fromkeys(("DTYPE", "KV_CACHE_DTYPE", "LOAD_FORMAT"), "auto"),
+    **{"MAX_LORAS": "1", "MAX_LORA_RANK": "16", "MAX_NUM_SEQS": "256", "MAX_CONCURRENCY": "300", "SEED": "0"},
+    **{"GPU_MEMORY_UTILIZATION": "0.95", "TENSOR_PARALLEL_SIZE": "1", "ENABLE_AUTO_TOOL_CHOICE": "false"},
+    **{"DEFAULT_BATCH_SIZE": "50", "DEFAULT_MIN_BATCH_SIZE": "1", "DEFAULT_BATCH_SIZE_GROWTH_FACTOR": "3"},
+    **dict.fromkeys(
+        "TOKENIZER TOKENIZER_NAME TOKENIZER_REVISION DOWNLOAD_DIR QUANTIZATION_PARAM_PATH MAX_MODEL_LEN "
+        "DISTRIBUTED_EXECUTOR_BACKEND MAX_PARALLEL_LOADING_WORKERS NUM_GPU_BLOCKS_OVERRIDE MAX_NUM_BATCHED_TOKENS "
+        "QUANTIZATION ROPE_SCALING ROPE_THETA TOKENIZER_POOL_EXTRA_CONFIG LONG_LORA_SCALING_FACTORS MAX_CPU_LORAS "
+        "SPECULATIVE_MODEL NUM_SPECULATIVE_TOKENS SPECULATIVE_DRAFT_TENSOR_PARALLEL_SIZE SPECULATIVE_MAX_MODEL_LEN "
+        "SPECULATIVE_DISABLE_BY_BATCH_SIZE NGRAM_PROMPT_LOOKUP_MAX NGRAM_PROMPT_LOOKUP_MIN MODEL_LOADER_EXTRA_CONFIG "
+        "PREEMPTION_MODE MAX_LOG_LEN CUSTOM_CHAT_TEMPLATE OPENAI_SERVED_MODEL_NAME_OVERRIDE MODEL_REVISION HF_TOKEN "
+        "TOOL_CALL_PARSER TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_THRESHOLD "
+        "TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_ALPHA".split(),
+        "",
+    ),
+    "MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct",
+}
+
+
+def test_an_endpoint_moved_from_worker_vllm_boots_with_its_form_named_in_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """worker-vllm's form fills about 50 variables; the ones this worker does not have held their
+    defaults, which change nothing here: one warning names them, and none is refused. What the two
+    workers share keeps its meaning (MAX_NUM_SEQS=256 is 256 here too)."""
+    with caplog.at_level(logging.WARNING, logger="worker.config"):
+        settings = load_settings(WORKER_VLLM_ENDPOINT)
+    assert (settings.max_num_seqs, settings.max_concurrency, settings.enable_prefix_caching) == (256, 300, False)
+    assert settings.max_loras is None and settings.structured_outputs_backend == "xgrammar"
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("worker-vllm's form defaults change nothing here and are ignored: BASE_PATH=")
+    assert all(f"{name}=" in messages[0] for name in ("BASE_PATH", "SWAP_SPACE", "WORKER_USE_RAY", "MAX_LORA_RANK"))
+
+
+@pytest.mark.parametrize(
+    ("env", "sentence"),
+    [
+        ({"SWAP_SPACE": "16"}, "SWAP_SPACE: vLLM 0.32 has no such setting"),
+        ({"WORKER_USE_RAY": "true"}, "WORKER_USE_RAY: worker-vllm's Ray switches"),
+        ({"TOKENIZER_POOL_SIZE": "4"}, "TOKENIZER_POOL_SIZE: vLLM 0.32 has no such setting"),
+        ({"DEVICE": "cuda"}, "DEVICE: vLLM 0.32 takes the device from the build installed"),
+        ({"MAX_LORAS": "4"}, "MAX_LORAS needs ENABLE_LORA=true"),
+    ],
+)
+def test_a_worker_vllm_value_away_from_its_form_default_is_still_refused(env: dict[str, str], sentence: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(env)
+    assert sentence in info.value.message
+
+
+def test_the_lora_sizes_count_once_lora_is_on() -> None:
+    settings = load_settings({"ENABLE_LORA": "true", "MAX_LORAS": "1", "MAX_LORA_RANK": "16"})
+    assert (settings.max_loras, settings.max_lora_rank) == (1, 16)
+
+
+def test_guided_decoding_backend_is_the_structured_outputs_backend() -> None:
+    """Another backend alone turns the compact-JSON default off; set beside it, it is refused."""
+    settings = load_settings({"GUIDED_DECODING_BACKEND": "lm-format-enforcer"})
+    assert settings.structured_outputs_backend == "lm-format-enforcer"
+    assert settings.structured_outputs_disable_any_whitespace is False
+    with pytest.raises(ConfigError, match="STRUCTURED_OUTPUTS_DISABLE_ANY_WHITESPACE needs"):
+        load_settings({"STRUCTURED_OUTPUTS_BACKEND": "outlines", "STRUCTURED_OUTPUTS_DISABLE_ANY_WHITESPACE": "true"})
+
+
+def test_a_blank_value_is_no_value() -> None:
+    """A RunPod form's untouched field arrives blank; so does an image's baked draft an endpoint
+    blanks out to turn speculation off."""
+    settings = load_settings({"MAX_NUM_SEQS": "", "TOKENIZER": " ", "BASE_PATH": "", "MAX_MODEL_LEN": ""})
+    assert settings.max_num_seqs is None and settings.tokenizer_name is None and settings.max_model_len is None
+    off = load_settings({"SPECULATIVE_METHOD": "none", "SPECULATIVE_MODEL": "", "MODEL_NAME": "tiny:target"})
+    assert off.resolved_speculative_config is None
+    with pytest.raises(ConfigError, match="or set it empty, as over an image's baked draft"):
+        load_settings({"SPECULATIVE_METHOD": "none", "SPECULATIVE_MODEL": "/models/draft"})

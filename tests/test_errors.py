@@ -36,3 +36,20 @@ def test_a_native_librarys_source_location_stays_out_of_a_message() -> None:
     assert one_line(error) == (
         "Failed to transform regex into a grammar: Regex parsing error at position 2: Unclosed '['"
     )
+
+
+def test_an_adapter_that_fails_to_load_is_named_in_the_workers_words_and_an_engine_death_is_not() -> None:
+    """What ``load_adapters`` turns into a LORA_MODULES error: the model worker's reason out of
+    vLLM's wrapper (its shape as vLLM 0.32 words it), any other message whole, and never an engine
+    death, which is the engine's error and must not blame the setting."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from worker.vllm_internals.async_llm import add_lora_failure
+
+    wrapped = RuntimeError(
+        "Call to add_lora method failed: Worker failed with error 'Loading lora bad failed: No adapter "
+        "found for /nonexistent/path', please check the stack trace above for the root cause"
+    )
+    assert add_lora_failure(wrapped) == "Loading lora bad failed: No adapter found for /nonexistent/path"
+    assert add_lora_failure(ValueError("rank 64 is over\nMAX_LORA_RANK")) == "rank 64 is over MAX_LORA_RANK"
+    assert add_lora_failure(EngineDeadError()) is None

@@ -94,6 +94,24 @@ async def test_bad_configuration_fails_the_job_naming_the_variable() -> None:
     assert worker.concurrency_modifier(0) == 1
 
 
+async def test_a_refused_configuration_is_parsed_once() -> None:
+    """The SDK asks the concurrency modifier every tick: a refused environment is read once, not
+    once a tick (each read would log its warnings again), and every later job gets the same error."""
+    reads = 0
+
+    def loader() -> Any:
+        nonlocal reads
+        reads += 1
+        return engine_settings(MAX_MODEL_LEN="lots")
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=loader))
+    for _ in range(3):
+        assert worker.concurrency_modifier(0) == 1
+    first, second = await collect(worker), await collect(worker)
+    assert first[0]["error"] == second[0]["error"] and "MAX_MODEL_LEN" in first[0]["error"]
+    assert reads == 1
+
+
 async def test_engine_death_mid_stream_ends_the_job_with_an_error() -> None:
     fake = FakeEngine(words=10, die_after=3)
 

@@ -105,7 +105,8 @@ async def _clean_validation_errors(outputs: AsyncIterator[Any]) -> AsyncIterator
         async for output in outputs:
             yield output
     except VLLMValidationError as exc:
-        raise VLLMValidationError(without_native_locations(exc.args[0]), parameter=exc.parameter) from None
+        message = str(exc.args[0]) if exc.args else type(exc).__name__  # str(exc) appends the parameter
+        raise VLLMValidationError(without_native_locations(message), parameter=exc.parameter) from None
 
 
 def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from worker.config import DeploymentMode, Settings, load_settings
-from worker.errors import EngineBootError, EngineDead, EngineNotReady, WorkerError
+from worker.errors import ConfigError, EngineBootError, EngineDead, EngineNotReady, WorkerError
 from worker.metrics import WatchdogWindow, WorkerMetrics
 from worker.schema import GenerateRequest, Served, StreamChunk
 
@@ -103,6 +103,7 @@ class EngineHolder:
         self._mode: DeploymentMode = mode
         self._engine_factory = engine_factory
         self._settings: Settings | None = None
+        self._settings_error: ConfigError | None = None
         self._engine: EngineProtocol | None = None
         self._boot_error: WorkerError | None = None
         self._lock: asyncio.Lock | None = None
@@ -113,9 +114,17 @@ class EngineHolder:
 
     @property
     def settings(self) -> Settings:
-        """Parsed once; raises :class:`ConfigError` naming the bad variable."""
+        """Parsed once; raises :class:`ConfigError` naming the bad variable. A refusal is kept too:
+        the environment does not change under a running process, and the SDK's concurrency modifier
+        asks every tick, which would log the same warnings again each time."""
+        if self._settings_error is not None:  # a new one each time: a re-raise would grow its traceback
+            raise ConfigError(self._settings_error.message, param=self._settings_error.param)
         if self._settings is None:
-            self._settings = self._settings_loader()
+            try:
+                self._settings = self._settings_loader()
+            except ConfigError as exc:
+                self._settings_error = exc
+                raise
         return self._settings
 
     @property

@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import logging
 import os
-import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -218,13 +217,11 @@ async def load_adapters(engine: Engine) -> None:
         try:
             await engine.llm.add_lora(request)
         except Exception as exc:
-            # vLLM wraps the model worker's error: "Call to add_lora method failed: Worker failed
-            # with error '<the reason>', please check the stack trace above for the root cause".
-            reason = one_line(exc)
-            inner = re.search(r"failed with error '(.*)', please check", reason)
+            reason = async_llm.add_lora_failure(exc)
+            if reason is None:  # the engine died: its own error, not the adapter's
+                raise
             raise ConfigError(
-                f"LORA_MODULES: adapter {name!r} at {request.lora_path!r} cannot be loaded: "
-                f"{inner.group(1) if inner else reason}"
+                f"LORA_MODULES: adapter {name!r} at {request.lora_path!r} cannot be loaded: {reason}"
             ) from None
 
 

@@ -2,9 +2,12 @@
 not settings: RunPod worker-vllm's, and names that look like a setting misspelt. Part of the config
 package, the only reader of the environment.
 
-worker-vllm's names (``WORKER_VLLM``) are each decided once: an alias with the same meaning is
-accepted (``CUSTOM_CHAT_TEMPLATE`` is ``CHAT_TEMPLATE``), anything else is refused at boot with one
-sentence saying what to set instead. Any other name that is not a setting gets one warning naming
+A blank value is the same as no value (a RunPod form's untouched field). worker-vllm's names
+(``WORKER_VLLM``) are each decided once: an alias with the same meaning is accepted
+(``CUSTOM_CHAT_TEMPLATE`` is ``CHAT_TEMPLATE``), anything else is refused at boot with one sentence
+saying what to set instead, unless it holds worker-vllm's form default (``WORKER_VLLM_FORM``): an
+endpoint moved from worker-vllm keeps those values, which change nothing here, so they are named in
+one warning and ignored. Any other name that is not a setting gets one warning naming
 the closest setting when it is the worker's: it starts with one of the worker's prefixes
 (``WORKER_PREFIXES``), or it is a setting's name nearly (``MAX_NUM_SEQ``). Names in other
 programs' namespaces (``OTHERS_PREFIXES``: vLLM's ``VLLM_*``, the RunPod SDK's ``RUNPOD_*``,
@@ -26,7 +29,16 @@ from pydantic import ValidationError
 from worker.config.settings import Settings
 from worker.errors import ConfigError, describe_validation_errors
 
-__all__ = ["ALIASES", "OTHERS_PREFIXES", "WORKER_PREFIXES", "WORKER_VLLM", "Review", "load_settings", "review"]
+__all__ = [
+    "ALIASES",
+    "OTHERS_PREFIXES",
+    "WORKER_PREFIXES",
+    "WORKER_VLLM",
+    "WORKER_VLLM_FORM",
+    "Review",
+    "load_settings",
+    "review",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +47,7 @@ ALIASES = {
     "CUSTOM_CHAT_TEMPLATE": "CHAT_TEMPLATE",
     "OPENAI_RESPONSE_ROLE": "RESPONSE_ROLE",
     "TOKENIZER": "TOKENIZER_NAME",
+    "GUIDED_DECODING_BACKEND": "STRUCTURED_OUTPUTS_BACKEND",
 }
 
 _ENGINE_ARG = "worker-vllm's name for vLLM's engine argument {arg}: set ENGINE_ARGS='{{\"{arg}\": <value>}}' instead"
@@ -62,7 +75,8 @@ WORKER_VLLM: dict[str, str] = {
             "DISABLE_LOG_REQUESTS DISABLE_LOGGING_REQUEST LONG_LORA_SCALING_FACTORS LORA_EXTRA_VOCAB_SIZE "
             "MAX_LOG_LEN NUM_LOOKAHEAD_SLOTS PREEMPTION_MODE PREEMPTION_CHECK_PERIOD PREEMPTION_CPU_CAPACITY "
             "QUANTIZATION_PARAM_PATH ROPE_SCALING ROPE_THETA SCHEDULER_DELAY_FACTOR SPEC_DECODING_ACCEPTANCE_METHOD "
-            "SWAP_SPACE TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_ALPHA TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_THRESHOLD "
+            "SWAP_SPACE TOKENIZER_POOL_EXTRA_CONFIG TOKENIZER_POOL_SIZE TOKENIZER_POOL_TYPE "
+            "TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_ALPHA TYPICAL_ACCEPTANCE_SAMPLER_POSTERIOR_THRESHOLD "
             "USE_V2_BLOCK_MANAGER"
         ).split()
     },
@@ -85,11 +99,56 @@ WORKER_VLLM: dict[str, str] = {
     "VLLM_EXTRA_ARGS": "worker-vllm's raw vllm serve flags: set ENGINE_ARGS (a JSON object of vLLM's engine arguments)",
     "VLLM_CONFIG_FILE": "worker-vllm's vllm serve config file: set ENGINE_ARGS (a JSON object of vLLM's engine "
     "arguments)",
+    **dict.fromkeys(
+        ("WORKER_USE_RAY", "RAY_WORKERS_USE_NSIGHT"),
+        "worker-vllm's Ray switches: this worker runs vLLM's default executor; for Ray set "
+        'ENGINE_ARGS=\'{"distributed_executor_backend": "ray"}\' (Ray is not in the image)',
+    ),
+    "DEVICE": "vLLM 0.32 takes the device from the build installed (CUDA in the image, CPU in .venv): remove it",
     "RAW_OPENAI_OUTPUT": "a streamed openai_route job yields strings of whole server-sent events here, always "
     "(worker-vllm's RAW_OPENAI_OUTPUT=1): remove it, and read each item's data: lines",
 }
 # What RAW_OPENAI_OUTPUT=1 asks is what the worker does: accepted, and nothing else is.
 _ACCEPTED_VALUES = {"RAW_OPENAI_OUTPUT": {"1", "true"}}
+
+# worker-vllm's RunPod form (its .runpod/hub.json) and the default each of its names is given there.
+# An endpoint moved to this image keeps them; these values change nothing here (vLLM 0.32's
+# behaviour, or worker-vllm's own), so they are ignored with one warning naming them. The LoRA
+# sizes are this worker's settings too, ignored only while ENABLE_LORA is off (else they count).
+WORKER_VLLM_FORM: dict[str, str] = {
+    "BASE_PATH": "/runpod-volume",
+    "BLOCK_SIZE": "16",
+    "DEVICE": "auto",
+    "DISABLE_CUSTOM_ALL_REDUCE": "false",
+    "DISABLE_LOG_REQUESTS": "true",
+    "DISABLE_LOG_STATS": "false",
+    "DISABLE_LOGGING_REQUEST": "false",
+    "DISABLE_SLIDING_WINDOW": "false",
+    "ENABLE_CHUNKED_PREFILL": "false",
+    "FULLY_SHARDED_LORAS": "false",
+    "GUIDED_DECODING_BACKEND": "outlines",
+    "LORA_DTYPE": "auto",
+    "LORA_EXTRA_VOCAB_SIZE": "256",
+    "MAX_LOGPROBS": "20",
+    "MAX_SEQ_LEN_TO_CAPTURE": "8192",
+    "NUM_LOOKAHEAD_SLOTS": "0",
+    "OPENAI_RESPONSE_ROLE": "assistant",
+    "PIPELINE_PARALLEL_SIZE": "1",
+    "PREEMPTION_CHECK_PERIOD": "1",
+    "PREEMPTION_CPU_CAPACITY": "2",
+    "RAW_OPENAI_OUTPUT": "true",
+    "RAY_WORKERS_USE_NSIGHT": "false",
+    "SCHEDULER_DELAY_FACTOR": "0",
+    "SKIP_TOKENIZER_INIT": "false",
+    "SPEC_DECODING_ACCEPTANCE_METHOD": "rejection_sampler",
+    "SWAP_SPACE": "4",
+    "TOKENIZER_MODE": "auto",
+    "TOKENIZER_POOL_SIZE": "0",
+    "TOKENIZER_POOL_TYPE": "ray",
+    "USE_V2_BLOCK_MANAGER": "false",
+    "WORKER_USE_RAY": "false",
+}
+_FORM_LORA_SIZES = {"MAX_LORAS": "1", "MAX_LORA_RANK": "16"}
 
 # Names starting with these are the worker's: a name among them that is not a setting is a mistake.
 WORKER_PREFIXES = tuple(
@@ -103,6 +162,9 @@ WORKER_PREFIXES = tuple(
 )
 # Other programs' namespaces: the worker reads a few of their names, and never warns about the rest.
 OTHERS_PREFIXES = ("VLLM_", "RUNPOD_", "HF_", "HUGGING_FACE_", "TRITON_", "OPENAI_API_", "OPENAI_BASE_", "OPENAI_ORG")
+# The worker's own benchmark scripts' names (scripts/gpu_bench.sh's), which reach a worker they boot:
+# like a setting (MAP_CONCURRENCY, API_SERVERS), and not a mistake.
+OWN_TOOLS = frozenset({"API_SERVERS", "MAP_CONCURRENCY"})
 # How alike a name outside the prefixes must be to a setting to be taken for it (MAX_NUM_SEQ: 0.98).
 _NEAR = 0.9
 
@@ -115,6 +177,20 @@ class Review:
     aliased: dict[str, str]
     refused: list[str]
     warnings: list[str]
+    ignored: list[str]  # names whose value is dropped (worker-vllm's form defaults)
+
+
+def _same(value: str, default: str) -> bool:
+    """A form's value as the form's default: ``16`` is ``16.0``, ``True`` is ``true``."""
+    value, default = value.strip().lower(), default.lower()
+    try:
+        return float(value) == float(default)
+    except ValueError:
+        return value == default
+
+
+def _is_on(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
@@ -122,8 +198,16 @@ def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
     aliased: dict[str, str] = {}
     refused: list[str] = []
     warnings: list[str] = []
+    ignored: list[str] = []
+    upper_env = {name.upper(): value for name, value in env.items()}
     for name in sorted(env):
         upper = name.upper()
+        form_default = WORKER_VLLM_FORM.get(upper)
+        if upper in _FORM_LORA_SIZES and not _is_on(upper_env.get("ENABLE_LORA")):
+            form_default = _FORM_LORA_SIZES[upper]
+        if form_default is not None and _same(env[name], form_default):
+            ignored.append(f"{upper}={env[name]}")
+            continue
         if upper in settings:
             continue
         if upper in ALIASES:
@@ -135,12 +219,14 @@ def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
         elif upper in WORKER_VLLM:
             if env[name].strip().lower() not in _ACCEPTED_VALUES.get(upper, ()):
                 refused.append(f"{upper}: {WORKER_VLLM[upper]}")
-        elif not upper.startswith(OTHERS_PREFIXES):
+        elif not upper.startswith(OTHERS_PREFIXES) and upper not in OWN_TOOLS:
             closest = difflib.get_close_matches(upper, settings, n=1, cutoff=0.0)
             is_ours = upper.startswith(WORKER_PREFIXES)
             if closest and (is_ours or difflib.SequenceMatcher(None, upper, closest[0]).ratio() >= _NEAR):
                 warnings.append(f"{upper} is not a setting of this worker and is ignored: did you mean {closest[0]}?")
-    return Review(aliased=aliased, refused=refused, warnings=warnings)
+    if ignored:
+        warnings.append(f"worker-vllm's form defaults change nothing here and are ignored: {', '.join(ignored)}")
+    return Review(aliased=aliased, refused=refused, warnings=warnings, ignored=[item.split("=")[0] for item in ignored])
 
 
 def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -151,11 +237,17 @@ def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[st
     Raises :class:`ConfigError` naming the offending variable.
     """
     source: dict[str, Any] = {**(os.environ if env is None else env), **(overrides or {})}
+    # A blank value is no value: a RunPod form's untouched field arrives as NAME=, and so does an
+    # image's baked setting that an endpoint blanks out.
+    source = {key: value for key, value in source.items() if not (isinstance(value, str) and not value.strip())}
     fields = {name.upper() for name in Settings.model_fields}
     foreign = review({key: str(value) for key, value in source.items()}, fields)
     for warning in foreign.warnings:
         log.warning(warning)
-    values: dict[str, Any] = {key.lower(): value for key, value in source.items() if key.upper() in fields}
+    dropped = set(foreign.ignored)
+    values: dict[str, Any] = {
+        key.lower(): value for key, value in source.items() if key.upper() in fields and key.upper() not in dropped
+    }
     values.update({key.lower(): value for key, value in foreign.aliased.items()})
     try:
         settings = Settings(**values)

@@ -227,6 +227,16 @@ class Settings(BaseSettings):
     def _blank_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _whitespace_default_follows_the_backend(cls, values: Any) -> Any:
+        """Compact JSON by default where the backend honours it; another backend alone is not an
+        error over a default the user never set (set both, and the pair is checked)."""
+        if isinstance(values, dict) and "structured_outputs_disable_any_whitespace" not in values:
+            if values.get("structured_outputs_backend", "xgrammar") not in ("xgrammar", "guidance"):
+                return {**values, "structured_outputs_disable_any_whitespace": False}
+        return values
+
     @model_validator(mode="after")
     def _check_combinations(self) -> Settings:
         backend = self.structured_outputs_backend
@@ -258,7 +268,10 @@ class Settings(BaseSettings):
         method, config = self.speculative_method, self.speculative_config or {}
         ignored = [name.upper() for name in _SPEC_KNOBS if method == "none" and getattr(self, name) is not None]
         if ignored:
-            raise ValueError(f"SPECULATIVE_METHOD=none turns speculation off: unset {', '.join(ignored)}")
+            raise ValueError(
+                f"SPECULATIVE_METHOD=none turns speculation off: unset {', '.join(ignored)} "
+                "(or set it empty, as over an image's baked draft)"
+            )
         if method in METHODS_WITH_A_MODEL and not self.speculative_model:
             raise ValueError(f"SPECULATIVE_METHOD={method} needs SPECULATIVE_MODEL (what drafts)")
         if config.get("method") in METHODS_WITH_A_MODEL and not config.get("model"):

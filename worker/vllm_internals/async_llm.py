@@ -4,6 +4,7 @@ engine core another process started, and vLLM's own heap freeze."""
 
 from __future__ import annotations
 
+import re
 from argparse import Namespace
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 __all__ = [
+    "add_lora_failure",
     "client_kwargs",
     "freeze_gc_heap",
     "is_cpu_platform",
@@ -32,6 +34,22 @@ def mark_engine_dead(llm: AsyncLLM) -> None:
     own monitor sees the engine core die (it has no public call for a death another process saw)."""
     llm.engine_core.resources.engine_dead = True
     llm.output_processor.propagate_error(EngineDeadError())
+
+
+# vLLM 0.32's collective RPC wraps a model worker's error as "Call to add_lora method failed: Worker
+# failed with error '<the reason>', please check the stack trace above for the root cause".
+_WORKER_ERROR = re.compile(r"failed with error '(.*)', please check", re.DOTALL)
+
+
+def add_lora_failure(exc: BaseException) -> str | None:
+    """Why ``AsyncLLM.add_lora`` failed, in the model worker's own words; None when the failure is
+    not the adapter's (the engine died: that is the engine's error, not the setting's). The wording
+    is vLLM's message, not an API: a message in another shape is returned whole."""
+    if isinstance(exc, EngineDeadError):
+        return None
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    inner = _WORKER_ERROR.search(message)
+    return inner.group(1) if inner else message
 
 
 def request_state(llm: AsyncLLM, request_id: str) -> Any:
