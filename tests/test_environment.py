@@ -197,6 +197,9 @@ def test_a_worker_vllm_value_away_from_its_form_default_is_still_refused(env: di
 def test_the_lora_sizes_count_once_lora_is_on() -> None:
     settings = load_settings({"ENABLE_LORA": "true", "MAX_LORAS": "1", "MAX_LORA_RANK": "16"})
     assert (settings.max_loras, settings.max_lora_rank) == (1, 16)
+    # "on" as the setting itself reads it: pydantic's words, not a list of the worker's own
+    settings = load_settings({"ENABLE_LORA": "t", "MAX_LORAS": "1"})
+    assert settings.enable_lora and settings.max_loras == 1
 
 
 def test_guided_decoding_backend_is_the_structured_outputs_backend() -> None:

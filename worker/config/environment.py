@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from worker.config.settings import Settings
 from worker.errors import ConfigError, describe_validation_errors
@@ -165,6 +165,7 @@ OTHERS_PREFIXES = ("VLLM_", "RUNPOD_", "HF_", "HUGGING_FACE_", "TRITON_", "OPENA
 # The worker's own benchmark scripts' names (scripts/gpu_bench.sh's), which reach a worker they boot:
 # like a setting (MAP_CONCURRENCY, API_SERVERS), and not a mistake.
 OWN_TOOLS = frozenset({"API_SERVERS", "MAP_CONCURRENCY"})
+_BOOL = TypeAdapter(bool)
 # How alike a name outside the prefixes must be to a setting to be taken for it (MAX_NUM_SEQ: 0.98).
 _NEAR = 0.9
 
@@ -190,7 +191,12 @@ def _same(value: str, default: str) -> bool:
 
 
 def _is_on(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+    """A boolean setting's value as the setting reads it (pydantic's parsing); unreadable is off,
+    and the setting's own parse refuses it."""
+    try:
+        return value is not None and _BOOL.validate_python(value.strip())
+    except ValidationError:
+        return False
 
 
 def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
@@ -198,7 +204,7 @@ def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
     aliased: dict[str, str] = {}
     refused: list[str] = []
     warnings: list[str] = []
-    ignored: list[str] = []
+    ignored: dict[str, str] = {}
     upper_env = {name.upper(): value for name, value in env.items()}
     for name in sorted(env):
         upper = name.upper()
@@ -206,7 +212,7 @@ def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
         if upper in _FORM_LORA_SIZES and not _is_on(upper_env.get("ENABLE_LORA")):
             form_default = _FORM_LORA_SIZES[upper]
         if form_default is not None and _same(env[name], form_default):
-            ignored.append(f"{upper}={env[name]}")
+            ignored[upper] = env[name]
             continue
         if upper in settings:
             continue
@@ -225,8 +231,9 @@ def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
             if closest and (is_ours or difflib.SequenceMatcher(None, upper, closest[0]).ratio() >= _NEAR):
                 warnings.append(f"{upper} is not a setting of this worker and is ignored: did you mean {closest[0]}?")
     if ignored:
-        warnings.append(f"worker-vllm's form defaults change nothing here and are ignored: {', '.join(ignored)}")
-    return Review(aliased=aliased, refused=refused, warnings=warnings, ignored=[item.split("=")[0] for item in ignored])
+        named = ", ".join(f"{key}={value}" for key, value in ignored.items())
+        warnings.append(f"worker-vllm's form defaults change nothing here and are ignored: {named}")
+    return Review(aliased=aliased, refused=refused, warnings=warnings, ignored=list(ignored))
 
 
 def load_settings(env: Mapping[str, str] | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import host, parsing
@@ -213,19 +213,6 @@ class Settings(BaseSettings):
     def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, *_: Any, **__: Any) -> tuple[Any, ...]:
         # load_settings() (environment.py) reads the environment it is given; nothing else is consulted.
         return (init_settings,)
-
-    @field_validator(
-        "speculative_method",
-        "speculative_model",
-        "speculation_control",
-        "quantization",
-        "model_name",
-        "tool_call_parser",
-        mode="before",
-    )
-    @classmethod
-    def _blank_is_none(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="before")
     @classmethod

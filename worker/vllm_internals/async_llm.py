@@ -17,6 +17,8 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from worker.errors import one_line
+
 __all__ = [
     "add_lora_failure",
     "client_kwargs",
@@ -38,7 +40,7 @@ def mark_engine_dead(llm: AsyncLLM) -> None:
 
 # vLLM 0.32's collective RPC wraps a model worker's error as "Call to add_lora method failed: Worker
 # failed with error '<the reason>', please check the stack trace above for the root cause".
-_WORKER_ERROR = re.compile(r"failed with error '(.*)', please check", re.DOTALL)
+_WORKER_ERROR = re.compile(r"failed with error '(.*)', please check")
 
 
 def add_lora_failure(exc: BaseException) -> str | None:
@@ -47,7 +49,7 @@ def add_lora_failure(exc: BaseException) -> str | None:
     is vLLM's message, not an API: a message in another shape is returned whole."""
     if isinstance(exc, EngineDeadError):
         return None
-    message = " ".join(str(exc).split()) or type(exc).__name__
+    message = one_line(exc)
     inner = _WORKER_ERROR.search(message)
     return inner.group(1) if inner else message
 
