@@ -1,0 +1,225 @@
+"""The GPU smoke of a vLLM release: the serverless job and the pod, through their real entry points.
+
+    python3 scripts/gpu_smoke.py OUTDIR [STEP ...]     # steps: ngram-auto draft-auto pod (default: all)
+
+Each step boots the worker on the Llama-3-8B shape with dummy weights (``MODEL_NAME``, default
+/tmp/llama8b; the draft ``DRAFT_MODEL``, default /tmp/llama8b-1b: ``python -m worker bench
+--make-llama8b``) and sends real requests:
+
+- ``ngram-auto``, ``draft-auto``: RunPod's local API (``handler.py --rp_serve_api``) with n-gram, or
+  a 1B-shaped draft model, under ``SPECULATION_CONTROL=auto``: a streamed job, then a job whose stop
+  string is a word of the first job's text (vLLM ends it, not the engine core: the worker's exact
+  stats must still come back), then a job at temperature 0.8;
+- ``pod``: ``python -m worker serve`` with n-gram: a chat completion, a streamed one, a named tool
+  call and ``/plan``.
+
+Every answer is written to OUTDIR/STEP.json and each check printed as ``ok``/``FAIL`` on one line;
+the exit status is the number of failed checks. The servers' logs go to OUTDIR/STEP.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+TARGET = os.environ.get("MODEL_NAME", "/tmp/llama8b")
+DRAFT = os.environ.get("DRAFT_MODEL", "/tmp/llama8b-1b")
+BASE = {"MODEL_NAME": TARGET, "LOAD_FORMAT": os.environ.get("LOAD_FORMAT", "dummy"), "HF_HUB_OFFLINE": "1"}
+STEPS: dict[str, dict[str, str]] = {
+    "ngram-auto": {"SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4", "SPECULATION_CONTROL": "auto"},
+    "draft-auto": {"SPECULATIVE_MODEL": DRAFT, "NUM_SPECULATIVE_TOKENS": "3", "SPECULATION_CONTROL": "auto"},
+    "pod": {"SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4", "API_KEY": "secret"},
+}
+FAILED: list[str] = []
+
+
+def check(name: str, ok: bool, detail: object = "") -> None:
+    print(f"{'ok  ' if ok else 'FAIL'} {name} {detail}", flush=True)
+    if not ok:
+        FAILED.append(name)
+
+
+def post(url: str, body: dict[str, Any], *, timeout: float = 600, stream: bool = False) -> Any:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer secret"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        raw = response.read().decode()
+    if stream:
+        return [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    return json.loads(raw)
+
+
+def get(url: str) -> tuple[int, Any]:
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer secret"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, None
+    try:
+        return response.status, json.loads(body or "null")
+    except json.JSONDecodeError:  # a page, not an answer (the SDK's /docs)
+        return response.status, body
+
+
+def wait_until(predicate: Any, *, deadline_s: float) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            if predicate():
+                return True
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def final_item(output: list[dict[str, Any]]) -> dict[str, Any]:
+    return next((item for item in reversed(output) if "spec_decode" in item or "error" in item), output[-1])
+
+
+def serverless(step: str, out: Path) -> dict[str, Any]:
+    port = 8001
+    url = f"http://127.0.0.1:{port}/runsync"
+    record: dict[str, Any] = {}
+    with start([sys.executable, "handler.py", "--rp_serve_api", "--rp_api_port", str(port)], step, out) as proc:
+        if not wait_until(lambda: get(f"http://127.0.0.1:{port}/docs")[0] == 200, deadline_s=60):
+            check(f"{step}: local API up", False)
+            return record
+        started = time.monotonic()
+        job = {"prompt": "Once upon a time", "sampling_params": {"max_tokens": 128, "temperature": 0}}
+        first = post(url, {"input": job})
+        record["boot_and_first_job_s"] = round(time.monotonic() - started, 1)
+        record["first"] = first
+        items = first.get("output", [])
+        last = final_item(items)
+        text = "".join(item.get("text", "") for item in items if isinstance(item, dict))
+        stats = last.get("spec_decode") or {}
+        check(f"{step}: streamed job", bool(text) and "error" not in last, f"{len(items)} items")
+        check(
+            f"{step}: exact stats",
+            bool(stats) and stats.get("num_draft_tokens", 0) > 0,
+            json.dumps(stats)[:300],
+        )
+        check(f"{step}: served", "served" in last, json.dumps(last.get("served"))[:400])
+        words = text.split()
+        stop = words[len(words) // 2] if len(words) > 4 else None
+        if stop:
+            stopped = post(
+                url, {"input": {**job, "sampling_params": {"max_tokens": 128, "temperature": 0, "stop": [stop]}}}
+            )
+            record["stop"] = stopped
+            last = final_item(stopped.get("output", []))
+            stats = last.get("spec_decode") or {}
+            check(
+                f"{step}: stop string {stop!r}",
+                last.get("finish_reason") == "stop" and bool(stats),
+                json.dumps({"finish_reason": last.get("finish_reason"), "spec_decode": stats})[:300],
+            )
+        sampled = post(url, {"input": {**job, "sampling_params": {"max_tokens": 64, "temperature": 0.8}}})
+        record["sampled"] = sampled
+        last = final_item(sampled.get("output", []))
+        check(f"{step}: temperature 0.8", "error" not in last, json.dumps(last.get("spec_decode"))[:200])
+        record["exit"] = proc.poll()
+    return record
+
+
+def pod(step: str, out: Path) -> dict[str, Any]:
+    port = 8000
+    base = f"http://127.0.0.1:{port}"
+    record: dict[str, Any] = {}
+    with start([sys.executable, "-m", "worker", "serve", "--port", str(port)], step, out):
+        started = time.monotonic()
+        if not wait_until(lambda: get(f"{base}/health")[0] == 200, deadline_s=400):
+            check(f"{step}: healthy", False)
+            return record
+        record["boot_s"] = round(time.monotonic() - started, 1)
+        model = get(f"{base}/v1/models")[1]["data"][0]["id"]
+        messages = [{"role": "user", "content": "Tell me a story."}]
+        chat = post(f"{base}/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": 40})
+        record["chat"] = chat
+        check(f"{step}: chat", bool(chat["choices"][0]["message"]["content"]), chat.get("metrics"))
+        chunks = post(
+            f"{base}/v1/chat/completions",
+            {"model": model, "messages": messages, "max_tokens": 40, "stream": True},
+            stream=True,
+        )
+        record["stream"] = chunks
+        check(f"{step}: streaming", len(chunks) > 2, f"{len(chunks)} chunks")
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+        called = post(
+            f"{base}/v1/chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": [tool],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "max_tokens": 60,
+            },
+        )
+        record["tool"] = called
+        calls = called["choices"][0]["message"].get("tool_calls") or []
+        check(f"{step}: tool call", bool(calls) and calls[0]["function"]["name"] == "get_weather", calls[:1])
+        status, plan = get(f"{base}/plan")
+        record["plan"] = plan
+        check(f"{step}: /plan", status == 200 and bool(plan), json.dumps(plan)[:400])
+    return record
+
+
+class start:
+    """A server process in its own session, its log in OUTDIR/STEP.log, ended with SIGTERM."""
+
+    def __init__(self, argv: list[str], step: str, out: Path) -> None:
+        self.argv, self.step, self.out = argv, step, out
+
+    def __enter__(self) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **BASE, **STEPS[self.step]}
+        self.log = (self.out / f"{self.step}.log").open("wb")
+        self.proc = subprocess.Popen(
+            self.argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self.proc
+
+    def __exit__(self, *exc: object) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for step in sys.argv[2:] or list(STEPS):
+        print(f"=== {step}: {time.strftime('%T')}", flush=True)
+        try:
+            record = pod(step, out) if step == "pod" else serverless(step, out)
+        except Exception as error:  # a smoke reports every step, whatever one of them raised
+            check(f"{step}: ran", False, f"{type(error).__name__}: {error}")
+            record = {"error": f"{type(error).__name__}: {error}"}
+        (out / f"{step}.json").write_text(json.dumps(record, indent=1))
+    print(f"=== {len(FAILED)} failed: {FAILED}")
+    return len(FAILED)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
