@@ -280,12 +280,15 @@ def check_sources(sources: Sources, entries: tuple[Internal, ...] | None = None)
 
 
 def fetch_wheel(requirement: str, *, cache: Path = WHEEL_CACHE) -> Path:
-    """vLLM's wheel for ``requirement`` (``vllm==X``), from the cache or downloaded there by pip
-    (no dependencies, Linux x86-64)."""
+    """vLLM's wheel for ``requirement`` (``vllm==X``): the image's, where ``scripts/setup.sh`` put it
+    (the virtual environment's ``wheels/``), else from the cache or downloaded there by pip (no
+    dependencies, Linux x86-64)."""
     version = requirement.partition("==")[2]
     if not version:
         raise SystemExit(f"--wheel {requirement!r}: name an exact version, e.g. vllm==0.33.0")
-    cached = sorted(cache.glob(f"vllm-{version}-*.whl"))
+    cached = sorted((Path(sys.prefix) / "wheels").glob(f"vllm-{version}-*.whl")) or sorted(
+        cache.glob(f"vllm-{version}-*.whl")
+    )
     if cached:
         return cached[0]
     cache.mkdir(parents=True, exist_ok=True)
