@@ -6,7 +6,7 @@
 #       --secret id=hf_token,env=HF_TOKEN .                              # model baked into the image
 #
 # CMD runs the serverless handler; pod mode:  docker run ... worker python3 -m worker serve --host 0.0.0.0
-ARG VLLM_VERSION=0.32.0
+ARG VLLM_VERSION=0.34.0
 FROM vllm/vllm-openai:v${VLLM_VERSION}
 
 # The base image's Python: the one tests/test_image_deps.py resolves the image's dependency set for.
@@ -14,6 +14,17 @@ FROM vllm/vllm-openai:v${VLLM_VERSION}
 ARG PYTHON_VERSION=3.12
 RUN python3 -c "import sys; v = '%d.%d' % sys.version_info[:2]; \
     sys.exit(None if v == '${PYTHON_VERSION}' else 'base image Python ' + v + ', not ${PYTHON_VERSION}')"
+
+# Two of vLLM's own pins the worker relies on, resolved with the rest by tests/test_image_deps.py:
+# torch, and the CUTLASS DSL (vLLM 0.34's kernel warm-up imports `cutlass` on every CUDA boot; an
+# engine core without it fails). The build stops here if the base image has other versions.
+ARG TORCH_VERSION=2.14.0
+ARG CUTLASS_DSL_VERSION=4.8.0
+RUN python3 -c "import importlib.metadata as m, re, sys; \
+    found = {re.sub('[-_.]+', '-', d.metadata['Name']).lower(): d.version for d in m.distributions()}; \
+    wanted = {'vllm': '${VLLM_VERSION}', 'torch': '${TORCH_VERSION}', 'nvidia-cutlass-dsl': '${CUTLASS_DSL_VERSION}'}; \
+    off = [f'{n} {found.get(n, \"not installed\")}, not {v}' for n, v in wanted.items() if found.get(n, '').split('+')[0] != v]; \
+    sys.exit('base image: ' + '; '.join(off) if off else None)"
 
 # vLLM's compile cache on the network volume: only an endpoint's first worker compiles (the worker
 # keeps Triton's kernel cache beside it, TRITON_CACHE_DIR).

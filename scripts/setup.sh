@@ -13,9 +13,14 @@
 # PyTorch's CPU wheel index (TORCH_CPU_INDEX_URL, default below: the index vLLM's CPU install guide
 # names), asked for that wheel alone; every other package comes from the configured sources only.
 #
+# The image's vLLM wheel (requirements-image-vllm.txt, hash-pinned; another release than the CPU
+# build's) is downloaded into .venv/wheels/ and never installed: tests/test_vllm_wheel_contract.py
+# parses it for the seam's contract. Fetched once; a rerun only looks for the file.
+#
 #   scripts/setup.sh                    set up .venv
 #   scripts/setup.sh --cpu-wheels DIR   only fetch the lock's `+cpu` wheels into DIR, with $PYTHON's
 #                                       pip (the step the set-up runs first; tests/test_setup.py)
+#   scripts/setup.sh --image-vllm-wheel DIR   only fetch the image's vLLM wheel into DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -44,13 +49,33 @@ fetch_cpu_wheels() {
   rm -f "$first_error"
 }
 
+# fetch_image_vllm_wheel PYTHON DIR: the image's vLLM wheel (for CPython 3.12 on manylinux x86-64,
+# the image's), hash-checked by pip, into DIR, unless it is there; other vLLM wheels there are removed.
+fetch_image_vllm_wheel() {
+  local python=$1 dest=$2 version
+  version=$(sed -n 's/^vllm==\([^[:space:]]*\).*/\1/p' requirements-image-vllm.txt)
+  if compgen -G "$dest/vllm-$version-*.whl" >/dev/null; then
+    return 0
+  fi
+  mkdir -p "$dest"
+  "$python" -m pip download -qq --no-deps --only-binary=:all: --require-hashes \
+    --python-version 3.12 --platform manylinux_2_28_x86_64 --implementation cp \
+    --dest "$dest" -r requirements-image-vllm.txt
+  find "$dest" -name 'vllm-*.whl' ! -name "vllm-$version-*.whl" -delete
+}
+
 if [ "${1:-}" = "--cpu-wheels" ]; then
   fetch_cpu_wheels "$PYTHON" "${2:?usage: scripts/setup.sh --cpu-wheels DIR}"
+  exit 0
+fi
+if [ "${1:-}" = "--image-vllm-wheel" ]; then
+  fetch_image_vllm_wheel "$PYTHON" "${2:?usage: scripts/setup.sh --image-vllm-wheel DIR}"
   exit 0
 fi
 
 stamp=".venv/.installed-$(cat requirements-cpu.lock pyproject.toml | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then
+  fetch_image_vllm_wheel .venv/bin/python .venv/wheels
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
@@ -60,6 +85,7 @@ trap 'rm -rf "$cpu_wheels"' EXIT
 fetch_cpu_wheels .venv/bin/python "$cpu_wheels"
 .venv/bin/python -m pip install -qq --no-deps --find-links "$cpu_wheels" -r requirements-cpu.lock
 .venv/bin/python -m pip install -qq --no-deps -e .
+fetch_image_vllm_wheel .venv/bin/python .venv/wheels
 rm -f .venv/.installed-*
 touch "$stamp"
 echo "setup: .venv ready"

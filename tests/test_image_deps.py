@@ -33,6 +33,15 @@ def test_the_dockerfile_checks_the_python_the_resolution_assumes() -> None:
     assert check is not None, "the Dockerfile no longer checks its base image's Python against PYTHON_VERSION"
 
 
+def test_the_dockerfile_checks_the_base_images_pins_the_resolution_assumes() -> None:
+    after_from = DOCKERFILE.split("\nFROM ", 1)[1].replace("\\\n", "")  # continuation lines joined
+    checks = [line for line in after_from.splitlines() if line.startswith("RUN python3 -c") and "importlib" in line]
+    assert len(checks) == 1, "the Dockerfile no longer checks its base image's vLLM, torch and CUTLASS DSL"
+    for arg in ("VLLM_VERSION", "TORCH_VERSION", "CUTLASS_DSL_VERSION"):
+        assert f"'${{{arg}}}'" in checks[0], arg
+    assert set(SPEC.base_versions()) == {"vllm", "torch", "nvidia-cutlass-dsl"}
+
+
 def test_a_worker_pin_off_the_tested_version_is_named() -> None:
     assert lock_disagreements({"runpod": "1.10.0", "boto3": "1.0"}, {"runpod": "1.9.0"}) == [
         "boto3: requirements-worker.lock pins 1.0, requirements-cpu.lock has no pin",
@@ -66,13 +75,13 @@ def test_the_resolution_ignores_this_machines_pip_configuration() -> None:
 def test_the_image_dependency_set_resolves() -> None:
     resolution = check_image_dependencies(worker_pins=WORKER_PINS, cpu_pins=CPU_PINS, spec=SPEC)
     assert resolution.python_version == SPEC.python_version
-    assert resolution.versions["vllm"] == SPEC.vllm_version
+    assert {name: resolution.versions.get(name) for name in SPEC.base_versions()} == SPEC.base_versions()
     assert {name: resolution.versions.get(name) for name in WORKER_PINS} == WORKER_PINS
 
 
 @pytest.mark.slow  # PyPI: 15-35 s (pip stops at vLLM's own requirement)
 def test_a_conflicting_pin_is_named_with_what_it_conflicts_with() -> None:
-    pins = WORKER_PINS | {"pydantic": "1.10.13"}  # vLLM 0.32 requires pydantic 2
+    pins = WORKER_PINS | {"pydantic": "1.10.13"}  # vLLM requires pydantic 2
     with pytest.raises(ImageDependencyError) as raised:
         check_image_dependencies(worker_pins=pins, cpu_pins=pins, spec=SPEC)
     message = str(raised.value)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from worker.errors import VllmInternalsMissing
+from worker.errors import UnsupportedVllm, VllmInternalsMissing, to_error_payload
 from worker.vllm_internals import check
-from worker.vllm_internals.contract import CONTRACT, Internal
+from worker.vllm_internals.contract import CONTRACT, Internal, entries_for, parse
 from worker.vllm_internals.public import PUBLIC_SURFACE
+from worker.vllm_internals.release import SUPPORTED, installed_release, release_of
 
 SEAM = Path(__file__).resolve().parent.parent / "worker" / "vllm_internals"
 
@@ -47,10 +48,11 @@ def test_a_broken_entry_names_the_internal_and_the_module_that_needs_it() -> Non
 
 def test_the_boot_check_fails_loud_naming_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     broken = Internal("vllm.v1.core.sched.scheduler", "Scheduler._free_requests", "callable", (), "seam.py")
-    monkeypatch.setattr(check, "CONTRACT", (*CONTRACT, broken))
+    installed = check.installed_entries()
+    monkeypatch.setattr(check, "installed_entries", lambda: (*installed, broken))
     with pytest.raises(VllmInternalsMissing, match=r"lacks 1 internal\(s\).*Scheduler\._free_requests.*seam\.py"):
         check.require_internals()
-    monkeypatch.setattr(check, "CONTRACT", CONTRACT)
+    monkeypatch.setattr(check, "installed_entries", lambda: installed)
     check.require_internals()  # the real contract holds
 
 
@@ -84,7 +86,7 @@ def test_every_private_vllm_name_the_seam_touches_is_in_the_contract() -> None:
     """A private name (``x._name``) the seam uses that a class of the contract has (vLLM's, not the
     seam's own) must be an entry's name or one of its attributes."""
     classes = []
-    for entry in CONTRACT:
+    for entry in check.installed_entries():
         if entry.kind == "class" and "." not in entry.name:
             classes.append(getattr(importlib.import_module(entry.module), entry.name))
     listed = {part for e in CONTRACT for part in (*e.name.split("."), *e.uses)}
@@ -108,9 +110,39 @@ def test_a_failed_seam_import_is_answered_with_the_contracts_sentence(monkeypatc
     with pytest.raises(ImportError, match="not the contract's"), check.loud_imports():
         raise ImportError("not the contract's")  # the contract holds: the original error stands
     gone = Internal("vllm.v1.engine.gone", "Thing", "value", (), "worker/vllm_internals/x.py")
-    monkeypatch.setattr(check, "CONTRACT", (*CONTRACT, gone))
+    installed = check.installed_entries()
+    monkeypatch.setattr(check, "installed_entries", lambda: (*installed, gone))
     with pytest.raises(
         VllmInternalsMissing, match=r"vllm\.v1\.engine\.gone\.Thing .*needed by worker/vllm_internals/x\.py"
     ):
         with check.loud_imports():
             raise ImportError("cannot import name 'Thing'")
+
+
+def test_an_entry_tagged_for_one_release_holds_for_that_release_only() -> None:
+    shared = parse("vllm.v1.outputs:ModelRunnerOutput{req_ids}", needed_by="x.py")
+    only = parse("0.34 only: vllm.entrypoints.common.cli_args:make_arg_parser(parser)", needed_by="x.py")
+    assert shared.releases == SUPPORTED and only.releases == ("0.34",)
+    assert only.failure("gone") == (
+        "vllm.entrypoints.common.cli_args.make_arg_parser (callable, 0.34 only, needed by x.py): gone"
+    )
+    with pytest.raises(ValueError, match=r"0\.33 is not a release the seam spans"):
+        parse("0.33 only: vllm:SamplingParams", needed_by="x.py")
+    by_release = {release: set(entries_for(release)) for release in SUPPORTED}
+    assert by_release["0.32"] & by_release["0.34"] == {e for e in CONTRACT if e.releases == SUPPORTED}
+    assert {e.qualified for e in by_release["0.32"] - by_release["0.34"]} == {
+        "vllm.v1.outputs.ModelRunnerOutput",
+        "vllm.v1.core.sched.scheduler.Scheduler",
+        "vllm.entrypoints.launchers.cli_args.make_arg_parser",
+    }
+    assert set(check.installed_entries()) == by_release[installed_release()]
+
+
+def test_a_vllm_outside_the_window_is_named_in_one_sentence() -> None:
+    with pytest.raises(UnsupportedVllm) as raised:
+        release_of("0.33.1")
+    assert str(raised.value) == (
+        "vLLM 0.33.1 is installed, and the worker supports vLLM 0.32 and 0.34 "
+        "(the CPU build's 0.32 and the image's 0.34); install one of those"
+    )
+    assert raised.value.is_fatal and "\n" not in to_error_payload(raised.value)["error"]

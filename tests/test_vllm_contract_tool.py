@@ -11,7 +11,8 @@ import pytest
 
 from worker.tools import vllm_contract
 from worker.tools.vllm_contract import Sources, check_sources
-from worker.vllm_internals.contract import CONTRACT, Internal, parse
+from worker.vllm_internals.contract import Internal, entries_for, parse
+from worker.vllm_internals.release import installed_release
 
 _FILES = {
     "vllm/__init__.py": 'MODULE_ATTRS = {"Params": ".params:Params"}\n',
@@ -101,5 +102,12 @@ def test_a_synthetic_wheel_names_each_break(sources: Sources) -> None:
 
 def test_the_installed_vllms_sources_keep_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert vllm_contract.main(["--installed"]) == 0
-    total = len(CONTRACT)
-    assert f": {total} of {total} contract entries hold" in capsys.readouterr().out
+    release = installed_release()
+    total = len(entries_for(release))
+    assert f": {total} of {total} contract entries for {release} hold" in capsys.readouterr().out
+
+
+def test_sources_are_checked_against_their_releases_entries() -> None:
+    assert vllm_contract.release_to_check("0.32.0+cpu") == ("0.32", True)
+    assert vllm_contract.release_to_check("0.34.0") == ("0.34", True)
+    assert vllm_contract.release_to_check("9.9.9") == ("0.34", False)  # an upgrade keeps the newest's

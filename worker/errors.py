@@ -8,7 +8,8 @@ WorkerError                  base: a message safe to show a client
 ├── ConfigError              bad environment configuration (fails the boot)
 ├── EngineBootError          the engine could not start (the worker must be replaced)
 │   ├── IncompatibleDraft    the draft model cannot draft for the target
-│   └── VllmInternalsMissing the installed vLLM lacks an internal the worker's seam relies on
+│   ├── VllmInternalsMissing the installed vLLM lacks an internal the worker's seam relies on
+│   └── UnsupportedVllm      the installed vLLM is outside the releases the seam spans
 ├── EngineDead               the engine died while serving (the worker must be replaced)
 ├── EngineBusy               back-pressure: retry later (HTTP 429)
 └── EngineNotReady           still booting (HTTP 503)
@@ -31,6 +32,7 @@ __all__ = [
     "IncompatibleDraft",
     "InvalidRequest",
     "RequestTooLarge",
+    "UnsupportedVllm",
     "VllmInternalsMissing",
     "WorkerError",
     "describe_validation_errors",
@@ -90,6 +92,12 @@ class IncompatibleDraft(EngineBootError):
 class VllmInternalsMissing(EngineBootError):
     """The installed vLLM lacks what ``worker/vllm_internals/`` relies on (its contract); the message
     names each internal and the module that needs it. Raised before the engine starts."""
+
+
+class UnsupportedVllm(EngineBootError):
+    """The installed vLLM is outside the window of releases the seam spans (or none is installed):
+    raised when the seam loads (``worker.vllm_internals.release``), so that the boot fails with one
+    sentence naming the version found, before any variant is picked."""
 
 
 class EngineDead(WorkerError):

@@ -28,9 +28,7 @@ from starlette.exceptions import HTTPException
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.exceptions import VLLMValidationError
-from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from worker.config import Settings
@@ -39,6 +37,7 @@ from worker.errors import EngineDead, describe_validation_errors, to_openai_erro
 from worker.vllm_internals.async_llm import freeze_gc_heap
 from worker.vllm_internals.check import require_internals
 from worker.vllm_internals.openai_layer import answer_http_error, error_answer, field_path
+from worker.vllm_internals.variants import server_arg_parser
 
 __all__ = ["OpenAIResponse", "OpenAIServer", "describe_request_errors", "server_args", "server_flags"]
 
@@ -47,8 +46,7 @@ def server_args(settings: Settings, *, model_path: str, lora_paths: dict[str, st
     """vLLM's server arguments (its own parser and defaults) for the worker's settings;
     ``lora_paths``: each configured adapter's resolved path, by name."""
     argv = ["--model", model_path, *server_flags(settings, lora_paths=lora_paths)]
-    parser = make_arg_parser(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
-    return cast(Namespace, parser.parse_args(argv))
+    return cast(Namespace, server_arg_parser().parse_args(argv))
 
 
 def server_flags(settings: Settings, *, lora_paths: dict[str, str] | None = None) -> list[str]:

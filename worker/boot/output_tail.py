@@ -15,7 +15,7 @@ import re
 import threading
 import time
 
-__all__ = ["OutputTail"]
+__all__ = ["OutputTail", "fatal_exception"]
 
 
 # A traceback's last line: the exception's type (dotted names allowed) and its message.
@@ -25,6 +25,31 @@ _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Inte
 _LINE_PREFIX = re.compile(r"^\([^)]*pid=\d+\)\s*(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\]\s?)?")
 # vLLM's messages that only point elsewhere ("see root cause above").
 _WRAPPERS = ("Engine core initialization failed", "WorkerProc initialization failed", "See root cause above")
+# What vLLM logs, with the traceback, when an engine core or a worker below it fails for good
+# (``logger.exception`` in ``vllm/v1/engine/core.py`` and ``vllm/v1/executor/multiproc_executor.py``).
+_FATAL = (
+    "EngineCore failed to start",
+    "EngineCore encountered a fatal error",
+    "WorkerProc failed to start",
+    "WorkerProc hit an exception",
+)
+
+
+def fatal_exception(text: str) -> str | None:
+    """The exception an engine's processes failed with, from what they wrote: the first exception
+    line (``ModuleNotFoundError: No module named 'cutlass'``) of the traceback vLLM logs as a
+    process's failure, not one of vLLM's "see above" wrappers; where vLLM logged none (its logging
+    turned off), the last exception line written, the one the process died of. Never an earlier
+    traceback that vLLM logged as a warning and went on (DeepGEMM's, on a build without its kernels);
+    None where no exception line was written."""
+    lines = [_LINE_PREFIX.sub("", line).strip() for line in text.splitlines()]
+    fatal = next((i for i, line in enumerate(lines) if any(m in line for m in _FATAL)), None)
+    causes = [
+        line for line in lines[fatal or 0 :] if _EXCEPTION_LINE.match(line) and not any(w in line for w in _WRAPPERS)
+    ]
+    if not causes:
+        return None
+    return (causes[0] if fatal is not None else causes[-1])[:500]
 
 
 class OutputTail:
@@ -90,14 +115,13 @@ class OutputTail:
             os.dup2(saved, fd)
 
     def root_cause(self, *, wait_s: float = 1.0) -> str | None:
-        """The first exception line the engine's processes wrote that is not one of vLLM's
-        "see above" wrappers, e.g. ``ValueError: Available memory on node 0 ...``; or None."""
+        """The exception the engine's processes failed with (:func:`fatal_exception`), e.g.
+        ``ValueError: Available memory on node 0 ...``; or None."""
         deadline = time.monotonic() + wait_s  # a dying process's last lines may still be in a pipe
         while True:
             with self._lock:
                 text = b"".join(self._tail).decode(errors="replace")
-            lines = (_LINE_PREFIX.sub("", line).strip() for line in text.splitlines())
-            causes = [line for line in lines if _EXCEPTION_LINE.match(line) and not any(w in line for w in _WRAPPERS)]
-            if causes or time.monotonic() > deadline:
-                return causes[0][:500] if causes else None
+            cause = fatal_exception(text)
+            if cause is not None or time.monotonic() > deadline:
+                return cause
             time.sleep(0.05)

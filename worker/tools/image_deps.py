@@ -3,10 +3,15 @@
 The image is the official vLLM image (``vllm/vllm-openai`` at the Dockerfile's ``VLLM_VERSION``)
 with ``requirements-worker.lock`` installed ``--no-deps`` on top. :func:`check_image_dependencies`
 checks that every pin of that lock is the version the tests run with (``requirements-cpu.lock``),
-then has pip resolve ``vllm==VLLM_VERSION`` together with the lock for the image's Python (the
-Dockerfile's ``PYTHON_VERSION``, which the image build checks against its base image) and platform
-(manylinux x86_64), and raises :class:`ImageDependencyError` naming the conflicting pair.
+then has pip resolve ``vllm==VLLM_VERSION`` with two of vLLM's own pins the worker relies on
+(``torch==TORCH_VERSION`` and ``nvidia-cutlass-dsl[cu13]==CUTLASS_DSL_VERSION``, which the image
+build checks against its base image) together with the lock for the image's Python (the
+Dockerfile's ``PYTHON_VERSION``, checked the same way) and platform (manylinux x86_64), and raises
+:class:`ImageDependencyError` naming the conflicting pair.
 ``scripts/lock_worker.py`` runs it before writing the lock; ``tests/test_image_deps.py`` runs it in CI.
+
+A pin of vLLM's that PyPI does not serve (:data:`BASE_IMAGE_ONLY`: the base image brings its own
+build) is given to pip as a stand-in wheel of that name and version, without dependencies.
 
 It needs the package index (PyPI) and an interpreter of the image's Python: pip evaluates
 environment markers (``; python_version < "3.12"``) for the interpreter it runs under, whatever
@@ -23,11 +28,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "BASE_IMAGE_ONLY",
     "ImageDependencyError",
     "ImageSpec",
     "Resolution",
@@ -40,6 +47,7 @@ __all__ = [
     "pip_environment",
     "read_pins",
     "resolve",
+    "stand_in_wheel",
 ]
 
 # The vLLM image is built on Ubuntu 22.04 (glibc 2.35): wheels up to manylinux_2_35 install there.
@@ -51,6 +59,10 @@ IMAGE_PLATFORMS = [
     "manylinux1_x86_64",
     "linux_x86_64",
 ]
+# vLLM's pins that PyPI does not serve, by canonical name: vLLM 0.34.0 pins flashinfer-python==0.7.3,
+# and PyPI has 0.7.2.post1 and 0.7.4 only. The image's base brings its own build; the resolution
+# takes a stand-in (name and version only), so that the rest of the set is still resolved.
+BASE_IMAGE_ONLY = {"flashinfer-python": "0.7.3"}
 # Pip settings kept from the environment: how to reach the index (a mirror, a proxy, a CA bundle).
 _NETWORK_SETTINGS = {
     "PIP_INDEX_URL",
@@ -69,10 +81,30 @@ class ImageDependencyError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ImageSpec:
-    """What the Dockerfile says of the image: the vLLM release and the Python of its base image."""
+    """What the Dockerfile says of the image: the vLLM release, the Python of its base image, and
+    the versions of two of vLLM's own pins the worker relies on (torch; the CUTLASS DSL, which
+    vLLM 0.34's kernel warm-up imports on every CUDA boot)."""
 
     vllm_version: str
     python_version: str
+    torch_version: str
+    cutlass_dsl_version: str
+
+    def base_requirements(self) -> list[str]:
+        """What the base image holds of the set, as requirements."""
+        return [
+            f"vllm=={self.vllm_version}",
+            f"torch=={self.torch_version}",
+            f"nvidia-cutlass-dsl[cu13]=={self.cutlass_dsl_version}",
+        ]
+
+    def base_versions(self) -> dict[str, str]:
+        """The same, by canonical name."""
+        return {
+            "vllm": self.vllm_version,
+            "torch": self.torch_version,
+            "nvidia-cutlass-dsl": self.cutlass_dsl_version,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +137,12 @@ def image_spec(dockerfile: str) -> ImageSpec:
             raise ImageDependencyError(f"the Dockerfile has no `ARG {name}=...` line")
         return found.group(1)
 
-    return ImageSpec(vllm_version=arg("VLLM_VERSION"), python_version=arg("PYTHON_VERSION"))
+    return ImageSpec(
+        vllm_version=arg("VLLM_VERSION"),
+        python_version=arg("PYTHON_VERSION"),
+        torch_version=arg("TORCH_VERSION"),
+        cutlass_dsl_version=arg("CUTLASS_DSL_VERSION"),
+    )
 
 
 def lock_disagreements(worker_pins: Mapping[str, str], cpu_pins: Mapping[str, str]) -> list[str]:
@@ -176,6 +213,10 @@ def resolve(requirements: Sequence[str], *, spec: ImageSpec, interpreter: str) -
     """pip's resolution of ``requirements`` for the image's Python and platform (nothing installed)."""
     with tempfile.TemporaryDirectory() as folder:
         report_path = Path(folder) / "report.json"
+        stand_ins = Path(folder) / "stand-ins"
+        stand_ins.mkdir()
+        for name, version in BASE_IMAGE_ONLY.items():
+            stand_in_wheel(stand_ins, name, version)
         command = [
             sys.executable,
             "-m",
@@ -192,6 +233,8 @@ def resolve(requirements: Sequence[str], *, spec: ImageSpec, interpreter: str) -
             # would otherwise have pip download every wheel, 4.4 GB of CUDA libraries here (2.5 min).
             "--use-feature=fast-deps",
             "--only-binary=:all:",
+            "--find-links",
+            str(stand_ins),
             "--python-version",
             spec.python_version,
             *(arg for platform in IMAGE_PLATFORMS for arg in ("--platform", platform)),
@@ -200,7 +243,7 @@ def resolve(requirements: Sequence[str], *, spec: ImageSpec, interpreter: str) -
         result = subprocess.run(command, capture_output=True, text=True, env=pip_environment(os.environ))
         if result.returncode != 0:
             raise ImageDependencyError(
-                f"pip cannot resolve vllm=={spec.vllm_version} with requirements-worker.lock for Python "
+                f"pip cannot resolve {', '.join(spec.base_requirements())} with requirements-worker.lock for Python "
                 f"{spec.python_version} on manylinux x86_64: {conflict_summary(result.stdout + result.stderr)}"
             )
         report = json.loads(report_path.read_text())
@@ -208,6 +251,19 @@ def resolve(requirements: Sequence[str], *, spec: ImageSpec, interpreter: str) -
         python_version=report["environment"]["python_version"],
         versions={canonical(item["metadata"]["name"]): item["metadata"]["version"] for item in report["install"]},
     )
+
+
+def stand_in_wheel(folder: Path, name: str, version: str) -> Path:
+    """A wheel of ``name`` at ``version`` that holds nothing and requires nothing: what pip is given
+    for a package the base image brings and PyPI does not serve."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    path = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+    return path
 
 
 def check_image_dependencies(
@@ -218,10 +274,7 @@ def check_image_dependencies(
     disagreements = lock_disagreements(worker_pins, cpu_pins)
     if disagreements:
         raise ImageDependencyError("the worker lock is not the tested versions: " + "; ".join(disagreements))
-    requirements = [
-        f"vllm=={spec.vllm_version}",
-        *(f"{name}=={version}" for name, version in sorted(worker_pins.items())),
-    ]
+    requirements = [*spec.base_requirements(), *(f"{name}=={version}" for name, version in sorted(worker_pins.items()))]
     resolution = resolve(requirements, spec=spec, interpreter=find_interpreter(spec.python_version))
     if resolution.python_version != spec.python_version:
         raise ImageDependencyError(

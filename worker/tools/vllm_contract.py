@@ -4,7 +4,10 @@
     python -m worker vllm-contract --source PATH          # a .whl file, or a folder holding vllm/
     python -m worker vllm-contract --installed            # the installed vLLM's sources, parsed the same way
 
-Each entry of :mod:`worker.vllm_internals.contract` is looked up in vLLM's sources with ``ast``,
+Each entry of :mod:`worker.vllm_internals.contract` for the sources' release (those of every
+release, and the release's own ``0.34 only:`` ones; a release outside the window the seam spans is
+checked against the newest release's entries, the question an upgrade asks) is looked up in vLLM's
+sources with ``ast``,
 without importing them (a wheel built for another torch, CUDA or Python parses all the same):
 module-level definitions and the imports that re-export them (``from .x import Y``, vLLM's lazy
 ``MODULE_ATTRS``), classes and their bases within vLLM, method signatures, class attributes,
@@ -26,10 +29,12 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from worker.errors import UnsupportedVllm
 from worker.vllm_internals.check import assigned_self_attributes
-from worker.vllm_internals.contract import CONTRACT, Internal
+from worker.vllm_internals.contract import Internal, entries_for
+from worker.vllm_internals.release import SUPPORTED, Release, release_of
 
-__all__ = ["Sources", "check_sources", "fetch_wheel", "main"]
+__all__ = ["Sources", "check_sources", "fetch_wheel", "main", "release_to_check"]
 
 WHEEL_CACHE = Path.home() / ".cache" / "runpod-vllm-worker" / "wheels"
 # vLLM's Linux x86-64 wheels are abi3 (one per release); the platform tag only picks that file.
@@ -256,19 +261,34 @@ def check_entry(resolver: _Resolver, entry: Internal) -> str | None:
     return None
 
 
-def check_sources(sources: Sources, entries: tuple[Internal, ...] = CONTRACT) -> list[str]:
-    """One sentence per entry that does not hold in ``sources`` (none: the contract holds)."""
+def release_to_check(version: str) -> tuple[Release, bool]:
+    """The release whose entries a vLLM of ``version`` is checked against, and whether the version
+    is in the window (outside it: the newest release's entries, what an upgrade from it would keep)."""
+    try:
+        return release_of(version), True
+    except UnsupportedVllm:
+        return SUPPORTED[-1], False
+
+
+def check_sources(sources: Sources, entries: tuple[Internal, ...] | None = None) -> list[str]:
+    """One sentence per entry that does not hold in ``sources`` (none: the contract holds); by
+    default the entries of the sources' release (:func:`release_to_check`)."""
+    if entries is None:
+        entries = entries_for(release_to_check(sources.version())[0])
     resolver = _Resolver(sources)
     return [why for entry in entries if (why := check_entry(resolver, entry)) is not None]
 
 
 def fetch_wheel(requirement: str, *, cache: Path = WHEEL_CACHE) -> Path:
-    """vLLM's wheel for ``requirement`` (``vllm==X``), from the cache or downloaded there by pip
-    (no dependencies, Linux x86-64)."""
+    """vLLM's wheel for ``requirement`` (``vllm==X``): the image's, where ``scripts/setup.sh`` put it
+    (the virtual environment's ``wheels/``), else from the cache or downloaded there by pip (no
+    dependencies, Linux x86-64)."""
     version = requirement.partition("==")[2]
     if not version:
         raise SystemExit(f"--wheel {requirement!r}: name an exact version, e.g. vllm==0.33.0")
-    cached = sorted(cache.glob(f"vllm-{version}-*.whl"))
+    cached = sorted((Path(sys.prefix) / "wheels").glob(f"vllm-{version}-*.whl")) or sorted(
+        cache.glob(f"vllm-{version}-*.whl")
+    )
     if cached:
         return cached[0]
     cache.mkdir(parents=True, exist_ok=True)
@@ -299,9 +319,15 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     path = fetch_wheel(args.wheel, cache=args.cache) if args.wheel else args.source or _installed_root()
     sources = Sources(path)
-    problems = check_sources(sources)
-    total = len(CONTRACT)
-    print(f"vLLM {sources.version()} ({path.name}): {total - len(problems)} of {total} contract entries hold")
+    version = sources.version()
+    release, is_supported = release_to_check(version)
+    entries = entries_for(release)
+    problems = check_sources(sources, entries)
+    total = len(entries)
+    window = "" if is_supported else f", outside the window {' and '.join(SUPPORTED)}"
+    print(
+        f"vLLM {version} ({path.name}{window}): {total - len(problems)} of {total} contract entries for {release} hold"
+    )
     for problem in problems:
         print(f"  BROKEN {problem}")
     return 1 if problems else 0

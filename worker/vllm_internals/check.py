@@ -1,5 +1,7 @@
 """The seam's contract (:mod:`worker.vllm_internals.contract`) checked against the installed vLLM,
-with ``importlib`` and ``inspect``: each internal exists, is what the seam takes it for (a class, a
+its release's entries (:func:`~worker.vllm_internals.contract.entries_for`; a release outside the
+window fails with :class:`~worker.errors.UnsupportedVllm`, one sentence naming it), with
+``importlib`` and ``inspect``: each internal exists, is what the seam takes it for (a class, a
 callable), accepts the parameters the seam calls it with, and has the attributes the seam reads or
 writes on its instances. Every problem is one sentence naming the internal and the seam module
 that needs it.
@@ -25,9 +27,10 @@ from types import ModuleType
 from typing import Any
 
 from worker.errors import VllmInternalsMissing
-from worker.vllm_internals.contract import CONTRACT, Internal
+from worker.vllm_internals.contract import Internal, entries_for
+from worker.vllm_internals.release import installed_release
 
-__all__ = ["installed_version", "loud_imports", "problem", "problems", "require_internals"]
+__all__ = ["installed_entries", "installed_version", "loud_imports", "problem", "problems", "require_internals"]
 
 _checked: set[Internal] = set()
 
@@ -41,12 +44,17 @@ def installed_version() -> str:
     return str(vllm.__version__)
 
 
+def installed_entries() -> tuple[Internal, ...]:
+    """The contract's entries for the installed vLLM's release."""
+    return entries_for(installed_release())
+
+
 def problems(entries: Iterable[Internal] | None = None, *, imported_only: bool = False) -> list[str]:
-    """One sentence per broken entry of ``entries`` (default: the whole contract; none: the installed
-    vLLM keeps it). ``imported_only``: skip entries whose module this process has not imported
-    (nothing is imported then)."""
+    """One sentence per broken entry of ``entries`` (default: the installed release's entries; none:
+    the installed vLLM keeps them). ``imported_only``: skip entries whose module this process has not
+    imported (nothing is imported then)."""
     found = []
-    for entry in CONTRACT if entries is None else entries:
+    for entry in installed_entries() if entries is None else entries:
         if imported_only and entry.module not in sys.modules:
             continue
         why = problem(entry)
@@ -58,7 +66,7 @@ def problems(entries: Iterable[Internal] | None = None, *, imported_only: bool =
 def require_internals() -> None:
     """Raise :class:`~worker.errors.VllmInternalsMissing`, naming each internal the installed vLLM
     lacks, among the entries whose modules are imported and not yet checked in this process."""
-    pending = [e for e in CONTRACT if e not in _checked and e.module in sys.modules]
+    pending = [e for e in installed_entries() if e not in _checked and e.module in sys.modules]
     found = problems(pending)
     if found:
         raise VllmInternalsMissing(_sentence(found))

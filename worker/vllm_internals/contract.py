@@ -11,12 +11,19 @@ One entry a line, ``module:name`` then what is used:
   parameters the worker passes, by name or position (for a class: its constructor's);
 - ``module:Class.MEMBER`` or ``module:name``: a value that must exist (an enum member, a registry).
 
-Checked against the installed vLLM by ``tests/test_vllm_contract.py`` (importlib and inspect:
+An entry holds for every release the seam spans (:data:`worker.vllm_internals.release.SUPPORTED`)
+unless it starts with ``0.32 only:`` or ``0.34 only:``: what one release has and the other lacks,
+used by the variant the seam picks for that release (:mod:`worker.vllm_internals.variants`).
+:func:`entries_for` is a release's share of the table: what the boot checks against the installed
+vLLM, and the wheel check against the wheel's.
+
+Checked against the installed vLLM (its release's entries) by ``tests/test_vllm_contract.py`` (importlib and inspect:
 :mod:`worker.vllm_internals.check`, which the boot runs too), and against another vLLM's wheel
 without importing it by ``python -m worker vllm-contract --wheel vllm==X`` (its sources parsed:
-:mod:`worker.tools.vllm_contract`; docs/vllm-contract.md). ``tests/test_vllm_contract.py`` also keeps
+:mod:`worker.tools.vllm_contract`; docs/vllm-contract.md), which ``tests/test_vllm_wheel_contract.py``
+runs on the image's pinned wheel. ``tests/test_vllm_contract.py`` also keeps
 it in step with the seam's source: every name the seam imports from vLLM, and every private name of
-vLLM's it touches, is listed. Imports nothing: the wheel check reads it without vLLM.
+vLLM's it touches, is listed. Imports nothing of vLLM's: the wheel check reads it without vLLM.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ import dataclasses
 import re
 from typing import Literal
 
-__all__ = ["CONTRACT", "Internal", "Kind", "parse"]
+from worker.vllm_internals.release import SUPPORTED, Release
+
+__all__ = ["CONTRACT", "Internal", "Kind", "entries_for", "parse"]
 
 Kind = Literal["class", "callable", "value"]
 
@@ -37,6 +46,7 @@ class Internal:
     kind: Kind
     uses: tuple[str, ...] = ()  # attributes (a class) or parameters (a callable)
     needed_by: str = ""  # the worker's module that relies on it
+    releases: tuple[Release, ...] = SUPPORTED  # the releases it holds for (one: "0.34 only:")
 
     @property
     def qualified(self) -> str:
@@ -44,21 +54,32 @@ class Internal:
 
     def failure(self, reason: str) -> str:
         """The sentence a broken entry fails with."""
-        return f"{self.qualified} ({self.kind}, needed by {self.needed_by}): {reason}"
+        only = "" if self.releases == SUPPORTED else f"{' and '.join(self.releases)} only, "
+        return f"{self.qualified} ({self.kind}, {only}needed by {self.needed_by}): {reason}"
 
 
-_LINE = re.compile(r"^(?P<module>[\w.]+):(?P<name>[\w.]+)(?:\{(?P<attrs>[^}]*)\}|\((?P<params>[^)]*)\))?$")
+_LINE = re.compile(
+    r"^(?:(?P<release>\d+\.\d+) only: )?"
+    r"(?P<module>[\w.]+):(?P<name>[\w.]+)(?:\{(?P<attrs>[^}]*)\}|\((?P<params>[^)]*)\))?$"
+)
 
 
 def parse(line: str, *, needed_by: str) -> Internal:
-    """One entry of the table below (``module:name``, then ``{attributes}`` or ``(parameters)``)."""
+    """One entry of the table below (``module:name``, then ``{attributes}`` or ``(parameters)``;
+    ``0.34 only:`` before it: an entry for that release alone)."""
     match = _LINE.match(line)
     if match is None:
         raise ValueError(f"not a contract entry: {line!r}")
+    releases = SUPPORTED
+    if match["release"] is not None:
+        only = next((r for r in SUPPORTED if r == match["release"]), None)
+        if only is None:
+            raise ValueError(f"contract entry {line!r}: {match['release']} is not a release the seam spans")
+        releases = (only,)
     attrs, params = match["attrs"], match["params"]
     kind: Kind = "class" if attrs is not None else "callable" if params is not None else "value"
     uses = tuple(u.strip() for u in (attrs or params or "").split(",") if u.strip())
-    return Internal(match["module"], match["name"], kind, uses, needed_by)
+    return Internal(match["module"], match["name"], kind, uses, needed_by, releases)
 
 
 # The worker's module -> what it uses of vLLM's.
@@ -77,7 +98,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.v1.request:RequestStatus.FINISHED_ABORTED",
         "vllm.v1.core.sched.output:SchedulerOutput{num_scheduled_tokens, scheduled_spec_decode_tokens,"
         " num_invalid_spec_tokens, num_spec_tokens_to_schedule, total_num_scheduled_tokens, scheduled_new_reqs}",
-        "vllm.v1.outputs:ModelRunnerOutput{sampled_token_ids, req_id_to_index, req_ids}",
+        "vllm.v1.outputs:ModelRunnerOutput{sampled_token_ids, req_ids}",
         "vllm.v1.engine:EngineCoreOutput{request_id, new_token_ids, kv_transfer_params, spec_decode_metrics}",
         "vllm.v1.engine:EngineCoreOutput(request_id, new_token_ids, kv_transfer_params)",
         "vllm.v1.engine:EngineCoreOutputs{outputs}",
@@ -110,8 +131,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
     "worker/vllm_internals/scheduler_control.py": (
         "vllm.config.speculative:SpeculativeConfig{method, num_speculative_tokens,"
         " num_speculative_tokens_per_batch_size}",
-        "vllm.v1.core.sched.scheduler:Scheduler{dynamic_sd_lookup, num_spec_tokens, use_v2_model_runner, running,"
-        " requests}",
+        "vllm.v1.core.sched.scheduler:Scheduler{dynamic_sd_lookup, num_spec_tokens, running, requests}",
         "vllm.v1.core.sched.scheduler:Scheduler.schedule(throttle_prefills)",
         "vllm.config:VllmConfig{compilation_config, model_config, device_config}",
         "vllm.config.model:ModelConfig{enforce_eager}",
@@ -169,7 +189,6 @@ _TABLE: dict[str, tuple[str, ...]] = {
     "worker/openai.py": (
         "vllm.entrypoints.launchers.app:build_app(args, supported_tasks, model_config)",
         "vllm.entrypoints.launchers.api_server.app_state:init_app_state(engine_client, state, args, supported_tasks)",
-        "vllm.entrypoints.launchers.cli_args:make_arg_parser(parser)",
         "vllm.utils.argparse_utils:FlexibleArgumentParser{parse_args}",
         "vllm.engine.protocol:EngineClient{}",
         "vllm.exceptions:VLLMValidationError(parameter)",
@@ -215,6 +234,14 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.multimodal.media:MediaConnector.load_from_url(url, media_io, fetch_timeout)",
         "vllm.multimodal.media:MediaConnector.load_from_url_async(url, media_io, fetch_timeout)",
     ),
+    "worker/vllm_internals/variants.py": (
+        # Where the two releases differ (the variants, side by side).
+        "0.32 only: vllm.v1.outputs:ModelRunnerOutput{req_id_to_index}",
+        "0.32 only: vllm.v1.core.sched.scheduler:Scheduler{use_v2_model_runner}",
+        "0.32 only: vllm.entrypoints.launchers.cli_args:make_arg_parser(parser)",
+        "0.34 only: vllm.entrypoints.common.cli_args:make_arg_parser(parser)",
+        "vllm.utils.argparse_utils:FlexibleArgumentParser()",
+    ),
     "worker/vllm_internals/exceptions.py": ("vllm.exceptions:VLLMValidationError{}",),
     "worker/vllm_internals/modelinfo.py": (
         "vllm.model_executor.models.registry:ModelRegistry",
@@ -241,3 +268,9 @@ _TABLE: dict[str, tuple[str, ...]] = {
 }
 
 CONTRACT: tuple[Internal, ...] = tuple(parse(line, needed_by=by) for by, lines in _TABLE.items() for line in lines)
+"""Every entry, of every release."""
+
+
+def entries_for(release: Release) -> tuple[Internal, ...]:
+    """The entries that hold for ``release``: those of every release, and its own."""
+    return tuple(entry for entry in CONTRACT if release in entry.releases)

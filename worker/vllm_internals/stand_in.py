@@ -25,6 +25,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from worker.vllm_internals.scheduler import SpecMetricsSnapshots
 from worker.vllm_internals.scheduler_control import ControlledScheduling
+from worker.vllm_internals.variants import row_index
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -68,13 +69,17 @@ class StandInScheduler:
         self.entered = self.returned = 0
         self.num_spec_tokens = num_spec_tokens
         self.dynamic_sd_lookup: list[int] | None = [num_spec_tokens] * (max_batch_size + 1) if max_batch_size else None
+        # 0.32's scheduler says which GPU runner runs: V1 here (0.34 has only V2, the seam's variant).
         self.use_v2_model_runner = False
         self.vllm_config = cast(
             "VllmConfig",
             SimpleNamespace(
-                speculative_config=SimpleNamespace(method=method),
+                speculative_config=SimpleNamespace(method=method, num_speculative_tokens_per_batch_size=None),
                 device_config=SimpleNamespace(device_type=device_type),
                 scheduler_config=SimpleNamespace(async_scheduling=False),
+                # Eager: on V2 no CUDA graph bounds a step's batch.
+                model_config=SimpleNamespace(enforce_eager=True),
+                compilation_config=None,
             ),
         )
 
@@ -94,11 +99,12 @@ class StandInScheduler:
         self.finished_req_ids.clear()  # vLLM's schedule() hands them on
         outputs: dict[int, EngineCoreOutputs] = {}
         invalid_drafts = scheduler_output.num_invalid_spec_tokens or {}
+        rows = row_index(model_runner_output)
         for rid in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(rid)
             if request is None or request.is_finished():
                 continue
-            tokens = model_runner_output.sampled_token_ids[model_runner_output.req_id_to_index[rid]]
+            tokens = model_runner_output.sampled_token_ids[rows[rid]]
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
             metrics = request.spec_decode_metrics
             if drafts and metrics is not None and self.is_observing:

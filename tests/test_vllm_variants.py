@@ -1,0 +1,49 @@
+"""The seam's release variants (worker/vllm_internals/variants.py): each release's picked when the
+module loads, both giving the seam the same answers, and a release outside the window refused with
+one sentence. The installed CPU build is 0.32; the 0.34 variants are loaded here as a second copy of
+the module with the release read as 0.34 (their vLLM imports are checked on the 0.34 wheel by
+tests/test_vllm_wheel_contract.py), on the stand-ins of vLLM's objects they read."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from worker.errors import UnsupportedVllm
+from worker.vllm_internals import release, variants
+
+
+def _load(monkeypatch: pytest.MonkeyPatch, version: str) -> ModuleType:
+    """A fresh copy of the variants module, loaded where the installed vLLM reads as ``version``."""
+    monkeypatch.setattr(release, "installed_version", lambda: version)
+    spec = importlib.util.spec_from_file_location(f"variants_{version}", variants.__file__)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_installed_release_picks_its_variants() -> None:
+    assert variants.RELEASE == release.installed_release() == "0.32"  # the CPU build
+    parser = variants.server_arg_parser()
+    assert parser.parse_args(["--model", "m", "--served-model-name", "s"]).served_model_name == ["s"]
+
+
+@pytest.mark.parametrize("version", ["0.32.0+cpu", "0.34.0"])
+def test_each_release_finds_a_requests_row_and_its_runner(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    loaded = _load(monkeypatch, version)
+    # A stand-in of the model runner's output with both releases' fields (0.34's has req_ids only).
+    output: Any = SimpleNamespace(req_ids=["a", "b", "c"], req_id_to_index={"a": 0, "b": 1, "c": 2})
+    assert dict(loaded.row_index(output)) == {"a": 0, "b": 1, "c": 2}
+    v1_scheduler: Any = SimpleNamespace(use_v2_model_runner=False)
+    # 0.32 asks its scheduler which GPU runner runs; 0.34 has only V2.
+    assert loaded.runs_v2_model_runner(v1_scheduler) is (loaded.RELEASE == "0.34")
+
+
+def test_a_vllm_outside_the_window_fails_the_seams_load_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnsupportedVllm) as raised:
+        _load(monkeypatch, "0.33.0")
+    assert str(raised.value).startswith("vLLM 0.33.0 is installed, and the worker supports vLLM 0.32 and 0.34")
