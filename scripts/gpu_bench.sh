@@ -7,8 +7,8 @@
 #
 #   scripts/gpu_bench.sh overhead fp8       # then: POD_CONCURRENCY=8,256 scripts/gpu_bench.sh pod coldstart-server ngram
 #
-# Engines follow MODEL_RUNNER=auto (V1 for the handler path and for draft models, vLLM's V2 for the pod and
-# vLLM's own server) unless a stage sets it.
+# Engines run vLLM's V2 runner (the only GPU runner of vLLM 0.34) and follow TORCH_COMPILE=auto (compile-free
+# FULL graphs for the handler path, torch.compile for the pod) unless a stage sets it.
 #
 # Stages:
 #   overhead          handler path vs raw AsyncLLM, bf16, concurrency 1, 8, 64, 256 (3 alternating runs)
@@ -79,16 +79,11 @@
 #                     (python -X importtime, twice) and vLLM's kernel warm-up before the CUDA-graph capture
 #                     (off through ENGINE_ARGS kernel_config), each boot after one that fills the caches,
 #                     then the first request's TTFT with that warm-up off
-#   runner-v1         vLLM 0.32's V1 model runner (MODEL_RUNNER=v1) against its default V2, which
-#                     captures no CUDA graphs for a draft model (its standalone speculator says so) and spends
-#                     ~33 s of every compiled boot warming kernels: boot with warm caches, draft-model
-#                     speculation (self-draft and 1B, k=4), and decode without speculation at 1, 64, 256;
-#                     its two halves run alone as runner-v1-spec and runner-v1-boot
 #   runner-ngram      n-gram speculation on the V2 model runner (spec-ngram's table, $SPEC_KS default 2,4,8:
-#                     runner-ngram-spec), then n-gram k=4 handler vs AsyncLLM at 1, 64, 256 on V1 and on V2
-#                     (runner-ngram-v1, runner-ngram-v2; $NGRAM_REPEATS runs, default 1)
-#   runner-decode     decode without speculation on the V2 runner, then on V1 (3 runs each at 1, 64, 256): the
-#                     trade behind MODEL_RUNNER=auto (V1 for serverless, V2 for pods)
+#                     runner-ngram-spec), then n-gram k=4 handler vs AsyncLLM at 1, 64, 256
+#                     (runner-ngram-v2; $NGRAM_REPEATS runs, default 1)
+#   compile-decode    decode without speculation compiled (TORCH_COMPILE=on), then compile-free (off), 3 runs
+#                     each at 1, 16, 64, 256: the trade behind TORCH_COMPILE=auto
 #   eager-decode      decode speed in eager mode (no CUDA graphs, no compile) at 1 and 64, 1 run
 #   first-request     TTFT of the first request after boot vs the next five (1 s idle each), warm-up on and off;
 #                     the same for the first request using the sampler's features (penalties, top-k/p, min-p, seed)
@@ -423,8 +418,8 @@ for stage in "$@"; do
     coldstart-server-real)
       real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-srv-$$
-      MODEL_RUNNER=v2 MODEL_NAME=$R LOAD_FORMAT=auto run cold-srv-fill --parts coldstart_handler
-      MODEL_RUNNER=v2 MODEL_NAME=$R LOAD_FORMAT=auto run cold-srv-warm --parts coldstart ;;
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-srv-fill --parts coldstart_handler
+      MODEL_NAME=$R LOAD_FORMAT=auto run cold-srv-warm --parts coldstart ;;
     coldstart-jit)
       real_weights
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-jit-$$
@@ -434,27 +429,18 @@ for stage in "$@"; do
       MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run cold-jit-off --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto run cold-jit-on --parts coldstart_handler
       MODEL_NAME=$R LOAD_FORMAT=auto ENGINE_ARGS=$NOJIT run first-request-jit-off --parts first_request ;;
-    runner-v1) bash scripts/gpu_bench.sh runner-v1-spec runner-v1-boot ;;
-    runner-v1-spec)
-      MODEL_RUNNER=v1 run spec-draft-v1 --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4
-      MODEL_RUNNER=v1 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 1 ;;
-    runner-v1-boot)
-      real_weights
-      export VLLM_CACHE_ROOT=/tmp/vllm-cache-v1-$$
-      MODEL_RUNNER=v1 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-fill --parts coldstart_handler
-      MODEL_RUNNER=v1 MODEL_NAME=$R LOAD_FORMAT=auto run cold-v1-warm --parts coldstart_handler ;;
     spec) bash scripts/gpu_bench.sh spec-ngram spec-draft ;;
     spec-ngram) run spec-ngram --parts spec --drafts ngram --ks 2,4,8 --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
     spec-draft) run spec-draft --parts spec --drafts $M,$M-1b --ks 4 --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
-    runner-ngram) bash scripts/gpu_bench.sh runner-ngram-spec runner-ngram-v1 runner-ngram-v2 ;;
-    runner-ngram-spec) MODEL_RUNNER=v2 run spec-ngram-v2 --parts spec --drafts ngram --ks "${SPEC_KS:-2,4,8}" \
+    runner-ngram) bash scripts/gpu_bench.sh runner-ngram-spec runner-ngram-v2 ;;
+    runner-ngram-spec) run spec-ngram-v2 --parts spec --drafts ngram --ks "${SPEC_KS:-2,4,8}" \
       --spec-requests 4 --spec-rounds "${SPEC_ROUNDS:-3}" ;;
-    runner-ngram-v1 | runner-ngram-v2)
-      SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 MODEL_RUNNER=${stage#runner-ngram-} \
-        run "ngram4-${stage#runner-ngram-}" --parts overhead --concurrency 1,64,256 --repeats "${NGRAM_REPEATS:-1}" ;;
-    runner-decode)
-      MODEL_RUNNER=v2 run bf16-v2 --parts overhead --concurrency 1,64,256 --repeats 3
-      MODEL_RUNNER=v1 run bf16-v1 --parts overhead --concurrency 1,64,256 --repeats 3 ;;
+    runner-ngram-v2)
+      SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 \
+        run ngram4-v2 --parts overhead --concurrency 1,64,256 --repeats "${NGRAM_REPEATS:-1}" ;;
+    compile-decode)
+      TORCH_COMPILE=on run bf16-compiled --parts overhead --concurrency 1,16,64,256 --repeats 3
+      TORCH_COMPILE=off run bf16-graphs-only --parts overhead --concurrency 1,16,64,256 --repeats 3 ;;
     eager-decode) ENFORCE_EAGER=true run bf16-eager --parts overhead --concurrency 1,64 --repeats 1 ;;
     first-request)
       run first-request --parts first_request
@@ -465,7 +451,7 @@ for stage in "$@"; do
       # acceptance (vLLM's rejection_sample_method=synthetic) at mean length L. One 10-minute call.
       echo "=== spec-map: $(date +%T)"
       SPEC_MAP_ACCEPTANCE_MIX=${MAP_MIX:-} timeout -k 20 "${STAGE_TIMEOUT:-0}" python3 -m worker.tools.bench.spec_map --out "$OUT/spec-map" \
-        --configs "${MAP_CONFIGS:-none,ngram_gpu:2:2.5:static+MODEL_RUNNER=v2,ngram:4:2.5:auto,ngram:4:1.0:auto}" \
+        --configs "${MAP_CONFIGS:-none,ngram_gpu:2:2.5:static,ngram:4:2.5:auto,ngram:4:1.0:auto}" \
         --concurrency "${MAP_CONCURRENCY:-1,8,32,64,128,256}" --max-tokens "${MAP_TOKENS:-128}" \
         --repeats "${MAP_REPEATS:-3}" --deadline-s "${MAP_DEADLINE_S:-400}" \
         --length-spread "${MAP_LENGTH_SPREAD:-0}" > "$OUT/spec-map.log" 2>&1

@@ -34,8 +34,9 @@ class FakeEngine:
             speculative_method=None,
             num_speculative_tokens=None,
             speculation_control=None,
-            model_runner=None,
+            model_runner="cpu",
             cudagraph_mode=None,
+            torch_compile=None,
             speculative_tokens_by_batch=None,
             spec_decode_available=False,
         )

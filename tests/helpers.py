@@ -66,8 +66,9 @@ TINY_DEFAULT_SERVED = {
     "speculative_method": "draft_model",
     "num_speculative_tokens": 3,
     "speculation_control": "static",
-    "model_runner": "v1",
+    "model_runner": "cpu",
     "cudagraph_mode": "NONE",
+    "torch_compile": False,
     "speculative_tokens_by_batch": None,
     "spec_decode_available": True,
 }

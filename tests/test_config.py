@@ -280,3 +280,29 @@ def test_an_unknown_tiny_model_is_a_configuration_error_naming_the_variable() ->
 
     with pytest.raises(ConfigError, match="tiny:nope is not an embedded tiny model"):  # a LoRA module's path
         resolver(load_settings({}))("tiny:nope", None)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MODEL_RUNNER", "v1"),
+        ("MODEL_RUNNER", "v2"),
+        ("VLLM_USE_V2_MODEL_RUNNER", "0"),
+        ("VLLM_USE_V2_MODEL_RUNNER", "x"),
+    ],
+)
+def test_a_runner_choice_is_refused_in_one_sentence_saying_why(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({name: value})
+    assert info.value.message == (
+        f"invalid configuration: {name}={value}: vLLM 0.34, the image's, has only its V2 model runner, which the "
+        "worker runs on every GPU (the CPU build runs its CPU runner): remove it"
+    )
+
+
+def test_a_runner_choice_that_asks_for_what_runs_is_accepted() -> None:
+    # MODEL_RUNNER=auto, and vLLM 0.32's variable asking for V2 (which the boot plan itself writes
+    # into the process environment where that vLLM runs on a GPU, and a second load must accept).
+    for env in ({"MODEL_RUNNER": "auto"}, {"MODEL_RUNNER": "AUTO"}, {"VLLM_USE_V2_MODEL_RUNNER": "1"}):
+        assert load_settings(env).torch_compile == "auto"
+    assert "model_runner" not in Settings.model_fields and "vllm_use_v2_model_runner" not in Settings.model_fields

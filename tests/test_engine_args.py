@@ -68,7 +68,7 @@ def test_settings_are_mapped() -> None:
     assert kwargs["tensor_parallel_size"] == 2
     assert kwargs["enable_prefix_caching"] is False
     assert kwargs["max_model_len"] == 8192
-    assert kwargs["speculative_config"]["method"] == "ngram"
+    assert kwargs["speculative_config"]["method"] == "ngram_gpu"  # n-gram on a GPU (V2): its async-scheduled name
     assert kwargs["speculative_config"]["num_speculative_tokens"] == 5
 
 

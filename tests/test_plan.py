@@ -60,10 +60,10 @@ def test_the_served_block_and_the_boot_line_show_the_resolved_plan() -> None:
     assert served.model_dump() == TINY_DEFAULT_SERVED  # the README's served block: the tiny default on the CPU
     assert served_line(served) == (
         "serving: model=tiny:target, quantization=None, speculative_method=draft_model, num_speculative_tokens=3, "
-        "speculation_control=static, model_runner=v1, cudagraph_mode=NONE, speculative_tokens_by_batch=None, "
-        "spec_decode_available=True"
+        "speculation_control=static, model_runner=cpu, cudagraph_mode=NONE, torch_compile=False, "
+        "speculative_tokens_by_batch=None, spec_decode_available=True"
     )
-    # n-gram on a GPU pod: auto, on V2, FULL graphs, every k down to 0 (worker/speculation/decide.py).
+    # n-gram on a GPU pod: auto, on V2, compiled, FULL graphs, every k down to 0 (worker/speculation/decide.py).
     env = {"MODEL_NAME": "org/m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "2"}
     pod = build_plan(load_settings(env), mode="pod", is_cpu=False)
     shown = pod.served(quantization="awq_marlin", speculative_method="ngram_gpu", num_speculative_tokens=2)
@@ -75,15 +75,25 @@ def test_the_served_block_and_the_boot_line_show_the_resolved_plan() -> None:
         "speculation_control": "auto",
         "model_runner": "v2",
         "cudagraph_mode": "FULL",
+        "torch_compile": True,
         "speculative_tokens_by_batch": [[1, 1, 2], [2, 2, 1], [3, 3, 0]],
         "spec_decode_available": True,
     }
-    # No speculation: no control to show; vLLM's own runner and graph mode on a pod (null).
+    # No speculation: no control to show; V2, and vLLM's own graph mode under torch.compile on a pod (null).
     plain = build_plan(load_settings({"MODEL_NAME": "org/m"}), mode="pod", is_cpu=False)
     none = plain.served(quantization=None, speculative_method=None, num_speculative_tokens=None).model_dump()
-    assert {key: none[key] for key in ("speculation_control", "model_runner", "cudagraph_mode")} == dict.fromkeys(
-        ("speculation_control", "model_runner", "cudagraph_mode")
-    )
+    keys = ("speculation_control", "model_runner", "cudagraph_mode", "torch_compile")
+    assert {key: none[key] for key in keys} == {
+        "speculation_control": None,
+        "model_runner": "v2",
+        "cudagraph_mode": None,
+        "torch_compile": True,
+    }
+    # Serverless on a GPU: compile-free FULL graphs, shown as such.
+    serverless = build_plan(load_settings({"MODEL_NAME": "org/m"}), mode="serverless", is_cpu=False)
+    shown_serverless = serverless.served(quantization=None, speculative_method=None, num_speculative_tokens=None)
+    assert (shown_serverless.cudagraph_mode, shown_serverless.torch_compile) == ("FULL", False)
+    assert "cudagraph_mode=FULL, torch_compile=False" in served_line(shown_serverless)
     assert none["spec_decode_available"] is False
 
 

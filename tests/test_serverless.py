@@ -49,8 +49,14 @@ async def test_streaming_and_non_streaming_give_the_same_text(worker: Serverless
     assert final["usage"]["completion_tokens"] == whole[0]["usage"]["completion_tokens"] == 200
     assert final["served"]["speculative_method"] == "draft_model"
     # The boot plan's resolved choices (worker.speculation.decide) ride along: static k = 3 on V1, eager.
-    plan = {key: final["served"][key] for key in ("speculation_control", "model_runner", "cudagraph_mode")}
-    assert plan == {"speculation_control": "static", "model_runner": "v1", "cudagraph_mode": "NONE"}
+    keys = ("speculation_control", "model_runner", "cudagraph_mode", "torch_compile")
+    plan = {key: final["served"][key] for key in keys}
+    assert plan == {
+        "speculation_control": "static",
+        "model_runner": "cpu",
+        "cudagraph_mode": "NONE",
+        "torch_compile": False,
+    }
     assert final["served"]["num_speculative_tokens"] == 3 and final["served"]["speculative_tokens_by_batch"] is None
     assert final["spec_decode"]["num_draft_tokens"] > 0
     timings = final["timings"]

@@ -49,11 +49,11 @@ def test_a_configuration_names_drafter_k_synthetic_length_and_control() -> None:
     assert settings.speculation_control == "auto"
     ngram = json.loads(config_env(base, "ngram:6:real:static")["SPECULATIVE_CONFIG"])
     assert ngram["method"] == "ngram" and "rejection_sample_method" not in ngram
-    stock = config_env(base, "ngram:4:2.5:stock+MODEL_RUNNER=v2")
-    assert stock["PER_REQUEST_SPEC_DECODE_METRICS"] == "none" and stock["MODEL_RUNNER"] == "v2"
+    stock = config_env(base, "ngram:4:2.5:stock+TORCH_COMPILE=on")
+    assert stock["PER_REQUEST_SPEC_DECODE_METRICS"] == "none" and stock["TORCH_COMPILE"] == "on"
     assert load_settings(stock).per_request_spec_decode_metrics == "none"
     with pytest.raises(ValueError, match=r"\+KEY=VALUE"):
-        config_env(base, "none+MODEL_RUNNER")
+        config_env(base, "none+TORCH_COMPILE")
     with pytest.raises(ValueError, match="DRAFTER:K:LENGTH:CONTROL"):
         config_env(base, "ngram:4:2.5:dynamic")
     with pytest.raises(ValueError, match="DRAFTER:K:LENGTH:CONTROL"):
@@ -73,7 +73,7 @@ def test_an_eagle3_head_runs_as_vllms_eagle3_and_a_schedule_rides_along(tmp_path
     (tmp_path / "draft" / "config.json").write_text(json.dumps(llama3_config("llama-3.2-1b")))
     assert json.loads(config_env({}, f"{tmp_path}/draft:4:2.5:static")["SPECULATIVE_CONFIG"])["method"] == "draft_model"
     assert json.loads(config_env({}, "tiny:noisy:4:2.5:static")["SPECULATIVE_CONFIG"])["method"] == "draft_model"
-    env = config_env({}, "ngram:4:2.5:auto+MODEL_RUNNER=v2+SPECULATIVE_TOKENS_BY_BATCH=1-1:4,2-2:2")
+    env = config_env({}, "ngram:4:2.5:auto+TORCH_COMPILE=on+SPECULATIVE_TOKENS_BY_BATCH=1-1:4,2-2:2")
     assert load_settings({"MODEL_NAME": "m", **env}).speculative_tokens_by_batch == [(1, 1, 4), (2, 2, 2)]
 
 
@@ -99,10 +99,10 @@ def test_pooled_maps_compare_each_configuration_with_its_own_runs_baseline(tmp_p
     def one(base: float, name: str, tok: float) -> dict[str, Any]:
         row = {"runs": 1, "itl_p50_ms": 5.0, "mean_acceptance_length": None}
         return {
-            "configs": ["none+MODEL_RUNNER=v2", name],
+            "configs": ["none+TORCH_COMPILE=on", name],
             "concurrencies": [1, 8],
             "table": {
-                "none+MODEL_RUNNER=v2": {"1": {**row, "throughput_tok_s": base}, "8": None},
+                "none+TORCH_COMPILE=on": {"1": {**row, "throughput_tok_s": base}, "8": None},
                 name: {"1": {**row, "throughput_tok_s": tok}, "8": None},
             },
         }
@@ -112,20 +112,20 @@ def test_pooled_maps_compare_each_configuration_with_its_own_runs_baseline(tmp_p
     run_c = one(100.0, "ngram:4:1.5:auto", 150.0)
     run_c["table"]["ngram:4:1.5:auto"]["1"]["vs_none"] = 1.25  # a saved map's own ratio stands
     run_a = one(200.0, "ngram:4:3.5:auto", 700.0)
-    run_a["table"]["none+MODEL_RUNNER=v2"]["8"] = {"runs": 1, "throughput_tok_s": 1600.0}
+    run_a["table"]["none+TORCH_COMPILE=on"]["8"] = {"runs": 1, "throughput_tok_s": 1600.0}
     run_a["table"]["ngram:4:3.5:auto"]["8"] = {"runs": 1, "throughput_tok_s": 4800.0}
     maps = [("run-a", run_a), ("run-b", run_b), ("run-c", run_c)]
     text = render_pooled(maps, plot=tmp_path / "pooled.png")
     assert "| `ngram:4:3.5:auto` (run-a) | 3.50x | 3.00x |" in text
     assert "| `ngram_gpu:1:2.0:static` (run-b) | 1.90x | - |" in text  # no baseline at 8 in its own run
     assert "| `ngram:4:1.5:auto` (run-c) | 1.25x | - |" in text
-    assert "none+MODEL_RUNNER=v2" not in text  # the baselines are what the rows are against
+    assert "none+TORCH_COMPILE=on" not in text  # the baselines are what the rows are against
     assert (tmp_path / "pooled.png").stat().st_size > 0
     alone = {**one(1.0, "ngram:4:3.5:auto", 1.0), "configs": ["ngram:4:3.5:auto"]}
     with pytest.raises(ValueError, match="run-d: no configuration without speculation"):
         render_pooled([("run-d", alone)])
     with pytest.raises(ValueError, match="no configuration with speculation"):
-        render_pooled([("run-e", {**one(1.0, "x", 1.0), "configs": ["none+MODEL_RUNNER=v2"]})])
+        render_pooled([("run-e", {**one(1.0, "x", 1.0), "configs": ["none+TORCH_COMPILE=on"]})])
 
 
 def test_a_map_without_no_speculation_plots_throughput(tmp_path: Path) -> None:
@@ -175,12 +175,11 @@ def test_a_maps_lines_run_from_the_fewest_streams_up_whatever_order_it_ran_them(
 
 def test_the_acceptance_mix_refuses_what_its_hook_cannot_reach() -> None:
     base = {"MODEL_NAME": "m"}
-    check_mix(base, ["none", "ngram:4:5.0:auto", "ngram_gpu:2:3.0:static+MODEL_RUNNER=v2"])
+    # Every GPU engine runs V2, whose sampler the hook reaches: a draft model's too.
+    check_mix(base, ["none", "ngram:4:5.0:auto", "ngram_gpu:2:3.0:static+TORCH_COMPILE=on", "/models/d:4:5.0:static"])
     refused = {
-        "ngram_gpu:4:2.5:static+MODEL_RUNNER=v2": "LENGTH = K \\+ 1 = 5",
+        "ngram_gpu:4:2.5:static+TORCH_COMPILE=on": "LENGTH = K \\+ 1 = 5",
         "ngram:4:real:auto": "LENGTH = K \\+ 1 = 5",
-        "/models/d:4:5.0:static": "V1 runner",  # a draft model runs on V1 by default
-        "ngram:2:3.0:static+MODEL_RUNNER=v1": "V1 runner",
         "ngram:4:5.0:auto+VLLM_WORKER_MULTIPROC_METHOD=spawn": "spawned engine core",
     }
     for name, reason in refused.items():
@@ -258,7 +257,7 @@ async def test_a_wave_reports_the_acceptance_of_each_class(monkeypatch: pytest.M
     table = _medians([point, {**point, "acceptance_by_class": [2.0, 2.0, None]}])
     assert table["acceptance_by_class"] == [2.5, 2.0, 1.0]
     none = {"runs": 1, "throughput_tok_s": 100.0, "itl_p50_ms": 5.0, "mean_acceptance_length": None}
-    configs = ["none+MODEL_RUNNER=v2", "ngram:2:3.0:auto"]
+    configs = ["none+TORCH_COMPILE=on", "ngram:2:3.0:auto"]
     result = {"configs": configs, "concurrencies": [6], "mix": [1.0, 0.5, 0.0]}
     result["table"] = {configs[0]: {"6": {**none, "vs_none": 1.0}}, "ngram:2:3.0:auto": {"6": table}}
     text = render(result)
@@ -299,7 +298,7 @@ def test_the_controllers_cost_per_step_is_measured() -> None:
     assert 0 < controller_step_us(8, steps=200) < 10_000
 
 
-@pytest.mark.parametrize("plain_name", ["none", "none+MODEL_RUNNER=v2"])
+@pytest.mark.parametrize("plain_name", ["none", "none+TORCH_COMPILE=on"])
 def test_the_step_cost_is_read_back_off_a_map(plain_name: str) -> None:
     from worker.speculation.cost import StepCost, step_ms
     from worker.tools.bench.spec_map_report import fit_step_cost

@@ -202,15 +202,18 @@ class SpecDecodeStats(BaseModel):
 
 class Served(BaseModel):
     """What served the request: the model and the boot plan's resolved choices (the boot logs the
-    same line; the pod answers them at ``/plan``). ``null`` runner or graph mode: vLLM's own."""
+    same line; the pod answers them at ``/plan``). The runner: ``v2`` on a GPU, ``cpu`` on the CPU
+    build. ``null`` graph mode: vLLM's own; ``torch_compile`` false: compile-free (FULL CUDA graphs
+    only, or eager), ``null``: the CPU build's own choice."""
 
     model: str
     quantization: str | None
     speculative_method: str | None
     num_speculative_tokens: int | None
     speculation_control: Literal["auto", "static"] | None
-    model_runner: Literal["v1", "v2"] | None
+    model_runner: Literal["v2", "cpu"]
     cudagraph_mode: str | None
+    torch_compile: bool | None
     speculative_tokens_by_batch: list[list[int]] | None
     spec_decode_available: bool
 

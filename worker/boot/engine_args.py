@@ -14,6 +14,7 @@ from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 from worker.speculation.decide import SpeculationPlan
 from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
+from worker.vllm_internals.runner import runner_environment
 
 __all__ = [
     "FULL_GRAPHS_CONFIG",
@@ -38,7 +39,8 @@ FULL_GRAPHS_CONFIG = {"runpod_worker_cuda_graphs": "FULL, and decode graphs besi
 def build_engine_kwargs(settings: Settings, speculation: SpeculationPlan, *, is_cpu: bool = False) -> dict[str, Any]:
     """vLLM ``AsyncEngineArgs`` keyword arguments, model references as the user named them (the
     boot plan resolves them: ``worker.boot.models.resolve_references``), speculation and CUDA
-    graphs as ``speculation`` decided them. Unset settings keep vLLM's defaults. ``is_cpu``: the
+    graphs as ``speculation`` decided them. Unset settings keep vLLM's defaults. ``ENGINE_ARGS`` has
+    the last word, its ``compilation_config`` key by key over the plan's. ``is_cpu``: the
     engine runs on vLLM's CPU build (``lora_slots``)."""
     is_tiny = settings.is_tiny_default
     spec = speculation.speculative_config
@@ -82,8 +84,12 @@ def build_engine_kwargs(settings: Settings, speculation: SpeculationPlan, *, is_
         "per_request_spec_decode_metrics": None if spec is None else settings.per_request_spec_decode_metrics,
     }
     kwargs = {key: value for key, value in kwargs.items() if value is not None}
-    # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot).
-    return {**kwargs, **(settings.engine_args or {})}
+    # ENGINE_ARGS, the escape hatch, has the last word (its keys are checked against vLLM's at boot);
+    # its compilation_config key by key, so that a capture size given there keeps the plan's mode.
+    users = dict(settings.engine_args or {})
+    if isinstance(users.get("compilation_config"), dict) and speculation.compilation_config is not None:
+        users["compilation_config"] = {**speculation.compilation_config, **users["compilation_config"]}
+    return {**kwargs, **users}
 
 
 def lora_slots(settings: Settings, *, is_cpu: bool) -> int | None:
@@ -123,7 +129,8 @@ def engine_environment(
         disabled.append("MacheteLinearKernel")
     return {
         "VLLM_DISABLED_KERNELS": ",".join(disabled) or None,
-        "VLLM_USE_V2_MODEL_RUNNER": speculation.model_runner,
+        # V2 on a GPU, the CPU runner on the CPU build, told as the installed vLLM reads it.
+        **runner_environment(is_cpu=speculation.model_runner == "cpu"),
         # FULL chosen by default: the worker's vLLM plugin keeps vLLM's fallback for backends without full graphs.
         FULL_GRAPHS_ENV: "1" if speculation.is_worker_full_graphs else None,
         "VLLM_WORKER_MULTIPROC_METHOD": start_method(settings, mode=mode),

@@ -1,8 +1,8 @@
 """The boot plan: every decision a boot makes from the settings, made once, before vLLM is imported.
 
 ``build_plan(settings, mode=...)`` first decides speculation and CUDA graphs, once
-(``worker.speculation.decide``: the control, the runner, the graph mode, k and its schedule, and
-whether the worker's exact stats path runs), then builds vLLM's engine arguments and the process
+(``worker.speculation.decide``: the control, the runner, torch.compile or not, the graph mode, k
+and its schedule, and whether the worker's exact stats path runs), then builds vLLM's engine arguments and the process
 environment the engine must inherit (with the start method of its processes) from those answers, and
 last resolves the model references (each once: RunPod's model cache, local paths, the embedded
 tiny models). Every step of the boot receives the plan (``prefetch``, ``modelinfo``, ``launch``,
@@ -39,7 +39,7 @@ class BootPlan:
     engine_kwargs: dict[str, Any]  # vLLM's AsyncEngineArgs, model references resolved
     environment: dict[str, str | None]  # what the engine's processes must inherit (None: unset)
     start_method: Literal["fork", "spawn"]  # how vLLM starts its engine core (one of environment's)
-    speculation: SpeculationPlan  # control, runner, CUDA graphs, k and schedule, exact stats (speculation/decide.py)
+    speculation: SpeculationPlan  # control, runner, compile, CUDA graphs, k, schedule, exact stats (decide.py)
     lora_paths: dict[str, str]  # adapter name -> what vLLM loads, in configuration order
     model_info_dir: Path  # where vLLM keeps its model-class answers (modelinfo.py)
 

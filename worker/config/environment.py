@@ -7,12 +7,14 @@ A blank value is the same as no value (a RunPod form's untouched field). worker-
 (``CUSTOM_CHAT_TEMPLATE`` is ``CHAT_TEMPLATE``), anything else is refused at boot with one sentence
 saying what to set instead, unless it holds worker-vllm's form default (``WORKER_VLLM_FORM``): an
 endpoint moved from worker-vllm keeps those values, which change nothing here, so they are named in
-one warning and ignored. Any other name that is not a setting gets one warning naming
-the closest setting when it is the worker's: it starts with one of the worker's prefixes
-(``WORKER_PREFIXES``), or it is a setting's name nearly (``MAX_NUM_SEQ``). Names in other
-programs' namespaces (``OTHERS_PREFIXES``: vLLM's ``VLLM_*``, the RunPod SDK's ``RUNPOD_*``,
-Hugging Face's ``HF_*``, Triton's, the OpenAI client's) are never warned about, even where the
-worker reads a few of them.
+one warning and ignored. A name the worker no longer reads because vLLM made it moot (``RETIRED``)
+is refused in one sentence saying why, unless its value asks for what runs anyway. Any other name
+that is not a setting gets one warning naming the closest setting when it is the worker's: it
+starts with one of the worker's prefixes (``WORKER_PREFIXES``), or it is a setting's name nearly
+(``MAX_NUM_SEQ``). Names in other programs' namespaces (``OTHERS_PREFIXES``: vLLM's ``VLLM_*``, the
+RunPod SDK's ``RUNPOD_*``, Hugging Face's ``HF_*``, Triton's, PyTorch's (``TORCH_COMPILE`` is the
+worker's own), the OpenAI client's) are never warned about, even where the worker reads a few of
+them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,7 @@ from worker.errors import ConfigError, describe_validation_errors
 __all__ = [
     "ALIASES",
     "OTHERS_PREFIXES",
+    "RETIRED",
     "WORKER_PREFIXES",
     "WORKER_VLLM",
     "WORKER_VLLM_FORM",
@@ -111,6 +114,27 @@ WORKER_VLLM: dict[str, str] = {
 # What RAW_OPENAI_OUTPUT=1 asks is what the worker does: accepted, and nothing else is.
 _ACCEPTED_VALUES = {"RAW_OPENAI_OUTPUT": {"1", "true"}}
 
+
+def _asks_for_v2(value: str) -> bool:
+    """``VLLM_USE_V2_MODEL_RUNNER`` as vLLM 0.32 reads it (an integer, non-zero: V2): the runner the
+    worker runs on every GPU anyway (and writes itself where the installed vLLM reads the variable)."""
+    try:
+        return int(value) != 0
+    except ValueError:
+        return False
+
+
+_ONLY_V2 = (
+    "vLLM 0.34, the image's, has only its V2 model runner, which the worker runs on every GPU (the CPU "
+    "build runs its CPU runner): remove it"
+)
+# The worker's settings and vLLM's variables that a newer vLLM made moot: the value each may keep
+# (it asks for what runs anyway), else the sentence it is refused with.
+RETIRED: dict[str, tuple[Callable[[str], bool], str]] = {
+    "MODEL_RUNNER": (lambda value: value.strip().lower() == "auto", _ONLY_V2),
+    "VLLM_USE_V2_MODEL_RUNNER": (_asks_for_v2, _ONLY_V2),
+}
+
 # worker-vllm's RunPod form (its .runpod/hub.json) and the default each of its names is given there.
 # An endpoint moved to this image keeps them; these values change nothing here (vLLM 0.32's
 # behaviour, or worker-vllm's own), so they are ignored with one warning naming them. The LoRA
@@ -161,7 +185,7 @@ WORKER_PREFIXES = tuple(
     ).split()
 )
 # Other programs' namespaces: the worker reads a few of their names, and never warns about the rest.
-OTHERS_PREFIXES = ("VLLM_", "RUNPOD_", "HF_", "HUGGING_FACE_", "TRITON_", "OPENAI_API_", "OPENAI_BASE_", "OPENAI_ORG")
+OTHERS_PREFIXES = tuple("VLLM_ RUNPOD_ HF_ HUGGING_FACE_ TRITON_ TORCH_ OPENAI_API_ OPENAI_BASE_ OPENAI_ORG".split())
 # The worker's own benchmark scripts' names (scripts/gpu_bench.sh's), which reach a worker they boot:
 # like a setting (MAP_CONCURRENCY, API_SERVERS), and not a mistake.
 OWN_TOOLS = frozenset({"API_SERVERS", "MAP_CONCURRENCY"})
@@ -222,6 +246,10 @@ def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
                 refused.append(f"{upper} is worker-vllm's name for {target}, which is set too: keep {target}")
             else:
                 aliased[target] = env[name]
+        elif upper in RETIRED:
+            is_moot, why = RETIRED[upper]
+            if not is_moot(env[name]):
+                refused.append(f"{upper}={env[name].strip()}: {why}")
         elif upper in WORKER_VLLM:
             if env[name].strip().lower() not in _ACCEPTED_VALUES.get(upper, ()):
                 refused.append(f"{upper}: {WORKER_VLLM[upper]}")

@@ -70,25 +70,24 @@ class Settings(BaseSettings):
     awq_kernel: Literal["auto", "marlin", "machete"] = Field(
         "auto", description="4-bit GEMM kernel on Hopper; auto: marlin for serverless (latency), machete for pods"
     )
-    model_runner: Literal["auto", "v1", "v2"] = Field(
+    torch_compile: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="vLLM's GPU model runner; auto: v2 for n-gram and EAGLE heads under SPECULATION_CONTROL=auto, "
-        "v1 for draft models and serverless, else vLLM's (v2) (worker/speculation/decide.py)",
+        description="vLLM's torch.compile on a GPU; off: full CUDA graphs without it (a shorter boot, a little "
+        "slower decode at large batches); auto: off where serving is latency-bound (serverless, or a pod of "
+        "MAX_NUM_SEQS <= 32), on for other pods (docs/speculation.md); ENGINE_ARGS' compilation_config mode wins",
     )
     cudagraph_mode: Literal["auto", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] = Field(
         "auto",
-        description="vLLM's cudagraph_mode; auto: vLLM's (FULL_AND_PIECEWISE), and FULL for n-gram under "
-        "SPECULATION_CONTROL=auto on the V2 runner (docs/speculation.md)",
+        description="vLLM's cudagraph_mode; auto: vLLM's (FULL_AND_PIECEWISE) where torch.compile runs, FULL "
+        "without it and for a drafter under SPECULATION_CONTROL=auto (docs/speculation.md)",
     )
     max_cudagraph_capture_size: int | None = Field(
         None,
         ge=1,
-        description="vLLM's largest CUDA-graph batch, in tokens; unset: MAX_CONCURRENCY for serverless under "
-        "FULL_DECODE_ONLY or FULL without speculation (no decode step runs more), 1024 where CUDAGRAPH_MODE=auto "
-        "means FULL, else vLLM's",
-    )
-    vllm_use_v2_model_runner: str | None = Field(
-        None, description="vLLM's own variable, read here so that MODEL_RUNNER=auto leaves a user's choice alone"
+        description="vLLM's largest CUDA-graph batch, in tokens; unset: without torch.compile, the most tokens a "
+        "decode step runs (MAX_CONCURRENCY for serverless, else MAX_NUM_SEQS, times 1 + k with speculation); "
+        "compiled, 1024 where CUDAGRAPH_MODE=auto means FULL, MAX_CONCURRENCY for serverless under "
+        "FULL_DECODE_ONLY or FULL without speculation, else vLLM's",
     )
     vllm_worker_multiproc_method: Literal["fork", "spawn"] | None = Field(
         None,
@@ -165,7 +164,7 @@ class Settings(BaseSettings):
     speculation_control: Literal["auto", "static"] | None = Field(
         None,
         description="auto: k chosen per step from the batch size and live acceptance; unset: auto only where it "
-        "was measured to pay, n-gram on the v2 runner with full CUDA graphs (pods), else static (docs/speculation.md)",
+        "was measured to pay, n-gram on a GPU with full CUDA graphs, else static (docs/speculation.md)",
     )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
@@ -241,6 +240,15 @@ class Settings(BaseSettings):
         lora_knobs = [name.upper() for name in ("lora_modules", "max_loras", "max_lora_rank") if getattr(self, name)]
         if lora_knobs and not self.enable_lora:  # a knob that has no effect is refused
             raise ValueError(f"{', '.join(lora_knobs)} needs ENABLE_LORA=true")
+        if self.torch_compile == "off" and self.cudagraph_mode in ("PIECEWISE", "FULL_AND_PIECEWISE"):
+            raise ValueError(
+                f"CUDAGRAPH_MODE={self.cudagraph_mode} needs torch.compile (vLLM compiles its piecewise graphs): "
+                "unset TORCH_COMPILE=off, or set CUDAGRAPH_MODE=FULL"
+            )
+        if self.torch_compile == "on" and self.enforce_eager:
+            raise ValueError(
+                "TORCH_COMPILE=on has no effect under ENFORCE_EAGER=true (eager runs uncompiled): unset one"
+            )
         if self.speculation_control is not None and self.resolved_speculative_config is None:
             raise ValueError("SPECULATION_CONTROL needs speculative decoding to be configured")
         names = [module.name for module in self.lora_modules]

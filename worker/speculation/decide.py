@@ -1,15 +1,17 @@
-"""What speculation needs from the settings, decided once: :func:`decide` returns a
-:class:`SpeculationPlan`, which the boot plan stores (``BootPlan.speculation``) and every later
-step reads instead of asking again.
+"""What speculation and the compiled graphs need from the settings, decided once: :func:`decide`
+returns a :class:`SpeculationPlan`, which the boot plan stores (``BootPlan.speculation``) and
+every later step reads instead of asking again.
 
-The ``auto`` values depend on one another: ``SPECULATION_CONTROL=auto`` moves n-gram and EAGLE
-heads to vLLM's V2 runner, which keeps full CUDA graphs under a batch-size schedule, and n-gram
-there runs vLLM's FULL graph mode. So :func:`decide` answers in one order, each answer from those
-before it and never from a later one: the facts that depend on no ``auto`` (eager mode, full
-graphs, the worker's scheduler, the drafter), then the control, then the runner, then the graph
-mode, then vLLM's speculative config. Why each default is what it is, with the runs behind it,
-and the whole decision table: docs/speculation.md (``tests/test_speculation_decide.py`` walks that
-table through :func:`decide`). Reads only the settings: imports without vLLM.
+On a GPU the worker runs vLLM's V2 runner, always: vLLM 0.34, the image's, has no other (how the
+installed release is told so is the seam's: ``worker.vllm_internals.runner``); the CPU build runs
+its CPU runner. The ``auto`` values depend on one another: ``SPECULATION_CONTROL=auto`` gives a
+drafter the worker's FULL graph mode, and a compile-free engine runs FULL graphs too. So
+:func:`decide` answers in one order, each answer from those before it and never from a later one:
+the facts that depend on no ``auto`` (eager mode, full graphs, the worker's scheduler, the
+drafter), then the control, then torch.compile, then the graph mode and capture size, then vLLM's
+speculative config. Why each default is what it is, with the runs behind it, and the whole
+decision table: docs/speculation.md (``tests/test_speculation_decide.py`` walks that table through
+:func:`decide`). Reads only the settings: imports without vLLM.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from worker.config import DeploymentMode, Settings
 from worker.speculation.config import drafts_by_eagle, drafts_by_ngram, drafts_with_model
 
 __all__ = [
+    "AUTO_BY_DEFAULT",
     "JOIN_CAPTURE_TOKENS",
+    "LATENCY_BOUND_MAX_NUM_SEQS",
+    "Drafter",
+    "ModelRunner",
     "SpeculationControl",
     "SpeculationPlan",
     "auto_schedule",
@@ -30,23 +36,46 @@ __all__ = [
 ]
 
 SpeculationControl = Literal["auto", "static"]
+ModelRunner = Literal["v2", "cpu"]  # vLLM's V2 GPU runner, or the CPU build's runner
+Drafter = Literal["ngram", "eagle", "draft_model", "other"]
 
-# The largest step (tokens) given a full CUDA graph where the worker chooses FULL: 256 sequences at
-# k = 3, or 128 at k = 4 with prompts joining, which vLLM's own bound on Hopper,
-# min(2 * max_num_seqs * (1 + k), 512), would leave without a graph.
+# SPECULATION_CONTROL's default by drafter, where the worker's controller can run (a GPU, a model
+# of the user's, the worker's scheduler, full CUDA graphs for the target): auto only where the GPU
+# map measured it at or above the static choice, else static. The one place a default changes
+# when a map is measured (docs/speculation.md, "SPECULATION_CONTROL", says why for each).
+AUTO_BY_DEFAULT: dict[Drafter, bool] = {
+    "ngram": True,  # measured on the V2 runner
+    "eagle": False,  # not yet measured on vLLM 0.34 (on 0.32 an engine under auto died once)
+    "draft_model": False,  # not yet measured on vLLM 0.34 (on 0.32, V1 only, auto did not pay)
+    "other": False,  # MTP, suffix, ...: never measured
+}
+
+# The largest step (tokens) given a full CUDA graph where the worker chooses FULL for a drafter
+# under the compiled engine: 256 sequences at k = 3, or 128 at k = 4 with prompts joining, which
+# vLLM's own bound on Hopper, min(2 * max_num_seqs * (1 + k), 512), would leave without a graph.
 JOIN_CAPTURE_TOKENS = 1024
+
+# A pod whose MAX_NUM_SEQS is at most this serves latency-bound batches: compile-free FULL graphs,
+# as serverless, under TORCH_COMPILE=auto. The bound is where the compile-free engine's decode was
+# measured within 3% of the compiled one's (it falls further behind from 64 streams on), the
+# bound the cold-start issue set for the trade; figures: docs/speculation.md, "TORCH_COMPILE".
+LATENCY_BOUND_MAX_NUM_SEQS = 32
+
+# vLLM's CompilationMode.NONE: no torch.compile (its compilation_config's "mode").
+_NO_COMPILE = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SpeculationPlan:
-    """Everything the boot needs about speculation and CUDA graphs, decided by :func:`decide`.
-    ``speculative_config`` is a plain dict (the plan crosses into the pod's API processes): callers
-    copy it."""
+    """Everything the boot needs about speculation, compilation and CUDA graphs, decided by
+    :func:`decide`. ``speculative_config`` is a plain dict (the plan crosses into the pod's API
+    processes): callers copy it."""
 
     control: SpeculationControl  # SPECULATION_CONTROL, or its default
-    model_runner: str | None  # vLLM's VLLM_USE_V2_MODEL_RUNNER: "1" (V2), "0" (V1), None (vLLM's choice)
+    model_runner: ModelRunner  # V2 on every GPU; the CPU build's runner on its CPU
     is_eager: bool  # no compilation, no CUDA graphs (ENFORCE_EAGER, or the tiny model)
     has_cuda_graphs: bool  # a GPU, and not eager (by the settings or ENGINE_ARGS)
+    is_torch_compiled: bool | None  # vLLM's torch.compile (its default mode); None: the CPU build's own choice
     cudagraph_mode: str | None  # vLLM's cudagraph_mode as given to it; None: vLLM's own (or none: eager)
     max_cudagraph_capture_size: int | None  # None: vLLM's own
     is_worker_full_graphs: bool  # FULL chosen by the worker: its plugin adds decode graphs, vLLM's config marked
@@ -61,30 +90,28 @@ class SpeculationPlan:
 
     @property
     def compilation_config(self) -> dict[str, Any] | None:
-        """vLLM's ``compilation_config`` for these choices; None: vLLM's own."""
-        config = {"cudagraph_mode": self.cudagraph_mode, "max_cudagraph_capture_size": self.max_cudagraph_capture_size}
+        """vLLM's ``compilation_config`` for these choices; None: vLLM's own. ``mode`` 0 (no
+        torch.compile) only on a GPU engine that is not eager (vLLM's eager mode sets it itself)."""
+        is_compile_free = self.has_cuda_graphs and self.is_torch_compiled is False
+        config = {
+            "mode": _NO_COMPILE if is_compile_free else None,
+            "cudagraph_mode": self.cudagraph_mode,
+            "max_cudagraph_capture_size": self.max_cudagraph_capture_size,
+        }
         return {key: value for key, value in config.items() if value is not None} or None
 
     def shown(self) -> dict[str, Any]:
         """The decisions as the job's ``served`` block, the pod's ``/plan`` and the boot's log line
-        show them: ``null`` for a runner or a graph mode left to vLLM, and for a control without
-        speculation."""
+        show them: ``null`` for a graph mode left to vLLM, for torch.compile left to the CPU build,
+        and for a control without speculation."""
         return {
             "speculation_control": self.control if self.speculative_config is not None else None,
-            "model_runner": _runner_name(self.model_runner),
+            "model_runner": self.model_runner,
             "cudagraph_mode": self.cudagraph_mode if self.has_cuda_graphs else "NONE",
+            "torch_compile": self.is_torch_compiled,
             "speculative_tokens_by_batch": self.schedule,
             "spec_decode_available": self.is_exact_stats,
         }
-
-
-def _runner_name(flag: str | None) -> Literal["v1", "v2"] | None:
-    """``VLLM_USE_V2_MODEL_RUNNER`` as vLLM reads it (an integer, non-zero: V2); None: vLLM's choice,
-    or a value vLLM refuses at boot."""
-    try:
-        return None if flag is None else ("v2" if int(flag) else "v1")
-    except ValueError:
-        return None
 
 
 def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> SpeculationPlan:
@@ -94,52 +121,51 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
     spec = settings.resolved_speculative_config
     # Facts no auto value depends on.
     is_eager = settings.enforce_eager or settings.is_tiny_default  # the tiny model boots faster uncompiled
-    has_cuda_graphs = not is_cpu and not is_eager and not engine_args.get("enforce_eager")
+    is_eager_any = is_eager or bool(engine_args.get("enforce_eager"))
+    has_cuda_graphs = not is_cpu and not is_eager_any
     # Full CUDA graphs for the target, which V2 keeps under a schedule.
     has_full_graphs = has_cuda_graphs and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
     # The worker's scheduler (exact stats, and the controller under auto): not turned off, not replaced.
     runs_worker_scheduler = settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in engine_args
-    is_ngram, is_eagle, is_draft_model = drafts_by_ngram(spec), drafts_by_eagle(spec), drafts_with_model(spec)
-    users_runner = _users_model_runner(settings)
+    drafter = _drafter(spec)
 
     control = _control(
         settings,
-        mode=mode,
-        is_measured=not is_cpu and not settings.is_tiny_default and runs_worker_scheduler and is_ngram,
-        users_runner=users_runner,
-        has_full_graphs=has_full_graphs,
+        drafter=drafter,
+        can_control=not is_cpu and not settings.is_tiny_default and runs_worker_scheduler and has_full_graphs,
     )
-    runner = _model_runner(
-        mode=mode,
-        users_runner=users_runner,
-        is_draft_model=is_draft_model,
-        is_v2_under_auto=control == "auto" and has_full_graphs and (is_ngram or is_eagle),
-    )
-    # FULL for n-gram under auto on V2: a step a request joins replays a full graph too.
+    is_compiled = _torch_compile(settings, mode=mode, is_cpu=is_cpu, is_eager=is_eager_any)
+    # The worker's FULL: a drafter under auto (a step a request joins replays a full graph too), or
+    # a compile-free engine (vLLM's piecewise graphs are compiled: full graphs or none).
+    is_controlled = control == "auto" and runs_worker_scheduler and drafter != "other"
     is_worker_full_graphs = (
-        settings.cudagraph_mode == "auto"
-        and has_full_graphs
-        and runs_worker_scheduler
-        and is_ngram
-        and control == "auto"
-        and runner == "1"
+        settings.cudagraph_mode == "auto" and has_full_graphs and (is_controlled or is_compiled is False)
     )
-    is_captured = not is_cpu and not is_eager
     cudagraph_mode, capture = _graphs(
-        settings, mode=mode, is_full=is_worker_full_graphs, speculates=spec is not None, is_captured=is_captured
+        settings,
+        mode=mode,
+        is_captured=has_cuda_graphs,
+        is_full=is_worker_full_graphs,
+        is_compiled=is_compiled is not False,
+        admitted_tokens=_admitted_tokens(settings, mode=mode, spec=spec),
+        speculates=spec is not None,
     )
-    on_v2 = not is_cpu and runner == "1"
     if spec is not None:
         spec = _speculative_config(
-            spec, is_ngram=is_ngram, on_v2=on_v2, control=control, controls_v2=on_v2 and runs_worker_scheduler
+            spec,
+            is_ngram=drafter == "ngram",
+            on_gpu=not is_cpu,
+            control=control,
+            controls_v2=not is_cpu and runs_worker_scheduler,
         )
     # Exact stats wherever the engine speculates (ENGINE_ARGS' config included) under the worker's scheduler.
     speculates = engine_args.get("speculative_config", spec) is not None
     return SpeculationPlan(
         control=control,
-        model_runner=runner,
+        model_runner="cpu" if is_cpu else "v2",
         is_eager=is_eager,
         has_cuda_graphs=has_cuda_graphs,
+        is_torch_compiled=is_compiled,
         cudagraph_mode=cudagraph_mode,
         max_cudagraph_capture_size=capture,
         is_worker_full_graphs=is_worker_full_graphs,
@@ -148,79 +174,115 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
     )
 
 
-def _users_model_runner(settings: Settings) -> str | None:
-    """``VLLM_USE_V2_MODEL_RUNNER`` as the user chose it (``MODEL_RUNNER``, or vLLM's own variable), else None."""
-    if settings.model_runner != "auto":
-        return "1" if settings.model_runner == "v2" else "0"
-    return settings.vllm_use_v2_model_runner
+def _drafter(spec: dict[str, Any] | None) -> Drafter:
+    """What drafts, as :data:`AUTO_BY_DEFAULT` keys it (``other`` also without speculation)."""
+    if drafts_by_ngram(spec):
+        return "ngram"
+    if drafts_by_eagle(spec):
+        return "eagle"
+    return "draft_model" if drafts_with_model(spec) else "other"
 
 
-def _control(
-    settings: Settings, *, mode: DeploymentMode, is_measured: bool, users_runner: str | None, has_full_graphs: bool
-) -> SpeculationControl:
-    """``SPECULATION_CONTROL``, or its default: ``auto`` only where the GPU map measured it at or
-    above the static choice, n-gram on V2 with full graphs and the worker's scheduler
-    (``is_measured`` holds the rest: a GPU, a real model, the scheduler, n-gram); ``static`` for the
-    others (docs/speculation.md says why for each)."""
+def _control(settings: Settings, *, drafter: Drafter, can_control: bool) -> SpeculationControl:
+    """``SPECULATION_CONTROL``, or its default: ``auto`` where the worker's controller can run
+    (``can_control``) for a drafter whose map measured it to pay (:data:`AUTO_BY_DEFAULT`);
+    ``static`` elsewhere (docs/speculation.md says why for each)."""
     if settings.speculation_control is not None:
         return settings.speculation_control
-    if not is_measured or not has_full_graphs:
-        return "static"
-    if users_runner is not None:
-        return "auto" if users_runner == "1" else "static"
-    # A pod runs V2 anyway; a serverless worker keeps V1, whose boots skip V2's kernel warm-up.
-    return "auto" if mode == "pod" else "static"
+    return "auto" if can_control and AUTO_BY_DEFAULT[drafter] else "static"
 
 
-def _model_runner(
-    *, mode: DeploymentMode, users_runner: str | None, is_draft_model: bool, is_v2_under_auto: bool
-) -> str | None:
-    """``VLLM_USE_V2_MODEL_RUNNER``: the user's; V1 for a draft model (V2 runs it without CUDA
-    graphs); V2 for n-gram and EAGLE heads under ``auto`` (V1 turns the target's full graphs
-    piecewise under a schedule); V1 for serverless (a shorter boot); else vLLM's (V2 for pods)."""
-    if users_runner is not None:
-        return users_runner
-    if is_draft_model:
-        return "0"
-    if is_v2_under_auto:
-        return "1"
-    return "0" if mode == "serverless" else None
+def _torch_compile(settings: Settings, *, mode: DeploymentMode, is_cpu: bool, is_eager: bool) -> bool | None:
+    """Whether vLLM compiles the model with torch.compile (its default mode) or runs it uncompiled
+    with full CUDA graphs only; None: the CPU build's own choice, as before this setting.
+
+    ``TORCH_COMPILE=auto``: compile-free where serving is latency-bound, serverless and a pod of at
+    most :data:`LATENCY_BOUND_MAX_NUM_SEQS` sequences, since torch.compile costs every boot on an
+    empty cache root (a new serverless worker without a network volume) far more than it gains a
+    small batch; compiled where batches are large (pods), where it decodes faster. A graph mode
+    with piecewise graphs needs the compiled engine (vLLM compiles those graphs). ``compilation_config``'s
+    ``mode`` in ``ENGINE_ARGS`` is the user's last word, and shown as such; eager runs uncompiled."""
+    users_mode = _users_compilation(settings).get("mode")
+    if is_eager:
+        return False
+    if users_mode is not None:
+        return users_mode not in (_NO_COMPILE, "NONE")
+    if is_cpu:
+        return None
+    if settings.torch_compile != "auto":
+        return settings.torch_compile == "on"
+    users_graphs = _users_compilation(settings).get("cudagraph_mode", settings.cudagraph_mode)
+    if users_graphs in ("PIECEWISE", "FULL_AND_PIECEWISE"):
+        return True
+    is_small_pod = settings.max_num_seqs is not None and settings.max_num_seqs <= LATENCY_BOUND_MAX_NUM_SEQS
+    return not (mode == "serverless" or is_small_pod)
+
+
+def _users_compilation(settings: Settings) -> dict[str, Any]:
+    """``ENGINE_ARGS``' ``compilation_config``, whose keys win over the plan's (``engine_args.py``)."""
+    config = (settings.engine_args or {}).get("compilation_config")
+    return config if isinstance(config, dict) else {}
+
+
+def _admitted_tokens(settings: Settings, *, mode: DeploymentMode, spec: dict[str, Any] | None) -> int | None:
+    """The most tokens a decode step of this worker runs: the sequences it admits (serverless: the
+    jobs it takes at once, ``MAX_CONCURRENCY``; the engine's ``MAX_NUM_SEQS`` either way), times
+    ``1 + k`` with speculation. None where the settings do not say (vLLM's defaults decide)."""
+    bounds = [settings.max_num_seqs, settings.max_concurrency if mode == "serverless" else None]
+    known = [bound for bound in bounds if bound is not None]
+    if not known:
+        return None
+    k = 0 if spec is None else spec.get("num_speculative_tokens")
+    return min(known) * (1 + k) if isinstance(k, int) else None
 
 
 def _graphs(
-    settings: Settings, *, mode: DeploymentMode, is_full: bool, speculates: bool, is_captured: bool
+    settings: Settings,
+    *,
+    mode: DeploymentMode,
+    is_captured: bool,
+    is_full: bool,
+    is_compiled: bool,
+    admitted_tokens: int | None,
+    speculates: bool,
 ) -> tuple[str | None, int | None]:
     """``CUDAGRAPH_MODE`` and ``MAX_CUDAGRAPH_CAPTURE_SIZE`` as given to vLLM (None: vLLM's own).
 
-    ``auto`` keeps vLLM's mode (FULL_AND_PIECEWISE), but for the worker's FULL (``is_full``), with
-    graphs up to :data:`JOIN_CAPTURE_TOKENS`. Under a mode without piecewise graphs a serverless
-    worker captures no decode batch larger than it takes jobs (``MAX_CONCURRENCY``); under vLLM's
-    mode the capture sizes serve its piecewise graphs too, and with speculation a step is ``1 + k``
-    tokens a sequence: vLLM's sizes there. An eager engine, or the CPU build, captures nothing."""
+    ``auto`` keeps vLLM's mode (FULL_AND_PIECEWISE), but for the worker's FULL (``is_full``). A
+    compile-free engine captures graphs up to the most tokens a decode step of this worker runs
+    (``admitted_tokens``): a larger step, a prompt's, runs without one, as it would gain little.
+    The compiled engine's FULL for a drafter under ``auto`` captures up to
+    :data:`JOIN_CAPTURE_TOKENS`, so that a step a request joins replays a graph too. Under a mode
+    without piecewise graphs a compiled serverless worker captures no decode batch larger than it
+    takes jobs (``MAX_CONCURRENCY``); under vLLM's mode the capture sizes serve its piecewise graphs
+    too, and with speculation a step is ``1 + k`` tokens a sequence: vLLM's sizes there. An eager
+    engine, or the CPU build, captures nothing."""
     if not is_captured:
         return None, None
-    cudagraph_mode = None if settings.cudagraph_mode == "auto" else settings.cudagraph_mode
+    cudagraph_mode = "FULL" if is_full else None if settings.cudagraph_mode == "auto" else settings.cudagraph_mode
     capture = settings.max_cudagraph_capture_size
-    if is_full:
-        cudagraph_mode, capture = "FULL", capture or JOIN_CAPTURE_TOKENS
-    if capture is None and mode == "serverless" and not speculates and cudagraph_mode in ("FULL_DECODE_ONLY", "FULL"):
+    if not is_compiled and cudagraph_mode != "NONE":
+        capture = capture or admitted_tokens
+    elif is_full:
+        capture = capture or JOIN_CAPTURE_TOKENS
+    elif capture is None and mode == "serverless" and not speculates and cudagraph_mode in ("FULL_DECODE_ONLY", "FULL"):
         capture = settings.max_concurrency
     return cudagraph_mode, capture
 
 
 def _speculative_config(
-    spec: dict[str, Any], *, is_ngram: bool, on_v2: bool, control: SpeculationControl, controls_v2: bool
+    spec: dict[str, Any], *, is_ngram: bool, on_gpu: bool, control: SpeculationControl, controls_v2: bool
 ) -> dict[str, Any]:
-    """vLLM's speculative config for the decisions: n-gram on V2 named ``ngram_gpu``, and under
-    ``auto`` a batch-size schedule unless the user gave one.
+    """vLLM's speculative config for the decisions: n-gram on a GPU (V2) named ``ngram_gpu``, and
+    under ``auto`` a batch-size schedule unless the user gave one.
 
-    V2 drafts both n-gram names on the GPU, but vLLM 0.32 keeps async scheduling only for the name
-    ``ngram_gpu`` (under ``ngram`` every step waits for the host); not on V1, whose GPU proposer
-    ran slower than its CPU one. The schedule is what lets vLLM change k per step, and the worker's
-    scheduler answers its lookups (``controller.py``): on V1 one range, the configured k; on V2
+    V2 drafts both n-gram names on the GPU, but vLLM keeps async scheduling only for the name
+    ``ngram_gpu`` (under ``ngram`` every step waits for the host). The schedule is what lets vLLM
+    change k per step, and the worker's scheduler answers its lookups (``controller.py``): on V2
     under the worker's controller every k from the configured one to 0, so that V2 captures full
-    graphs for each (:func:`auto_schedule`)."""
-    if is_ngram and on_v2:
+    graphs for each; elsewhere (the CPU build's runner, or no controller) one range, the
+    configured k (:func:`auto_schedule`)."""
+    if is_ngram and on_gpu:
         spec = {key: value for key, value in spec.items() if key != "model"} | {"method": "ngram_gpu"}
     k = spec.get("num_speculative_tokens")
     if control == "auto" and isinstance(k, int) and k > 0:
@@ -231,14 +293,15 @@ def _speculative_config(
 def auto_schedule(k: int, *, on_v2: bool) -> list[list[int]]:
     """The batch-size schedule ``SPECULATION_CONTROL=auto`` gives vLLM when the user gave none.
 
-    vLLM's V1 runner runs any k up to the configured one under a schedule (piecewise graphs): one
-    range, k, carried to every batch size. The V2 runner keeps its full CUDA graphs and captures
-    them only for the query lengths of the schedule's k values (each for every capture size), so
-    the schedule lists each k from the configured one down to 0, one batch size each:
-    ``1-1:4,2-2:3,3-3:2,4-4:1,5+:0`` for k = 4. vLLM reads it for its graphs only; the worker's
-    controller, which answers vLLM's per-step lookup, takes it for the list of runnable k values,
-    not as a ceiling by batch size (:func:`is_graph_schedule`). Why every k, and the 0:
-    docs/speculation.md, "The schedule under auto".
+    The V2 runner keeps its full CUDA graphs and captures them only for the query lengths of the
+    schedule's k values (each for every capture size), so the schedule lists each k from the
+    configured one down to 0, one batch size each: ``1-1:4,2-2:3,3-3:2,4-4:1,5+:0`` for k = 4.
+    vLLM reads it for its graphs only; the worker's controller, which answers vLLM's per-step
+    lookup, takes it for the list of runnable k values, not as a ceiling by batch size
+    (:func:`is_graph_schedule`). Without V2's graphs under the controller (the CPU build's runner,
+    which runs any k up to the configured one, or no controller to read the list): one range, k,
+    carried to every batch size. Why every k, and the 0: docs/speculation.md, "The schedule under
+    auto".
     """
     if not on_v2:
         return [[1, 1, k]]

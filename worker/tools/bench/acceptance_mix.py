@@ -15,10 +15,10 @@ A request's class travels in its request id (``mix{class}-...``; vLLM's frontend
 suffix). The hook is installed in the map's process before the engines boot (so vLLM is imported
 before the first engine's boot, as it is before every later one's), and their engine cores, forked
 from it (the serverless start method), inherit it. The map refuses what the hook cannot serve
-(``check_mix`` in :mod:`.spec_map_config`): vLLM's V1 runner, which verifies through another sampler; a
-synthetic length short of full acceptance, whose rates would multiply with the classes'; a spawned
-engine core. Under vLLM's adaptive verification the rows move (its own comment in
-``_verify_in_chunks``): the hook passes such a step through unchanged.
+(``check_mix`` in :mod:`.spec_map_config`): a synthetic length short of full acceptance, whose
+rates would multiply with the classes'; a spawned engine core. Under vLLM's adaptive verification
+the rows move (its own comment in ``_verify_in_chunks``): the hook passes such a step through
+unchanged.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ A configuration is ``none`` or ``DRAFTER:K:LENGTH:CONTROL``:
   and output processor run: the peer for the worker's cost.
 
 A configuration may end in ``+KEY=VALUE`` pairs, more worker settings for that engine alone
-(``none+MODEL_RUNNER=v2``).
+(``none+TORCH_COMPILE=on``).
 
 Synthetic acceptance because no real draft weights can be had here: with dummy weights the cost of
 speculation is real and the acceptance is chosen. vLLM's synthetic rates are per position, for

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from worker.config import load_settings
 from worker.speculation.config import NGRAM_METHODS
 
 __all__ = ["baseline", "check_mix", "config_env", "speculative_config"]
@@ -36,7 +35,7 @@ def speculative_config(drafter: str, k: int, length: str) -> dict[str, Any]:
 
 def baseline(configs: list[str]) -> str | None:
     """The configuration without speculation the others are compared with: ``none``, else the
-    first ``none+KEY=VALUE`` (``none+MODEL_RUNNER=v2`` beside V2 engines)."""
+    first ``none+KEY=VALUE`` (``none+TORCH_COMPILE=on`` beside compiled engines)."""
     if "none" in configs:
         return "none"
     return next((name for name in configs if name.startswith("none+")), None)
@@ -44,10 +43,8 @@ def baseline(configs: list[str]) -> str | None:
 
 def check_mix(base: dict[str, str], configs: list[str]) -> None:
     """Raises ValueError, in one line, for a configuration the acceptance mix cannot serve
-    (:mod:`.acceptance_mix`): one on vLLM's V1 runner, one whose synthetic length is short of full
-    acceptance (``K + 1``) or the standard sampler's, or an engine core started by spawn."""
-    from worker.speculation.decide import decide
-
+    (:mod:`.acceptance_mix`): one whose synthetic length is short of full acceptance (``K + 1``) or
+    the standard sampler's, or an engine core started by spawn."""
     for name in configs:
         env = config_env(base, name)
         if env.get("VLLM_WORKER_MULTIPROC_METHOD") == "spawn":
@@ -58,8 +55,6 @@ def check_mix(base: dict[str, str], configs: list[str]) -> None:
         full = spec["num_speculative_tokens"] + 1
         if spec.get("synthetic_acceptance_length") != full:
             raise ValueError(f"{name}: the acceptance mix needs full synthetic acceptance, LENGTH = K + 1 = {full}")
-        if decide(load_settings(env), mode="serverless", is_cpu=False).model_runner == "0":
-            raise ValueError(f"{name}: runs on vLLM's V1 runner, which the acceptance mix misses (+MODEL_RUNNER=v2)")
 
 
 def config_env(base: dict[str, str], name: str) -> dict[str, str]:
