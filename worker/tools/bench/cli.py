@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     # Overhead and the server comparison measure the serving path, so speculation is off there;
     # the spec part sets its own drafts.
     env = {**os.environ, "SPECULATIVE_METHOD": os.environ.get("SPECULATIVE_METHOD", "none")}
+    # These parts' drafts are the tiny models' (--drafts): unnamed, the target is the tiny one, as
+    # before the default model became SmolLM2 (--real-text serves whatever MODEL_NAME says).
+    env.setdefault("MODEL_NAME", "tiny:target")
     env.setdefault("MAX_NUM_SEQS", str(max(plan.concurrencies)))
     command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
     # A benchmark stopped with SIGTERM (e.g. by `timeout`) must still stop the servers it started
