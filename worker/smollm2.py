@@ -45,6 +45,7 @@ __all__ = [
     "ensure_smollm2",
     "gguf_path",
     "gguf_tensors",
+    "hf_name",
     "unpermute_rows",
 ]
 
@@ -135,7 +136,7 @@ def gguf_tensors(path: Path, *, num_heads: int, num_kv_heads: int) -> dict[str, 
 
     tensors = {}
     for tensor in GGUFReader(path).tensors:
-        name = _hf_name(tensor.name)
+        name = hf_name(tensor.name)
         weight = dequantize(tensor.data, tensor.tensor_type)
         if name.endswith("q_proj.weight"):
             weight = unpermute_rows(weight, num_heads)
@@ -145,7 +146,8 @@ def gguf_tensors(path: Path, *, num_heads: int, num_kv_heads: int) -> dict[str, 
     return tensors
 
 
-def _hf_name(name: str) -> str:
+def hf_name(name: str) -> str:
+    """A Llama GGUF tensor's Hugging Face name (raises ValueError for one this conversion does not know)."""
     if name in LLAMA_NAMES:
         return LLAMA_NAMES[name]
     block, _, part = name.removeprefix("blk.").partition(".")
