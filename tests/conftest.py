@@ -39,6 +39,7 @@ _BOOTING_FIXTURES = {
     "awq_model",
     "vision",
     "readme_servers",
+    "smollm2_engine",
 }
 
 
@@ -60,6 +61,7 @@ _MODULE_GROUPED = {
     "tests/test_api_servers.py",
     "tests/test_vision.py",
     "tests/test_readme.py",
+    "tests/test_smollm2.py",
 }
 # The modules whose tests take longest (minutes each: servers booted in subprocesses, a soak), in
 # the order they are handed out, right after the session engines' group: longest first keeps the
@@ -72,6 +74,7 @@ _LONGEST_FIRST = [
     "tests/test_reliability.py",
     "tests/test_api_servers.py",
     "tests/test_readme.py",
+    "tests/test_smollm2.py",
     "tests/test_lossless.py",
     "tests/test_entrypoints.py",
 ]

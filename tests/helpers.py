@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,8 @@ __all__ = [
     "CACHE_DIR",
     "LORA_ENV",
     "TINY_DEFAULT_SERVED",
+    "TINY_DRAFT_ENV",
+    "TINY_MODEL_ENV",
     "ImageServer",
     "Pod",
     "alive_after",
@@ -51,9 +53,27 @@ __all__ = [
     "kill_while_jobs_stream",
     "png",
     "start_pod",
+    "tiny_default",
     "wait_until_ready",
     "worker_for",
 ]
+
+# What an unset MODEL_NAME served before the default became SmolLM2 (worker/smollm2.py), spelled out:
+# the tiny target with its noisy-copy draft at k = 3, whose acceptance the tests know. Tests that do
+# not name a model get it (:func:`tiny_default`); the default model's own tests name none.
+TINY_MODEL_ENV = {"MODEL_NAME": "tiny:target"}
+TINY_DRAFT_ENV = {"SPECULATIVE_MODEL": "tiny:noisy", "NUM_SPECULATIVE_TOKENS": "3"}
+_SPECULATION_KNOBS = ("SPECULATIVE_METHOD", "SPECULATIVE_MODEL", "SPECULATIVE_CONFIG")
+
+
+def tiny_default(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` over the tiny models where it names no model: the tiny target, and its noisy draft at
+    k = 3 unless ``env`` configures speculation (as an unset MODEL_NAME once meant)."""
+    if "MODEL_NAME" in env:
+        return dict(env)
+    draft = {} if any(name in env for name in _SPECULATION_KNOBS) else TINY_DRAFT_ENV
+    return {**draft, **env, **TINY_MODEL_ENV}
+
 
 # The session engine's LoRA adapter (tests of vLLM's OpenAI layer select it by name).
 LORA_ENV = {"ENABLE_LORA": "true", "LORA_MODULES": "tiny-lora=tiny:lora"}
@@ -78,9 +98,10 @@ CACHE_DIR = Path(os.environ.get("WORKER_CACHE_DIR", str(Path.home() / ".cache" /
 
 
 def engine_settings(**env: Any) -> Settings:
+    """Settings over the tiny models (:func:`tiny_default`) unless ``env`` names a model."""
     values = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MAX_NUM_SEQS": "16"}
     values.update({key: str(value) for key, value in env.items()})
-    return load_settings(values)
+    return load_settings(tiny_default(values))
 
 
 def engine_kwargs(settings: Settings, *, mode: DeploymentMode = "serverless", is_cpu: bool = False) -> dict[str, Any]:
@@ -277,7 +298,7 @@ def start_pod(subprocess_env: dict[str, str], tmp_path: Path, **env: str) -> Ite
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker", "serve", "--port", str(port)],
             cwd=ROOT,
-            env={**subprocess_env, **env},
+            env=tiny_default({**subprocess_env, **env}),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

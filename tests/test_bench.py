@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import boot_engine
+from tests.helpers import TINY_MODEL_ENV, boot_engine
 from worker.schema import parse_request
 from worker.tiny_models import TinyModels
 from worker.tools.bench.coldstart import boot_phases, parse_boot_log
@@ -185,7 +185,7 @@ def test_smoke_run_of_the_in_process_parts(tmp_path: Path, subprocess_env: dict[
     parts = "overhead,first_request,spec,stats_path,roofline"
     results = _bench(
         out,
-        subprocess_env,
+        {**subprocess_env, **TINY_MODEL_ENV},
         "--parts",
         parts,
         "--drafts",
@@ -247,7 +247,7 @@ def test_smoke_run_of_the_in_process_parts(tmp_path: Path, subprocess_env: dict[
 def test_smoke_run_of_the_server_parts(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     """The pod against vLLM's own server (two processes), and the handler's cold start phase by phase."""
     out = tmp_path / "bench"
-    results = _bench(out, subprocess_env, "--parts", "pod,coldstart")
+    results = _bench(out, {**subprocess_env, **TINY_MODEL_ENV}, "--parts", "pod,coldstart")
     for row in results["pod"]["rows"]:
         assert _positive(row["throughput_ratio"]) and _positive(row["ttft_p50_ratio"])
         assert row["pod"]["tokens"] == row["vllm_server"]["tokens"] == 4 * 16
@@ -346,6 +346,7 @@ def test_stats_off_baseline_keeps_the_exactness_check_on_the_measured_engine(
     ]
     env = {
         **subprocess_env,
+        **TINY_MODEL_ENV,
         "SPECULATIVE_METHOD": "draft_model",
         "SPECULATIVE_MODEL": "tiny:noisy",
         "NUM_SPECULATIVE_TOKENS": "2",

@@ -18,14 +18,19 @@ from worker.config import (
 from worker.errors import ConfigError
 
 
-def test_defaults_select_tiny_model_with_noisy_draft() -> None:
+def test_defaults_select_smollm2_with_ngram() -> None:
     settings = load_settings({})
-    assert settings.is_tiny_default
+    assert settings.target_ref == settings.served_model_name == "smollm2:135m-instruct"
+    assert settings.is_tiny_default  # an embedded model: the small KV cache and context, eager
     assert settings.resolved_speculative_config == {
-        "method": "draft_model",
-        "model": "tiny:noisy",
+        "method": "ngram",
         "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 1,
     }
+    # Named, the default model speculates only when asked, as any named model.
+    named = load_settings({"MODEL_NAME": "smollm2:135m-instruct"})
+    assert named.is_tiny_default and named.resolved_speculative_config is None
 
 
 def test_speculation_can_be_switched_off_for_the_default_model() -> None:
@@ -116,7 +121,8 @@ def test_is_on_runpod() -> None:
 @pytest.mark.parametrize(
     ("env", "is_draft"),
     [
-        ({}, True),  # the embedded default: the noisy copy drafts
+        ({}, False),  # the default model: n-gram drafts
+        ({"MODEL_NAME": "tiny:target", "SPECULATIVE_MODEL": "tiny:noisy"}, True),  # the tiny models' noisy copy
         ({"SPECULATIVE_METHOD": "none"}, False),
         ({"MODEL_NAME": "m", "SPECULATIVE_MODEL": "org/d", "NUM_SPECULATIVE_TOKENS": "2"}, True),
         (

@@ -12,7 +12,7 @@ from worker.tiny_models import TinyModels
 
 
 def test_tiny_default() -> None:
-    kwargs = engine_kwargs(load_settings({}))
+    kwargs = engine_kwargs(load_settings({"MODEL_NAME": "tiny:target", "SPECULATIVE_MODEL": "tiny:noisy"}))
     assert kwargs["model"] == "tiny:target"  # as named: the boot plan resolves it
     assert kwargs["max_model_len"] == TINY_MAX_MODEL_LEN
     assert kwargs["kv_cache_memory_bytes"] == TINY_KV_CACHE_BYTES
@@ -21,8 +21,19 @@ def test_tiny_default() -> None:
     assert kwargs["per_request_spec_decode_metrics"] == "summary"
 
 
+def test_the_default_model_gets_the_embedded_budget() -> None:
+    """SmolLM2 (135M) boots on a CPU with the tiny models' KV cache and context: without a KV cache
+    size vLLM's CPU build sizes it from the host's memory, which makes the boot several times longer."""
+    kwargs = engine_kwargs(load_settings({}), is_cpu=True)
+    assert kwargs["model"] == "smollm2:135m-instruct"  # as named: the boot plan converts and resolves it
+    assert kwargs["max_model_len"] == TINY_MAX_MODEL_LEN
+    assert kwargs["kv_cache_memory_bytes"] == TINY_KV_CACHE_BYTES
+    assert kwargs["enforce_eager"] is True
+    assert kwargs["speculative_config"]["method"] == "ngram"
+
+
 def test_vllms_metrics_are_labelled_with_the_served_model_name() -> None:
-    assert engine_kwargs(load_settings({}))["served_model_name"] == "tiny:target"
+    assert engine_kwargs(load_settings({}))["served_model_name"] == "smollm2:135m-instruct"
     settings = load_settings({"MODEL_NAME": "/models/m", "OPENAI_SERVED_MODEL_NAME_OVERRIDE": "my-model"})
     assert engine_kwargs(settings)["served_model_name"] == "my-model"
 

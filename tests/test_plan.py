@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CACHE_DIR, TINY_DEFAULT_SERVED
+from tests.helpers import CACHE_DIR, TINY_DEFAULT_SERVED, tiny_default
 from worker.boot.models import resolver
 from worker.boot.plan import BootPlan, build_plan, served_line
 from worker.config import DeploymentMode, Settings, load_settings
@@ -16,7 +16,7 @@ from worker.tiny_models import TinyModels
 
 
 def _plan(mode: DeploymentMode = "serverless", **env: str) -> BootPlan:
-    return build_plan(load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR), **env}), mode=mode, is_cpu=True)
+    return build_plan(load_settings(tiny_default({"WORKER_CACHE_DIR": str(CACHE_DIR), **env})), mode=mode, is_cpu=True)
 
 
 def test_the_default_plan_resolves_target_draft_and_adapters_once(

@@ -16,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import TINY_DEFAULT_SERVED, free_port, wait_until_ready, worker_for
+from tests.helpers import TINY_DEFAULT_SERVED, free_port, tiny_default, wait_until_ready, worker_for
 
 pytestmark = pytest.mark.slow  # every test here boots an engine or a server
 
@@ -50,7 +50,7 @@ class PodServer:
 @pytest.fixture(scope="module")
 def pod(subprocess_env: dict[str, str]) -> Iterator[PodServer]:
     port = free_port()
-    env = {**subprocess_env, "API_KEY": API_KEY, "MAX_NUM_SEQS": "16"}
+    env = tiny_default({**subprocess_env, "API_KEY": API_KEY, "MAX_NUM_SEQS": "16"})
     del env["VLLM_WORKER_MULTIPROC_METHOD"]  # the pod's own default (spawn), which the other pods skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", "serve", "--port", str(port)],

@@ -1,5 +1,5 @@
-"""The README's examples, run as written on the default set-up: the embedded tiny models on CPU,
-speculating with the noisy draft, nothing configured.
+"""The README's examples, run as written on the default set-up: the default model (SmolLM2) on
+CPU, speculating by n-gram, nothing configured.
 
 Every fenced code block of README.md is one of:
 
@@ -269,10 +269,9 @@ def _rounded(value: Any) -> Any:
 def _check_output(printed: Any, shown: Block) -> None:
     """What a block printed against the README's ``<!-- output -->`` block after it: text exactly;
     a job's final item field by field, figures as rounded as the README shows them, but for its
-    timings (they differ from run to run) and the draft's counts: each machine trains its own tiny
-    models (``worker/tiny_models/``), and the noisy draft's agreement with the target hangs on
-    their exact weights (another CPU's kernels may round differently), while the target's greedy
-    text of its own training line does not. Those counts are checked for shape and arithmetic."""
+    timings (they differ from run to run) and the draft's counts, which hang on where the greedy
+    answer meets its prompt's n-grams, step by step: another CPU's kernels may round a near tie
+    differently late in an answer. Those counts are checked for shape and arithmetic."""
     if shown.lang != "json":
         assert printed == shown.body, f"{shown.where}: the command printed\n{printed}"
         return

@@ -33,6 +33,7 @@ from tests.helpers import (
     job_items,
     kill_while_jobs_stream,
     start_pod,
+    tiny_default,
     worker_for,
 )
 from worker.runtime import EngineHolder
@@ -276,7 +277,7 @@ def test_load_through_the_sdk_local_api(subprocess_env: dict[str, str], tmp_path
     concurrency above max_num_seqs, and SIGTERM leaving no engine process behind."""
     port = free_port()
     log = tmp_path / "rp-serve-api.log"
-    env = {**subprocess_env, "MAX_NUM_SEQS": "8"}
+    env = tiny_default({**subprocess_env, "MAX_NUM_SEQS": "8"})
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "handler.py", "--rp_serve_api", "--rp_api_port", str(port)],
@@ -389,7 +390,7 @@ def test_a_lora_module_that_cannot_load_never_lets_the_pod_report_ready(
         proc = subprocess.Popen(
             [sys.executable, "-m", "worker", "serve", "--port", str(port)],
             cwd=Path(__file__).resolve().parent.parent,
-            env={**subprocess_env, **BAD_LORA},
+            env=tiny_default({**subprocess_env, **BAD_LORA}),
             stdout=out,
             stderr=subprocess.STDOUT,
         )

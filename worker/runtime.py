@@ -162,7 +162,7 @@ class EngineHolder:
             started = time.perf_counter()
             try:
                 settings = self.settings
-                log.info("booting engine for model %s", settings.model_name or "(embedded tiny model)")
+                log.info("booting engine for model %s", settings.target_ref)
                 engine = await self._boot(settings)
                 self._engine = engine
             except WorkerError as exc:

@@ -1,5 +1,6 @@
-"""Where model references point: the embedded tiny models (``tiny:<variant>``), RunPod's model
-cache (a hub id it holds is served from its snapshot, offline), local directories, or the hub.
+"""Where model references point: the default model (``smollm2:135m-instruct``, converted from its
+PyPI package), the embedded tiny models (``tiny:<variant>``), RunPod's model cache (a hub id it
+holds is served from its snapshot, offline), local directories, or the hub.
 
 ``resolve_references`` is the one place a boot resolves them: every reference of the engine
 arguments (the target, its tokenizer, a draft model) and of the LoRA adapters, each once.
@@ -16,6 +17,7 @@ from typing import Any
 
 from worker.config import TINY_PREFIX, Settings, drafts_with_model
 from worker.errors import ConfigError, EngineBootError
+from worker.smollm2 import DEFAULT_MODEL, SmolLM2Missing, ensure_smollm2
 
 __all__ = ["ModelRef", "References", "cached_snapshot", "check_local_paths", "resolve_references", "resolver"]
 
@@ -104,10 +106,15 @@ def resolve_references(settings: Settings, kwargs: dict[str, Any]) -> References
 def resolver(settings: Settings) -> Callable[[str, str | None], str]:
     """Model references (at a revision: a commit, branch or tag, else None) to what vLLM loads: a
     hub id that RunPod's model cache holds to its local snapshot (no download, no hub access),
-    ``tiny:`` names to the built tiny models (built here, offline, on first use); anything else as
-    it is."""
+    the default model's name and ``tiny:`` names to their checkpoints (converted or built here,
+    offline, on first use); anything else as it is."""
 
     def resolve(ref: str, revision: str | None) -> str:
+        if ref == DEFAULT_MODEL:
+            try:
+                return str(ensure_smollm2(settings.worker_cache_dir))
+            except SmolLM2Missing as exc:
+                raise ConfigError(f"MODEL_NAME unset: {exc}") from None
         if not ref.startswith(TINY_PREFIX):
             return _cached_or_named(ref, revision, cache_dir=settings.runpod_model_cache_dir)
         from worker.tiny_models import VARIANTS, ensure_tiny_model

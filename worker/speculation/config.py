@@ -3,8 +3,9 @@ separate model, and the rules the speculation settings must satisfy (checked whe
 
 Speculative decoding is configured either by ``SPECULATIVE_CONFIG`` (vLLM's JSON) or by the simple
 knobs ``SPECULATIVE_METHOD`` / ``SPECULATIVE_MODEL`` / ``NUM_SPECULATIVE_TOKENS``, never both. An
-unset ``MODEL_NAME`` selects the embedded tiny model, which by default speculates with its
-noisy-copy draft. Pure: reads only the settings it is given.
+unset ``MODEL_NAME`` selects the default model (SmolLM2), which by default speculates by n-gram
+matching: real acceptance on a prompt whose answer copies from it. Pure: reads only the settings
+it is given.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 __all__ = [
     "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "EAGLE_METHODS",
+    "NGRAM_LOOKUP",
     "NGRAM_METHODS",
     "TINY_PREFIX",
     "VLLM_SPECULATIVE_METHODS",
@@ -38,8 +40,10 @@ VLLM_SPECULATIVE_METHODS = frozenset(
     bailing_hybrid_v3_mtp minimax_m3_mtp bailing_hybrid_mtp mtp kimi_k3_mtp pangu_ultra_moe_mtp step3p5_mtp
     hy_v3_mtp hy_v4_mtp gemma4_mtp inkling_mtp glm5_next_mtp dflash ngram_gpu dspark""".split()
 )
-# NUM_SPECULATIVE_TOKENS when the simple knobs turn speculation on without it (the tiny default's k).
+# NUM_SPECULATIVE_TOKENS when the simple knobs turn speculation on without it (the default model's k).
 DEFAULT_NUM_SPECULATIVE_TOKENS = 3
+# n-gram's lookup when SPECULATIVE_METHOD=ngram sets it up: the longest match first, down to one token.
+NGRAM_LOOKUP = {"prompt_lookup_max": 4, "prompt_lookup_min": 1}
 
 
 class SpeculationSettings(Protocol):
@@ -167,18 +171,13 @@ def _base_config(settings: SpeculationSettings) -> dict[str, Any] | None:
         if settings.speculative_model:
             spec["model"] = settings.speculative_model
         if method == "ngram":
-            spec.setdefault("prompt_lookup_max", 4)
-            spec.setdefault("prompt_lookup_min", 1)
+            spec.update(NGRAM_LOOKUP)
         return spec
     if settings.model_name is None:
-        # The embedded default shows speculation working: a noisy copy drafts for the target.
-        # A named model, tiny:vision included (the embedded drafts are text-only), speculates
-        # only when configured.
-        return {
-            "method": "draft_model",
-            "model": f"{TINY_PREFIX}noisy",
-            "num_speculative_tokens": settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS,
-        }
+        # The default shows speculation on real text: n-gram drafts what the prompt holds (an
+        # answer that quotes, extracts or edits it). A named model speculates only when configured.
+        k = settings.num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
+        return {"method": "ngram", "num_speculative_tokens": k, **NGRAM_LOOKUP}
     return None
 
 

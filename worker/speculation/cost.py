@@ -32,6 +32,7 @@ __all__ = [
     "STEP_COSTS",
     "StepCost",
     "best_k",
+    "break_even_length",
     "expected_tokens",
     "steady_factors",
     "step_ms",
@@ -135,6 +136,15 @@ def step_ms(
     if not cost.is_synced_at_zero and k:
         draft += cost.draft_per_seq_ms * batch_size
     return target + draft
+
+
+def break_even_length(cost: StepCost, *, batch_size: int, k: int) -> float:
+    """The mean acceptance length (tokens a sequence yields per step) at which steps drafting ``k``
+    tokens yield as many tokens per millisecond as steps without drafting: below it, speculation at
+    k costs more than it saves. The controller's comparison of k against 0 (:func:`tokens_per_ms`),
+    solved for the acceptance; the acceptance watchdog's alert is read against it
+    (docs/speculation.md, "The watchdog and the controller")."""
+    return step_ms(cost, batch_size=batch_size, k=k) / step_ms(cost, batch_size=batch_size, k=0)
 
 
 def expected_tokens(rates: Sequence[float], k: int) -> float:

@@ -211,7 +211,25 @@ def main(argv: list[str] | None = None) -> int:
         help="with --render: pool the pod runs files given (pod-runs.json) into one table, each server's "
         "medians over all their runs",
     )
+    parser.add_argument(
+        "--real-text",
+        action="store_true",
+        help="acceptance on the real-text set, per task, at each k of --ks (default 1,2,3,4), on MODEL_NAME with "
+        "the speculation the environment configures (n-gram where none): worker/tools/bench/real_text.py",
+    )
+    parser.add_argument("--skip-baseline", action="store_true", help="with --real-text: no engine without speculation")
     args = parser.parse_args(argv)
+    if args.real_text:
+        from worker.tools.bench import real_text
+
+        given = set(argv if argv is not None else sys.argv[1:])
+        return real_text.main(
+            dict(os.environ),
+            ks=args.ks if "--ks" in given else [1, 2, 3, 4],
+            with_baseline=not args.skip_baseline,
+            max_tokens=args.max_tokens if "--max-tokens" in given else None,
+            out=args.out,
+        )
     if args.render:
         missing = [str(path) for path in args.render if not path.is_file()]
         if missing:
@@ -271,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     # Overhead and the server comparison measure the serving path, so speculation is off there;
     # the spec part sets its own drafts.
     env = {**os.environ, "SPECULATIVE_METHOD": os.environ.get("SPECULATIVE_METHOD", "none")}
+    # These parts' drafts are the tiny models' (--drafts): unnamed, the target is the tiny one, as
+    # before the default model became SmolLM2 (--real-text serves whatever MODEL_NAME says).
+    env.setdefault("MODEL_NAME", "tiny:target")
     env.setdefault("MAX_NUM_SEQS", str(max(plan.concurrencies)))
     command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
     # A benchmark stopped with SIGTERM (e.g. by `timeout`) must still stop the servers it started

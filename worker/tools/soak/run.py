@@ -33,8 +33,15 @@ class SoakResult:
     samples: list[dict[str, Any]] = field(default_factory=list)
 
 
+# The soak's traffic and adapter are the tiny models' (traffic.py): where no model is named, the tiny
+# target with its noisy-copy draft, what an unset MODEL_NAME served before the default became SmolLM2.
+TINY_DEFAULT = {"MODEL_NAME": "tiny:target", "SPECULATIVE_MODEL": "tiny:noisy", "NUM_SPECULATIVE_TOKENS": "3"}
+
+
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    if "MODEL_NAME" not in env:
+        env.update(TINY_DEFAULT)
     env.update(
         {
             "ENABLE_LORA": "true",
@@ -260,6 +267,8 @@ def run_soak(
     pod_env = server_env(env)
     # The handler serves without speculation, so it samples (n > 1 too) on a CPU; the pod speculates.
     handler_env = {**server_env(env), "METRICS_PORT": str(ports["metrics"]), "SPECULATIVE_METHOD": "none"}
+    for name in ("SPECULATIVE_MODEL", "NUM_SPECULATIVE_TOKENS"):  # the handler serves without speculation
+        handler_env.pop(name, None)
     servers = [
         _start(
             "pod",
