@@ -62,7 +62,8 @@
 #                     the handler alone, FULL_AND_PIECEWISE against the default, the multithreaded loader, decode
 #                     in both modes; the stage's comment lists them). BENCH_END (epoch seconds) bounds the call
 #   coldstart-defaults  issue 50's three cases with today's serverless defaults and vLLM's server beside each boot:
-#                     the steps of $DEFAULTS_PLAN (empty-N, roots-N, disk-N, cache-N); one stage per GPU can run
+#                     the steps of $DEFAULTS_PLAN (empty-N, roots-N, disk-N, cache-N; hempty-N, hdisk-N, hcache-N:
+#                     the handler alone); one stage per GPU can run
 #                     side by side, each with its own N for its roots
 #   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
 #                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
@@ -366,7 +367,7 @@ for stage in "$@"; do
       # ARCHIVE and REAL_WEIGHTS_DIR. BENCH_END (epoch seconds) bounds the call.
       PLAN=${DEFAULTS_PLAN:-empty-1 disk-1 cache-1}
       for step in $PLAN; do  # a bad step name stops the stage before it boots anything
-        case $step in empty-[0-9]* | roots-[0-9]* | disk-[0-9]* | cache-[0-9]*) ;; *) echo "unknown step $step"; exit 2 ;; esac
+        case $step in empty-[0-9]* | roots-[0-9]* | disk-[0-9]* | cache-[0-9]* | h*-[0-9]*) ;; *) echo "unknown step $step"; exit 2 ;; esac
       done
       real_weights
       export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
@@ -378,6 +379,12 @@ for stage in "$@"; do
           # The pairs took 283 s (empty root), 188 s (cold disk) and ~160 s (page cache) on an H200.
           disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=195 run cold-def-$step --parts coldstart ;;
           cache-*) cat $R/*.safetensors > /dev/null; RUN_MIN_S=165 run cold-def-$step --parts coldstart ;;
+          # The handler alone (no server beside it): hempty-N on a new root of its own, hdisk-N / hcache-N
+          # on the roots of the last empty-N or roots-N.
+          hempty-*) VLLM_CACHE_ROOT=/tmp/vllm-cache-def-$step RUN_MIN_S=120 run cold-def-$step --parts coldstart_handler ;;
+          hdisk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=60 run cold-def-$step --parts coldstart_handler ;;
+          hcache-*) cat $R/*.safetensors > /dev/null; RUN_MIN_S=50 run cold-def-$step --parts coldstart_handler ;;
+          *) echo "unknown step $step"; exit 2 ;;
         esac
       done ;;
     coldstart-empty)

@@ -7,7 +7,7 @@ Parts (``--parts``, default all):
                      alternating paths; throughput, TTFT and inter-token-latency ratios (optionally
                      against a stats-off engine and an identical twin: ``--stats-off-baseline``,
                      ``--aa-baseline``).
-- ``pod``            our pod server and ``python -m vllm.entrypoints.openai.api_server``, same
+- ``pod``            our pod server and ``python -m vllm.entrypoints.launchers.api_server.entry``, same
                      engine arguments, booted side by side and driven in turn by the same streaming
                      HTTP client; each API process's CPU time per token.
 - ``coldstart``      process start to first streamed token for ``python handler.py --test_input``
