@@ -7,6 +7,9 @@ tests/test_vllm_wheel_contract.py), on the stand-ins of vLLM's objects they read
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -47,3 +50,28 @@ def test_a_vllm_outside_the_window_fails_the_seams_load_naming_it(monkeypatch: p
     with pytest.raises(UnsupportedVllm) as raised:
         _load(monkeypatch, "0.33.0")
     assert str(raised.value).startswith("vLLM 0.33.0 is installed, and the worker supports vLLM 0.32 and 0.34")
+
+
+@pytest.mark.slow  # imports vLLM in a process of its own: 5-20 s
+def test_a_boot_on_a_vllm_outside_the_window_fails_with_one_line(subprocess_env: dict[str, str]) -> None:
+    """The serverless boot in a fresh process where the installed vLLM reads as 0.33.0: the seam's
+    load refuses it before any engine starts, and the boot's error is that one sentence."""
+    script = (
+        "import asyncio, json, logging; logging.basicConfig(level=logging.ERROR); "
+        "from worker.vllm_internals import release; release.installed_version = lambda: '0.33.0'; "
+        "from worker.runtime import EngineHolder; from worker.errors import to_error_payload; "
+        "holder = EngineHolder()\n"
+        "try:\n    asyncio.run(holder.get())\n"
+        "except Exception as exc:\n    print('PAYLOAD', json.dumps(to_error_payload(exc)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=subprocess_env, capture_output=True, text=True, timeout=180, check=False
+    )
+    sentence = (
+        "vLLM 0.33.0 is installed, and the worker supports vLLM 0.32 and 0.34 "
+        "(the CPU build's 0.32 and the image's 0.34); install one of those"
+    )
+    assert f"engine boot failed: {sentence}\n" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    payload = json.loads(out.stdout.split("PAYLOAD ", 1)[1])
+    assert payload == {"error": sentence, "error_type": "engine_boot_error"}
