@@ -28,7 +28,9 @@ import os
 import sys
 from collections.abc import AsyncIterator
 
+from worker.boot.preflight import check_at_start
 from worker.config import is_on_runpod, local_run_environment, sdk_environment
+from worker.errors import ConfigError
 from worker.serverless import Job, JobItem, ServerlessWorker, local_arg_parser, main_local
 
 _worker = ServerlessWorker()
@@ -43,6 +45,11 @@ def main(argv: list[str]) -> int:
     args = local_arg_parser().parse_args(argv)  # --help, or an unknown flag: usage, before anything boots
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _worker.holder.install_signal_handlers()
+    try:  # a setting that can never serve ends the process before it takes a job (worker/boot/preflight.py)
+        check_at_start(_worker.holder.settings)
+    except ConfigError as exc:
+        logging.getLogger("handler").error("configuration error, exiting before taking a job: %s", exc.message)
+        return 2
     if args.rp_serve_api or is_on_runpod():
         os.environ.update(sdk_environment())  # before the SDK reads its log level
         import runpod  # reads its own --rp_* flags from sys.argv

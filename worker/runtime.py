@@ -232,6 +232,8 @@ class EngineHolder:
             previous = signal.getsignal(sig)
 
             def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+                if self._is_booting:
+                    self._exit_during_boot(signum)
                 log.info("signal %d: shutting the engine down", signum)
                 self.shutdown()
                 if callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
@@ -240,3 +242,20 @@ class EngineHolder:
                     sys.exit(128 + signum)
 
             signal.signal(sig, handler)
+
+    def _exit_during_boot(self, signum: int) -> None:
+        """A signal while the engine boots ends the process now. The boot runs in a thread that no
+        signal interrupts (a download, the hub client's retries of a file it cannot fetch), and a
+        normal exit would wait for that thread to finish: 50 s and more. The processes the boot has
+        started so far (an engine core) are ended first, so that none is left behind."""
+        import psutil
+
+        log.info("signal %d during the engine's boot: ending its processes and exiting", signum)
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            child.terminate()
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for child in alive:
+            child.kill()
+        logging.shutdown()
+        os._exit(128 + signum)
