@@ -114,7 +114,10 @@ class SamplingOptions(_Strict):
     @classmethod
     def _one_completion(cls, n: int) -> int:
         if n != 1:
-            raise ValueError("a native job returns one completion; for several, send an openai_route job with n")
+            raise ValueError(
+                "a native job returns one completion; for several, send an openai_route job with n and "
+                "temperature > 0 (vLLM samples them; on vLLM's CPU build that needs SPECULATIVE_METHOD=none)"
+            )
         return n
 
     @model_validator(mode="after")
