@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from worker.config.parsing import format_tokens_by_batch
 from worker.errors import InvalidRequest, describe_validation_errors
 
 __all__ = [
@@ -214,7 +215,8 @@ class Served(BaseModel):
     speculation_control: Literal["auto", "static"] | None
     model_runner: Literal["v1", "v2"] | None
     cudagraph_mode: str | None
-    speculative_tokens_by_batch: list[list[int]] | None
+    # SPECULATIVE_TOKENS_BY_BATCH's form (1-1:4,2-2:3), from the plan's (start, end, k) entries.
+    speculative_tokens_by_batch: Annotated[str | None, BeforeValidator(format_tokens_by_batch)]
     spec_decode_available: bool
 
 
