@@ -81,7 +81,7 @@ def test_quantization_of_a_checkpoint_format_is_refused_for_a_checkpoint_not_in_
     with pytest.raises(ConfigError) as caught:
         _check(tmp_path, QUANTIZATION="awq", SPECULATIVE_METHOD="none")
     assert caught.value.param == "QUANTIZATION"
-    assert caught.value.message.startswith("QUANTIZATION=awq: MODEL_NAME=tiny:target is not a awq checkpoint")
+    assert caught.value.message.startswith("QUANTIZATION=awq: MODEL_NAME=tiny:target is not quantized with awq")
     plain = _model_dir(tmp_path / "plain", {"model_type": "llama"})
     with pytest.raises(ConfigError, match=r"QUANTIZATION=gptq_marlin: MODEL_NAME=.* no quantize_config\.json"):
         _check(tmp_path, MODEL_NAME=str(plain), QUANTIZATION="gptq_marlin", SPECULATIVE_METHOD="none")

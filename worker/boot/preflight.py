@@ -156,7 +156,7 @@ def _check_quantization(settings: Settings) -> None:
     if "quantization_config" in config or any(name.endswith(files) for name in beside):
         return
     raise ConfigError(
-        f"QUANTIZATION={method}: MODEL_NAME={ref} is not a {method} checkpoint (its config.json has no "
+        f"QUANTIZATION={method}: MODEL_NAME={ref} is not quantized with {method} (its config.json has no "
         f"quantization_config, and no {' or '.join(files)} is beside it); unset QUANTIZATION to serve it "
         "as it is, or serve a checkpoint quantized that way",
         param="QUANTIZATION",
