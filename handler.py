@@ -18,7 +18,8 @@ Run locally:
     python handler.py --rp_serve_api           # the RunPod SDK's local API server
     python handler.py --help                   # every flag; an unknown one is refused before anything boots
 
-Importing this module boots nothing: the engine starts with the first job.
+Importing this module boots nothing: the engine starts with the first job. A setting that can
+never serve (``worker/boot/preflight.py``) ends the process with status 2 before it takes a job.
 """
 
 from __future__ import annotations
