@@ -121,10 +121,14 @@ def test_a_hub_id_nothing_here_can_fetch_is_refused(tmp_path: Path) -> None:
     _check(tmp_path, is_hub_offline=True, TOKENIZER_NAME="foo/bar")  # its client falls back to the cache
 
 
-def test_the_hub_probe_says_why_it_cannot_connect() -> None:
+def test_the_hub_probe_says_why_it_cannot_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
     port = free_port()  # nothing listens there: refused at once, no network needed
     reason = hub_reachable(f"http://127.0.0.1:{port}", timeout_s=2)
     assert reason is not None and reason.startswith(f"127.0.0.1:{port}: ")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # only the proxy knows: the client finds out
+    assert hub_reachable(f"http://127.0.0.1:{port}", timeout_s=2) is None
 
 
 def _env(subprocess_env: dict[str, str], **env: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -99,7 +100,10 @@ def check_at_start(
 
 def hub_reachable(endpoint: str | None = None, *, timeout_s: float = _PROBE_TIMEOUT_S) -> str | None:
     """None if a connection to the hub's endpoint (``HF_ENDPOINT``, as its client reads it) opens
-    within ``timeout_s``, else why not, in a few words."""
+    within ``timeout_s``, else why not, in a few words. Behind a proxy (``HTTPS_PROXY`` and the
+    like) a direct connection tells nothing: None, and the hub's client finds out."""
+    if urllib.request.getproxies().keys() & {"https", "http", "all"}:
+        return None
     if endpoint is None:
         from huggingface_hub import constants
 
