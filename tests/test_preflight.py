@@ -15,9 +15,11 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.helpers import engine_settings
-from worker.boot.preflight import CHECKPOINT_CONFIG_FILES, check_at_start, hub_reachable
-from worker.errors import ConfigError
+from tests.helpers import engine_settings, job_items
+from worker.boot.preflight import CHECKPOINT_CONFIG_FILES, check_at_start, explain_boot_failure, hub_reachable
+from worker.errors import ConfigError, EngineBootError
+from worker.runtime import EngineHolder
+from worker.serverless import ServerlessWorker
 from worker.tools.bench.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,6 +97,50 @@ def test_a_checkpoint_of_the_format_passes(tmp_path: Path) -> None:
     _check(tmp_path, MODEL_NAME=str(awq), QUANTIZATION="awq_marlin", SPECULATIVE_METHOD="none")
     old_style = _model_dir(tmp_path / "old", {"model_type": "llama"}, "quant_config.json")
     _check(tmp_path, MODEL_NAME=str(old_style), QUANTIZATION="awq", SPECULATIVE_METHOD="none")
+
+
+def _hub_snapshot(hub_cache: Path, repo: str, config: dict[str, Any]) -> None:
+    entry = hub_cache / ("models--" + repo.replace("/", "--"))
+    _model_dir(entry / "snapshots" / "abc", config)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text("abc")
+
+
+def test_a_failed_boot_names_quantization_once_the_hub_models_files_show_it(tmp_path: Path) -> None:
+    settings = engine_settings(MODEL_NAME="org/plain", QUANTIZATION="awq", SPECULATIVE_METHOD="none")
+    hub_cache = tmp_path / "hub-cache"
+    # At start the hub's cache may hold config.json without the quantization file beside it: not judged.
+    _hub_snapshot(hub_cache, "org/plain", {"model_type": "llama"})
+    check_at_start(settings, is_hub_offline=False, hub_cache=hub_cache, is_hub_reachable=lambda: None)
+    # After the boot fetched the repository's JSON files, they are.
+    explained = explain_boot_failure(settings, hub_cache=hub_cache)
+    assert explained is not None and explained.param == "QUANTIZATION"
+    assert explained.message.startswith("QUANTIZATION=awq: MODEL_NAME=org/plain is not quantized with awq")
+    _hub_snapshot(tmp_path / "other", "org/plain", {"quantization_config": {"quant_method": "awq"}})
+    assert explain_boot_failure(settings, hub_cache=tmp_path / "other") is None
+    assert explain_boot_failure(settings, hub_cache=tmp_path / "empty") is None  # nothing fetched: no verdict
+
+
+async def test_a_boot_that_fails_on_quantization_reports_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's own words, "Cannot find the config file for awq", name no setting; the job's error does.
+    The boot is a fake that fails as vLLM's does after fetching a hub model's files: no hub here."""
+    from huggingface_hub import constants
+
+    hub_cache = tmp_path / "hub-cache"
+    _hub_snapshot(hub_cache, "org/plain", {"model_type": "llama"})
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+
+    async def vllms_boot(settings: Any) -> Any:
+        raise EngineBootError("engine failed to start: ValueError: Cannot find the config file for awq")
+
+    env = {"MODEL_NAME": "org/plain", "QUANTIZATION": "awq", "SPECULATIVE_METHOD": "none"}
+    holder = EngineHolder(settings_loader=lambda: engine_settings(**env), engine_factory=vllms_boot)
+    worker = ServerlessWorker(holder)
+    items = await job_items(worker, {"id": "q", "input": {"prompt": "hi"}})
+    assert items[-1]["error_type"] == "configuration_error", items
+    assert items[-1]["error"].startswith("QUANTIZATION=awq: MODEL_NAME=org/plain is not quantized with awq")
 
 
 def test_the_checkpoint_formats_are_vllms() -> None:

@@ -166,11 +166,15 @@ class EngineHolder:
                 engine = await self._boot(settings)
                 self._engine = engine
             except WorkerError as exc:
-                self._boot_error = exc
-                log.error("engine boot failed: %s", exc.message)
-                raise
+                self._boot_error = self._setting_at_fault(exc) or exc
+                log.error("engine boot failed: %s", self._boot_error.message)
+                if self._boot_error is exc:
+                    raise
+                raise self._boot_error from exc
             except Exception as exc:
-                self._boot_error = EngineBootError(f"engine failed to start: {type(exc).__name__}: {exc}")
+                self._boot_error = self._setting_at_fault(exc) or EngineBootError(
+                    f"engine failed to start: {type(exc).__name__}: {exc}"
+                )
                 log.exception("engine boot failed")
                 raise self._boot_error from exc
             finally:
@@ -186,6 +190,15 @@ class EngineHolder:
             self.metrics.count_in_engine(lambda: engine.num_unfinished_requests)
             engine.observers.append(self.metrics.observe)
             return engine
+
+    def _setting_at_fault(self, exc: BaseException) -> ConfigError | None:
+        """After a failed boot, the setting the files it fetched show to be wrong, if any
+        (:func:`worker.boot.preflight.explain_boot_failure`): vLLM's own error does not name it."""
+        if isinstance(exc, ConfigError):  # the settings' own, or one the boot named already
+            return None
+        from worker.boot.preflight import explain_boot_failure
+
+        return explain_boot_failure(self.settings)
 
     async def _boot(self, settings: Settings) -> EngineProtocol:
         if self._engine_factory is not None:

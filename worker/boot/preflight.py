@@ -5,7 +5,9 @@ never serve, found without vLLM, a GPU or a download.
   does not exist or holds no model (``config.json``; an adapter's ``adapter_config.json``);
 - ``QUANTIZATION`` naming a checkpoint format (``awq``, ``gptq``, ...) for a local checkpoint that
   is not one: its ``config.json`` has no ``quantization_config`` and no file of that format's is
-  beside it (vLLM would fail later with "Cannot find the config file for awq");
+  beside it (vLLM would fail later with "Cannot find the config file for awq"). A hub model's
+  files are not here before its first boot: a boot that fails is checked again once vLLM has
+  fetched them (:func:`explain_boot_failure`), and the job's error names ``QUANTIZATION``;
 - a hub id that nothing here can fetch: not in RunPod's model cache nor the hub's own cache, and the
   hub is off (``HF_HUB_OFFLINE``) or cannot be reached (its client retries each file for about
   20 s, several times over, before the boot fails).
@@ -29,7 +31,7 @@ from worker.boot.models import cached_snapshot, looks_local
 from worker.config import TINY_PREFIX, Settings
 from worker.errors import ConfigError
 
-__all__ = ["CHECKPOINT_CONFIG_FILES", "check_at_start", "hub_reachable"]
+__all__ = ["CHECKPOINT_CONFIG_FILES", "check_at_start", "explain_boot_failure", "hub_reachable"]
 
 # The QUANTIZATION values that read their configuration from the checkpoint, and the files vLLM 0.32
 # looks for when config.json has no quantization_config (each class's get_config_filenames();
@@ -67,12 +69,14 @@ def check_at_start(
     for variable, ref, kind in refs:
         if looks_local(ref):
             _check_local(variable, ref, kind=kind)
-    _check_quantization(settings)
     if is_hub_offline is None or hub_cache is None:
         from huggingface_hub import constants
 
         is_hub_offline = constants.HF_HUB_OFFLINE if is_hub_offline is None else is_hub_offline
         hub_cache = Path(constants.HF_HUB_CACHE) if hub_cache is None else hub_cache
+    # Not from the hub's own cache here: a snapshot there may hold config.json alone (fetched for a
+    # tokenizer, say) without the quantization file beside it that the repository has.
+    _check_quantization(settings, hub_cache=None)
     reason: str | None = None
     asked = False
     for variable, ref, _ in refs:
@@ -142,7 +146,23 @@ def _check_local(variable: str, ref: str, *, kind: str) -> None:
         raise ConfigError(f"{variable}: {ref} is not {what} (no {missing[0]} there)", param=variable.split()[0])
 
 
-def _check_quantization(settings: Settings) -> None:
+def explain_boot_failure(settings: Settings, *, hub_cache: Path | None = None) -> ConfigError | None:
+    """After a boot failed, the quantization check again, now that the boot has fetched the hub
+    model's JSON files into the hub's cache (vLLM fetches them all to find the quantization's): a
+    ``QUANTIZATION`` the checkpoint is not in, named, in place of vLLM's "Cannot find the config
+    file for awq" (read from the files, never from the message). None: they do not explain it."""
+    if hub_cache is None:
+        from huggingface_hub import constants
+
+        hub_cache = Path(constants.HF_HUB_CACHE)
+    try:
+        _check_quantization(settings, hub_cache=hub_cache)
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def _check_quantization(settings: Settings, *, hub_cache: Path | None) -> None:
     method = settings.quantization
     files = CHECKPOINT_CONFIG_FILES.get(method or "")
     if method is None or files is None:
@@ -152,10 +172,15 @@ def _check_quantization(settings: Settings) -> None:
         config: dict[str, object] = {}  # the embedded models are never quantized
         beside: list[str] = []
     else:
-        path = _local_dir(ref, settings)
-        if path is None:  # a hub id: its files are not here to read
+        path = _local_dir(ref, settings, hub_cache=hub_cache)
+        if path is None:  # a hub id not fetched yet: its files are not here to read
             return
-        config = json.loads((path / "config.json").read_text())
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):  # no readable config.json: vLLM says what is wrong with it
+            return
+        if not isinstance(config, dict):
+            return
         beside = [p.name for p in path.glob("*.json")]
     if "quantization_config" in config or any(name.endswith(files) for name in beside):
         return
@@ -167,10 +192,18 @@ def _check_quantization(settings: Settings) -> None:
     )
 
 
-def _local_dir(ref: str, settings: Settings) -> Path | None:
-    if looks_local(ref):
+def _local_dir(ref: str, settings: Settings, *, hub_cache: Path | None) -> Path | None:
+    """Where the checkpoint's files are on this machine: a local path, else a snapshot in RunPod's
+    model cache or (given) the hub's own, of the same layout, else None."""
+    if looks_local(ref) or Path(ref).is_dir():
         return Path(ref).expanduser()
-    return cached_snapshot(ref, revision=settings.model_revision, cache_dir=settings.runpod_model_cache_dir)
+    for cache_dir in (settings.runpod_model_cache_dir, hub_cache):
+        found = (
+            None if cache_dir is None else cached_snapshot(ref, revision=settings.model_revision, cache_dir=cache_dir)
+        )
+        if found is not None:
+            return found
+    return None
 
 
 def _is_cached(ref: str, settings: Settings, hub_cache: Path) -> bool:
