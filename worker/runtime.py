@@ -9,6 +9,7 @@ instead of retrying a boot that cannot succeed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -259,16 +260,18 @@ class EngineHolder:
     def _exit_during_boot(self, signum: int) -> None:
         """A signal while the engine boots ends the process now. The boot runs in a thread that no
         signal interrupts (a download, the hub client's retries of a file it cannot fetch), and a
-        normal exit would wait for that thread to finish: 50 s and more. The processes the boot has
-        started so far (an engine core) are ended first, so that none is left behind."""
+        normal exit would wait for that thread to finish, as long as its retries last. The processes
+        the boot has started so far (an engine core) are ended first, so that none is left behind."""
         import psutil
 
         log.info("signal %d during the engine's boot: ending its processes and exiting", signum)
         children = psutil.Process().children(recursive=True)
         for child in children:
-            child.terminate()
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.terminate()
         _, alive = psutil.wait_procs(children, timeout=5)
         for child in alive:
-            child.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
         logging.shutdown()
         os._exit(128 + signum)
