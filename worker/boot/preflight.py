@@ -9,8 +9,8 @@ never serve, found without vLLM, a GPU or a download.
   files are not here before its first boot: a boot that fails is checked again once vLLM has
   fetched them (:func:`explain_boot_failure`), and the job's error names ``QUANTIZATION``;
 - a hub id that nothing here can fetch: not in RunPod's model cache nor the hub's own cache, and the
-  hub is off (``HF_HUB_OFFLINE``) or cannot be reached (its client retries each file for about
-  20 s, several times over, before the boot fails).
+  hub is off (``HF_HUB_OFFLINE``) or cannot be reached (its client retries each file with
+  back-off, and vLLM asks for several, before the boot fails).
 
 Why at the start: a configuration error raised by a job asks RunPod for another worker, which takes
 a job, fails it the same way and asks again. ``handler.py`` logs the sentence and exits before
