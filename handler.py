@@ -18,7 +18,8 @@ Run locally:
     python handler.py --rp_serve_api           # the RunPod SDK's local API server
     python handler.py --help                   # every flag; an unknown one is refused before anything boots
 
-Importing this module boots nothing: the engine starts with the first job.
+Importing this module boots nothing: the engine starts with the first job. A setting that can
+never serve (``worker/boot/preflight.py``) ends the process with status 2 before it takes a job.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import os
 import sys
 from collections.abc import AsyncIterator
 
+from worker.boot.preflight import check_at_start
 from worker.config import is_on_runpod, local_run_environment, sdk_environment
+from worker.errors import ConfigError
 from worker.serverless import Job, JobItem, ServerlessWorker, local_arg_parser, main_local
 
 _worker = ServerlessWorker()
@@ -43,6 +46,11 @@ def main(argv: list[str]) -> int:
     args = local_arg_parser().parse_args(argv)  # --help, or an unknown flag: usage, before anything boots
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _worker.holder.install_signal_handlers()
+    try:  # a setting that can never serve ends the process before it takes a job (worker/boot/preflight.py)
+        check_at_start(_worker.holder.settings)
+    except ConfigError as exc:
+        logging.getLogger("handler").error("configuration error, exiting before taking a job: %s", exc.message)
+        return 2
     if args.rp_serve_api or is_on_runpod():
         os.environ.update(sdk_environment())  # before the SDK reads its log level
         import runpod  # reads its own --rp_* flags from sys.argv

@@ -15,7 +15,9 @@ from worker.config import (
     num_api_servers,
     sdk_environment,
 )
+from worker.config.parsing import format_tokens_by_batch, parse_tokens_by_batch
 from worker.errors import ConfigError
+from worker.schema import Served
 
 
 def test_defaults_select_smollm2_with_ngram() -> None:
@@ -221,6 +223,26 @@ def test_speculative_tokens_by_batch_passes_vllms_schedule_through() -> None:
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 2], [65, 256, 0]]
     assert load_settings({**env, "SPECULATIVE_TOKENS_BY_BATCH": "1:2"}).speculative_tokens_by_batch == [(1, 1, 2)]
     assert load_settings({**env, "SPECULATIVE_TOKENS_BY_BATCH": " "}).speculative_tokens_by_batch is None
+
+
+def test_a_schedule_is_shown_in_the_form_users_type() -> None:
+    # The served block, /plan and the boot's line show SPECULATIVE_TOKENS_BY_BATCH's form, not vLLM's lists.
+    for text in ("1-1:3", "1-8:4,9-64:2,65-256:0"):
+        parsed = parse_tokens_by_batch(text)
+        assert format_tokens_by_batch(parsed) == text
+        assert format_tokens_by_batch([list(entry) for entry in parsed or []]) == text
+    served = Served(
+        model="m",
+        quantization=None,
+        speculative_method="ngram",
+        num_speculative_tokens=3,
+        speculation_control="auto",
+        model_runner="v2",
+        cudagraph_mode="FULL",
+        speculative_tokens_by_batch=[[1, 1, 3], [2, 2, 0]],
+        spec_decode_available=True,
+    )
+    assert served.model_dump(mode="json")["speculative_tokens_by_batch"] == "1-1:3,2-2:0"
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 
 from worker.config import Settings, load_settings
 from worker.schema import parse_request
-from worker.tools.fit import DEFAULT_CONCURRENCY, fit, load_shape
+from worker.tools.fit import DEFAULT_CONCURRENCY, FitReport, fit, load_shape
 
 RUNPOD = Path(__file__).resolve().parent.parent / ".runpod"
 SETTINGS = {name.upper() for name in Settings.model_fields}
@@ -107,26 +107,44 @@ def test_every_hub_preset_loads_over_the_forms_defaults(preset: dict[str, Any]) 
     load_settings({**FORM_DEFAULTS, **{key: _as_env(value) for key, value in preset["defaults"].items()}})
 
 
-@pytest.mark.parametrize("preset", PRESETS, ids=[p["name"] for p in PRESETS])
-def test_every_preset_fits_every_gpu_the_hub_offers(preset: dict[str, Any]) -> None:
+def _fit(preset: dict[str, Any], pool: str) -> FitReport:
     # `python -m worker fit --model M --gpu G --max-model-len L`: at its default concurrency (32 sequences
     # of the full context), as fit answers a deployer who gives no more.
     defaults = preset["defaults"]
     shape, quantization = FIT_MODELS[defaults["MODEL_NAME"]]
     assert defaults.get("SPECULATIVE_METHOD") in ("none", "ngram"), "a draft's weights need fit's arithmetic too"
+    return fit(
+        load_shape(shape),
+        gpu=GPU_POOLS[pool],
+        quantization=quantization,
+        kv_cache_dtype="auto",
+        max_model_len=int(defaults["MAX_MODEL_LEN"]),
+        concurrency=DEFAULT_CONCURRENCY,
+    )
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p["name"] for p in PRESETS])
+def test_every_preset_boots_on_every_gpu_the_hub_offers(preset: dict[str, Any]) -> None:
+    # Boots: vLLM needs the KV cache of one sequence of the full context beside the weights.
     misfits = []
     for pool in HUB["config"]["gpuIds"].split(","):
-        report = fit(
-            load_shape(shape),
-            gpu=GPU_POOLS[pool],
-            quantization=quantization,
-            kv_cache_dtype="auto",
-            max_model_len=int(defaults["MAX_MODEL_LEN"]),
-            concurrency=DEFAULT_CONCURRENCY,
-        )
-        if not report.fits:
-            misfits.append(f"{pool} ({GPU_POOLS[pool]}): {report.max_concurrency_at_context} sequences fit")
+        report = _fit(preset, pool)
+        if report.max_concurrency_at_context < 1:
+            misfits.append(f"{pool} ({GPU_POOLS[pool]}): no sequence of the full context fits")
     assert misfits == []
+
+
+def test_the_hub_offers_every_gpu_pool_on_which_fit_says_a_preset_fits() -> None:
+    # A 24 GB card serves an 8B-class AWQ model at 32 sequences of 8,192 tokens (fit): left out, a
+    # deployer of that preset could not pick the card the Hub's own tests run on.
+    fitting = [pool for pool in GPU_POOLS if any(_fit(preset, pool).fits for preset in PRESETS)]
+    assert HUB["config"]["gpuIds"].split(",") == fitting
+
+
+def test_the_hub_tests_run_on_a_gpu_the_hub_offers() -> None:
+    gpu = _load("tests.json")["config"]["gpuTypeId"].removeprefix("NVIDIA ").removeprefix("GeForce ")
+    offered = {GPU_POOLS[pool] for pool in HUB["config"]["gpuIds"].split(",")}
+    assert gpu in offered
 
 
 def test_no_preset_drafts_with_a_separate_model() -> None:
@@ -138,7 +156,15 @@ def test_no_preset_drafts_with_a_separate_model() -> None:
 
 def test_the_form_has_the_settings_a_deployer_reaches_for() -> None:
     keys = {entry["key"] for entry in ENV}
-    wanted = {"SPECULATION_CONTROL", "MAX_NUM_SEQS", "ENABLE_LORA", "LORA_MODULES", "MAX_LORAS", "MAX_LORA_RANK"}
+    wanted = {
+        "SPECULATION_CONTROL",
+        "MAX_NUM_SEQS",
+        "MAX_CUDAGRAPH_CAPTURE_SIZE",
+        "ENABLE_LORA",
+        "LORA_MODULES",
+        "MAX_LORAS",
+        "MAX_LORA_RANK",
+    }
     assert wanted <= keys
 
 

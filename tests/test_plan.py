@@ -76,7 +76,7 @@ def test_the_served_block_and_the_boot_line_show_the_resolved_plan() -> None:
         "model_runner": "v2",
         "cudagraph_mode": "FULL",
         "torch_compile": True,
-        "speculative_tokens_by_batch": [[1, 1, 2], [2, 2, 1], [3, 3, 0]],
+        "speculative_tokens_by_batch": "1-1:2,2-2:1,3-3:0",  # SPECULATIVE_TOKENS_BY_BATCH's form
         "spec_decode_available": True,
     }
     # No speculation: no control to show; V2, and vLLM's own graph mode under torch.compile on a pod (null).

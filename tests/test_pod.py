@@ -79,7 +79,8 @@ def test_models(pod: PodServer) -> None:
 
 def test_plan_shows_what_the_boot_resolved(pod: PodServer) -> None:
     """The job's served block, at /plan: the tiny default's draft model, static, on V1, eager."""
-    assert httpx.get(pod.base + "/plan", timeout=5).json() == {**TINY_DEFAULT_SERVED, "model": MODEL}
+    answer = httpx.get(pod.base + "/plan", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=5)
+    assert answer.json() == {**TINY_DEFAULT_SERVED, "model": MODEL}
 
 
 def test_chat_completion_with_usage_and_stats(pod: PodServer) -> None:
@@ -174,6 +175,9 @@ def test_api_key_is_required(pod: PodServer) -> None:
     with pytest.raises(openai.AuthenticationError):
         pod.client(api_key="wrong").models.list()
     assert httpx.get(pod.base + "/v1/models", timeout=5).status_code == 401
+    assert httpx.get(pod.base + "/plan", timeout=5).status_code == 401  # it names the model, as /v1/models does
+    for probe in ("/health", "/ping", "/metrics"):  # load balancers and scrapers send no key
+        assert httpx.get(pod.base + probe, timeout=5).status_code == 200, probe
 
 
 @pytest.mark.parametrize(

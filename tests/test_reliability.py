@@ -382,8 +382,9 @@ async def test_a_lora_module_that_cannot_load_fails_serverless_jobs_with_a_confi
 def test_a_lora_module_that_cannot_load_never_lets_the_pod_report_ready(
     subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The pod answered `/health` 200 "ready", then a bare 500 on every route. Now its boot fails:
-    `/health` never says 200, and the process exits 1 with the sentence naming the adapter."""
+    """The pod answered `/health` 200 "ready", then a bare 500 on every route. Now an adapter path
+    that does not exist is refused before the pod listens (worker/boot/preflight.py): `/health`
+    never says 200, and the process exits 2 with the sentence naming the adapter."""
     port = free_port()
     log = tmp_path / "pod.log"
     with open(log, "wb") as out:
@@ -406,7 +407,7 @@ def test_a_lora_module_that_cannot_load_never_lets_the_pod_report_ready(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.wait(timeout=30) == 1, log.read_text()[-3000:]
+    assert proc.wait(timeout=30) == 2, log.read_text()[-3000:]
     assert 200 not in statuses, statuses
     text = log.read_text()
     assert any(_names_the_bad_adapter(line) for line in text.splitlines()), text[-3000:]

@@ -97,3 +97,14 @@ def test_an_openai_jobs_coalescing_fields_are_checked_too() -> None:
     assert parse_batch_sizes({"max_batch_size": 4}).max_batch_size == 4
     with pytest.raises(InvalidRequest, match="min_batch_size"):
         parse_batch_sizes({"min_batch_size": 0})
+
+
+def test_the_native_n_error_names_what_serves_several_completions() -> None:
+    # openai_route takes n, but vLLM refuses n > 1 at temperature 0 ("n must be 1 when using greedy
+    # sampling") and a speculating engine on vLLM's CPU build refuses temperature > 0: the pointer says both.
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request({"prompt": "x", "sampling_params": {"n": 2}})
+    message = caught.value.message
+    assert "\n" not in message and message.startswith("sampling_params.n: a native job returns one completion")
+    assert "openai_route job with n and temperature > 0" in message
+    assert "on vLLM's CPU build that needs SPECULATIVE_METHOD=none" in message

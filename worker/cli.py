@@ -39,12 +39,14 @@ _TOOLS = {
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from worker.boot.preflight import check_at_start
     from worker.pod import create_app
     from worker.runtime import EngineHolder
 
     flags = {"HOST": args.host, "PORT": args.port}
     try:
         settings = load_settings(overrides={name: value for name, value in flags.items() if value is not None})
+        check_at_start(settings)  # before it listens: worker/boot/preflight.py
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2

@@ -8,7 +8,9 @@ model's task, with its tool-call and reasoning parsers and LoRA adapters. The wo
     GET /metrics               Prometheus: vLLM's engine metrics and the worker's own, one page
     GET /plan                  what serves: the boot plan's resolved choices, as a job's ``served`` block
 
-and, in front of every other route, a gate vLLM's layer does not have: the API key
+Probes and scrapers carry no key, so ``/health``, ``/ping`` and ``/metrics`` answer without one;
+``/plan`` names the model as ``/v1/models`` does, and asks for the key as it does. In front of
+every other route, a gate vLLM's layer does not have: the API key
 (``Authorization: Bearer <key>``, compared in constant time), the body limit (413), and
 back-pressure (429 with ``Retry-After`` beyond ``max_num_seqs`` plus ``MAX_QUEUE_DEPTH``
 requests in flight). A dead engine or a failed boot makes the process exit with status 1; a
@@ -92,6 +94,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Routes of the worker's own small app; every other path goes through the gate to vLLM's app.
 _OWN_PATHS = frozenset({"/health", "/ping", "/metrics", "/plan"})
+_KEYLESS_PATHS = frozenset({"/health", "/ping", "/metrics"})  # what probes and scrapers reach
 
 
 class _Gate:
@@ -112,6 +115,12 @@ class _Gate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or (scope["type"] == "http" and scope["path"] in _OWN_PATHS):
+            if scope["type"] == "http" and scope["path"] not in _KEYLESS_PATHS:
+                try:
+                    self._authorize(scope)
+                except AuthError as exc:
+                    await _error_response(exc)(scope, receive, send)
+                    return
             await self._own(scope, receive, send)
             return
         if scope["type"] != "http":  # vLLM's websocket routes are not served through the gate

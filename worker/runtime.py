@@ -9,6 +9,7 @@ instead of retrying a boot that cannot succeed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -166,11 +167,15 @@ class EngineHolder:
                 engine = await self._boot(settings)
                 self._engine = engine
             except WorkerError as exc:
-                self._boot_error = exc
-                log.error("engine boot failed: %s", exc.message)
-                raise
+                self._boot_error = self._setting_at_fault(exc) or exc
+                log.error("engine boot failed: %s", self._boot_error.message)
+                if self._boot_error is exc:
+                    raise
+                raise self._boot_error from exc
             except Exception as exc:
-                self._boot_error = EngineBootError(f"engine failed to start: {type(exc).__name__}: {exc}")
+                self._boot_error = self._setting_at_fault(exc) or EngineBootError(
+                    f"engine failed to start: {type(exc).__name__}: {exc}"
+                )
                 log.exception("engine boot failed")
                 raise self._boot_error from exc
             finally:
@@ -186,6 +191,15 @@ class EngineHolder:
             self.metrics.count_in_engine(lambda: engine.num_unfinished_requests)
             engine.observers.append(self.metrics.observe)
             return engine
+
+    def _setting_at_fault(self, exc: BaseException) -> ConfigError | None:
+        """After a failed boot, the setting the files it fetched show to be wrong, if any
+        (:func:`worker.boot.preflight.explain_boot_failure`): vLLM's own error does not name it."""
+        if isinstance(exc, ConfigError):  # the settings' own, or one the boot named already
+            return None
+        from worker.boot.preflight import explain_boot_failure
+
+        return explain_boot_failure(self.settings)
 
     async def _boot(self, settings: Settings) -> EngineProtocol:
         if self._engine_factory is not None:
@@ -232,6 +246,8 @@ class EngineHolder:
             previous = signal.getsignal(sig)
 
             def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+                if self._is_booting:
+                    self._exit_during_boot(signum)
                 log.info("signal %d: shutting the engine down", signum)
                 self.shutdown()
                 if callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
@@ -240,3 +256,22 @@ class EngineHolder:
                     sys.exit(128 + signum)
 
             signal.signal(sig, handler)
+
+    def _exit_during_boot(self, signum: int) -> None:
+        """A signal while the engine boots ends the process now. The boot runs in a thread that no
+        signal interrupts (a download, the hub client's retries of a file it cannot fetch), and a
+        normal exit would wait for that thread to finish, as long as its retries last. The processes
+        the boot has started so far (an engine core) are ended first, so that none is left behind."""
+        import psutil
+
+        log.info("signal %d during the engine's boot: ending its processes and exiting", signum)
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.terminate()
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for child in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        logging.shutdown()
+        os._exit(128 + signum)

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from worker.config.parsing import format_tokens_by_batch
 from worker.errors import InvalidRequest, describe_validation_errors
 
 __all__ = [
@@ -114,7 +115,10 @@ class SamplingOptions(_Strict):
     @classmethod
     def _one_completion(cls, n: int) -> int:
         if n != 1:
-            raise ValueError("a native job returns one completion; for several, send an openai_route job with n")
+            raise ValueError(
+                "a native job returns one completion; for several, send an openai_route job with n and "
+                "temperature > 0 (vLLM samples them; on vLLM's CPU build that needs SPECULATIVE_METHOD=none)"
+            )
         return n
 
     @model_validator(mode="after")
@@ -214,7 +218,8 @@ class Served(BaseModel):
     model_runner: Literal["v2", "cpu"]
     cudagraph_mode: str | None
     torch_compile: bool | None
-    speculative_tokens_by_batch: list[list[int]] | None
+    # SPECULATIVE_TOKENS_BY_BATCH's form (1-1:4,2-2:3), from the plan's (start, end, k) entries.
+    speculative_tokens_by_batch: Annotated[str | None, BeforeValidator(format_tokens_by_batch)]
     spec_decode_available: bool
 
 

@@ -19,7 +19,15 @@ from worker.config import TINY_PREFIX, Settings, drafts_with_model
 from worker.errors import ConfigError, EngineBootError
 from worker.smollm2 import DEFAULT_MODEL, SmolLM2Missing, ensure_smollm2
 
-__all__ = ["ModelRef", "References", "cached_snapshot", "check_local_paths", "resolve_references", "resolver"]
+__all__ = [
+    "ModelRef",
+    "References",
+    "cached_snapshot",
+    "check_local_paths",
+    "looks_local",
+    "resolve_references",
+    "resolver",
+]
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +143,12 @@ def _cached_or_named(ref: str, revision: str | None, *, cache_dir: Path) -> str:
     return ref
 
 
+def looks_local(ref: str) -> bool:
+    """A reference written as a filesystem path (absolute, relative with ./ or ../, or from ~), which
+    must exist here: anything else that is not a directory here, vLLM takes for a hub id."""
+    return ref.startswith(("/", "./", "../", "~"))
+
+
 def check_local_paths(kwargs: dict[str, Any]) -> None:
     """A reference that is a filesystem path must exist and hold a config.json (else vLLM would try the hub)."""
     spec = kwargs.get("speculative_config") or {}
@@ -143,7 +157,7 @@ def check_local_paths(kwargs: dict[str, Any]) -> None:
         ("TOKENIZER_NAME", kwargs.get("tokenizer")),
         ("SPECULATIVE_MODEL", spec.get("model")),
     ):
-        if not isinstance(ref, str) or not ref.startswith(("/", "./", "../", "~")):
+        if not isinstance(ref, str) or not looks_local(ref):
             continue
         path = Path(ref).expanduser()
         if not (path / "config.json").is_file() and not (label == "TOKENIZER_NAME" and path.is_dir()):

@@ -9,7 +9,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LoraModule", "domain_list", "json_object", "lora_modules", "parse_tokens_by_batch", "schedule"]
+__all__ = [
+    "LoraModule",
+    "domain_list",
+    "format_tokens_by_batch",
+    "json_object",
+    "lora_modules",
+    "parse_tokens_by_batch",
+    "schedule",
+]
 
 
 class LoraModule(BaseModel):
@@ -88,6 +96,14 @@ def parse_tokens_by_batch(text: str) -> list[tuple[int, int, int]] | None:
         entries.append((start, end, k))
     if entries[0][0] != 1:
         raise ValueError("the first batch-size range must start at 1")
+    return entries
+
+
+def format_tokens_by_batch(entries: Any) -> Any:
+    """A schedule of ``(start, end, k)`` entries in ``SPECULATIVE_TOKENS_BY_BATCH``'s form, the one
+    users type (``1-8:4,9-64:2``): the inverse of :func:`parse_tokens_by_batch`. Anything else as it is."""
+    if isinstance(entries, list | tuple) and all(isinstance(e, list | tuple) and len(e) == 3 for e in entries):
+        return ",".join(f"{start}-{end}:{k}" for start, end, k in entries) if entries else None
     return entries
 
 

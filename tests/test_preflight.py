@@ -1,0 +1,279 @@
+"""What a process refuses at its start (``worker/boot/preflight.py``), and the entrypoints that stop
+before taking a job or listening; a signal during a boot that no signal interrupts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.helpers import engine_settings, job_items
+from worker.boot.preflight import CHECKPOINT_CONFIG_FILES, check_at_start, explain_boot_failure, hub_reachable
+from worker.errors import ConfigError, EngineBootError
+from worker.runtime import EngineHolder
+from worker.serverless import ServerlessWorker
+from worker.tools.bench.servers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _check(tmp_path: Path, *, is_hub_offline: bool = False, reachable: str | None = None, **env: Any) -> None:
+    check_at_start(
+        engine_settings(**env),
+        is_hub_offline=is_hub_offline,
+        hub_cache=tmp_path / "hub-cache",
+        is_hub_reachable=lambda: reachable,
+    )
+
+
+def _model_dir(path: Path, config: dict[str, Any], *beside: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    for name in beside:
+        (path / name).write_text("{}")
+    return path
+
+
+def test_the_embedded_default_passes(tmp_path: Path) -> None:
+    _check(tmp_path, is_hub_offline=True)
+
+
+@pytest.mark.parametrize(
+    ("env", "sentence"),
+    [
+        ({"MODEL_NAME": "/nonexistent/model"}, "MODEL_NAME: /nonexistent/model is not a directory on this machine"),
+        ({"TOKENIZER_NAME": "./no/such/tokenizer"}, "TOKENIZER_NAME: ./no/such/tokenizer is not a directory"),
+        (
+            {"SPECULATIVE_MODEL": "/nonexistent/draft", "NUM_SPECULATIVE_TOKENS": "2"},
+            "SPECULATIVE_MODEL: /nonexistent/draft is not a directory",
+        ),
+        (
+            {"ENABLE_LORA": "true", "LORA_MODULES": "good=tiny:lora bad=/nonexistent/path"},
+            "LORA_MODULES ('bad'): /nonexistent/path is not a directory on this machine",
+        ),
+    ],
+)
+def test_a_local_path_that_does_not_exist_is_refused_naming_the_variable(
+    tmp_path: Path, env: dict[str, str], sentence: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_at_start(engine_settings(**env), is_hub_offline=False, hub_cache=tmp_path, is_hub_reachable=lambda: None)
+    assert caught.value.message == sentence or caught.value.message.startswith(sentence)
+
+
+def test_a_directory_that_holds_no_adapter_or_model_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"LORA_MODULES \('a'\): .* is not an adapter \(no adapter_config.json"):
+        _check(tmp_path, ENABLE_LORA="true", LORA_MODULES=f"a={empty}")
+    with pytest.raises(ConfigError, match=r"MODEL_NAME: .* is not a model \(no config.json there\)"):
+        _check(tmp_path, MODEL_NAME=str(empty), SPECULATIVE_METHOD="none")
+    _check(tmp_path, TOKENIZER_NAME=str(empty))  # a tokenizer's directory needs no config.json
+
+
+def test_quantization_of_a_checkpoint_format_is_refused_for_a_checkpoint_not_in_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _check(tmp_path, QUANTIZATION="awq", SPECULATIVE_METHOD="none")
+    assert caught.value.param == "QUANTIZATION"
+    assert caught.value.message.startswith("QUANTIZATION=awq: MODEL_NAME=tiny:target is not quantized with awq")
+    plain = _model_dir(tmp_path / "plain", {"model_type": "llama"})
+    with pytest.raises(ConfigError, match=r"QUANTIZATION=gptq_marlin: MODEL_NAME=.* no quantize_config\.json"):
+        _check(tmp_path, MODEL_NAME=str(plain), QUANTIZATION="gptq_marlin", SPECULATIVE_METHOD="none")
+    # fp8 quantizes online, compressed-tensors reads config.json only: not refused here.
+    _check(tmp_path, QUANTIZATION="fp8", SPECULATIVE_METHOD="none")
+    _check(tmp_path, MODEL_NAME=str(plain), QUANTIZATION="compressed-tensors", SPECULATIVE_METHOD="none")
+
+
+def test_a_checkpoint_of_the_format_passes(tmp_path: Path) -> None:
+    awq = _model_dir(tmp_path / "awq", {"quantization_config": {"quant_method": "awq"}})
+    _check(tmp_path, MODEL_NAME=str(awq), QUANTIZATION="awq_marlin", SPECULATIVE_METHOD="none")
+    old_style = _model_dir(tmp_path / "old", {"model_type": "llama"}, "quant_config.json")
+    _check(tmp_path, MODEL_NAME=str(old_style), QUANTIZATION="awq", SPECULATIVE_METHOD="none")
+
+
+def _hub_snapshot(hub_cache: Path, repo: str, config: dict[str, Any]) -> None:
+    entry = hub_cache / ("models--" + repo.replace("/", "--"))
+    _model_dir(entry / "snapshots" / "abc", config)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text("abc")
+
+
+def test_a_failed_boot_names_quantization_once_the_hub_models_files_show_it(tmp_path: Path) -> None:
+    settings = engine_settings(MODEL_NAME="org/plain", QUANTIZATION="awq", SPECULATIVE_METHOD="none")
+    hub_cache = tmp_path / "hub-cache"
+    # At start the hub's cache may hold config.json without the quantization file beside it: not judged.
+    _hub_snapshot(hub_cache, "org/plain", {"model_type": "llama"})
+    check_at_start(settings, is_hub_offline=False, hub_cache=hub_cache, is_hub_reachable=lambda: None)
+    # After the boot fetched the repository's JSON files, they are.
+    explained = explain_boot_failure(settings, hub_cache=hub_cache)
+    assert explained is not None and explained.param == "QUANTIZATION"
+    assert explained.message.startswith("QUANTIZATION=awq: MODEL_NAME=org/plain is not quantized with awq")
+    _hub_snapshot(tmp_path / "other", "org/plain", {"quantization_config": {"quant_method": "awq"}})
+    assert explain_boot_failure(settings, hub_cache=tmp_path / "other") is None
+    assert explain_boot_failure(settings, hub_cache=tmp_path / "empty") is None  # nothing fetched: no verdict
+
+
+async def test_a_boot_that_fails_on_quantization_reports_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's own words, "Cannot find the config file for awq", name no setting; the job's error does.
+    The boot is a fake that fails as vLLM's does after fetching a hub model's files: no hub here."""
+    from huggingface_hub import constants
+
+    hub_cache = tmp_path / "hub-cache"
+    _hub_snapshot(hub_cache, "org/plain", {"model_type": "llama"})
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+
+    async def vllms_boot(settings: Any) -> Any:
+        raise EngineBootError("engine failed to start: ValueError: Cannot find the config file for awq")
+
+    env = {"MODEL_NAME": "org/plain", "QUANTIZATION": "awq", "SPECULATIVE_METHOD": "none"}
+    holder = EngineHolder(settings_loader=lambda: engine_settings(**env), engine_factory=vllms_boot)
+    worker = ServerlessWorker(holder)
+    items = await job_items(worker, {"id": "q", "input": {"prompt": "hi"}})
+    assert items[-1]["error_type"] == "configuration_error", items
+    assert items[-1]["error"].startswith("QUANTIZATION=awq: MODEL_NAME=org/plain is not quantized with awq")
+
+
+def test_the_checkpoint_formats_are_vllms() -> None:
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    for method, files in CHECKPOINT_CONFIG_FILES.items():
+        assert tuple(get_quantization_config(method).get_config_filenames()) == files, method
+    # Every other method vLLM finds a file for quantizes online when it finds none (mxfp8).
+    with_files = {m for m in QUANTIZATION_METHODS if get_quantization_config(m).get_config_filenames()}
+    assert with_files - set(CHECKPOINT_CONFIG_FILES) == {"mxfp8"}
+
+
+def test_a_hub_id_nothing_here_can_fetch_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^TOKENIZER_NAME=foo/bar: not in the hub's cache .* HF_HUB_OFFLINE is set"):
+        _check(tmp_path, is_hub_offline=True, TOKENIZER_NAME="foo/bar")
+    with pytest.raises(ConfigError) as caught:
+        _check(tmp_path, reachable="huggingface.co:443: Name or service not known", TOKENIZER_NAME="foo/bar")
+    assert caught.value.message.startswith(
+        "TOKENIZER_NAME=foo/bar: a hub id, but the hub cannot be reached from here (huggingface.co:443: Name"
+    )
+    assert caught.value.param == "TOKENIZER_NAME"
+    _check(tmp_path, reachable=None, TOKENIZER_NAME="foo/bar")  # the hub answers: vLLM fetches it
+    (tmp_path / "hub-cache" / "models--foo--bar" / "snapshots" / "abc").mkdir(parents=True)
+    _check(tmp_path, is_hub_offline=True, TOKENIZER_NAME="foo/bar")  # its client falls back to the cache
+
+
+def test_the_hub_probe_says_why_it_cannot_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    port = free_port()  # nothing listens there: refused at once, no network needed
+    reason = hub_reachable(f"http://127.0.0.1:{port}", timeout_s=2)
+    assert reason is not None and reason.startswith(f"127.0.0.1:{port}: ")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")  # only the proxy knows: the client finds out
+    assert hub_reachable(f"http://127.0.0.1:{port}", timeout_s=2) is None
+
+
+def _env(subprocess_env: dict[str, str], **env: str) -> dict[str, str]:
+    return {**subprocess_env, "PYTHONUNBUFFERED": "1", **env}
+
+
+BAD_LORA = {"ENABLE_LORA": "true", "LORA_MODULES": "bad=/nonexistent/path", "SPECULATIVE_METHOD": "none"}
+
+
+@pytest.mark.parametrize("argv", [[], ["--rp_serve_api", "--rp_api_port", "0"]], ids=["local", "rp_serve_api"])
+def test_the_handler_exits_before_taking_a_job_on_a_setting_that_can_never_serve(
+    subprocess_env: dict[str, str], argv: list[str]
+) -> None:
+    """Left to a job, the error asked RunPod for another worker, which failed its first job the same
+    way; now the process ends before the SDK starts, with one line naming the setting."""
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "handler.py", *argv],
+        cwd=ROOT,
+        env=_env(subprocess_env, **BAD_LORA),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    errors = [line for line in out.stderr.splitlines() if "configuration error" in line]
+    assert len(errors) == 1 and "LORA_MODULES ('bad'): /nonexistent/path" in errors[0], out.stderr[-2000:]
+    assert "booting engine" not in out.stderr and "Traceback" not in out.stderr
+    assert out.stdout == ""  # no job ran
+
+
+def test_the_pod_exits_before_it_listens_on_a_setting_that_can_never_serve(subprocess_env: dict[str, str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "worker", "serve", "--port", str(free_port())],
+        cwd=ROOT,
+        env=_env(subprocess_env, TOKENIZER_NAME="foo/bar", HF_HUB_OFFLINE="1", HF_HUB_CACHE="/nonexistent"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "error: TOKENIZER_NAME=foo/bar: not in the hub's cache" in out.stderr
+
+
+# A boot stuck where no signal reaches it: a thread in a blocking call (what a download or the hub
+# client's retries do), with a child process started beside it (what an engine core is). A fake: a
+# real boot stuck so, on demand and offline, is what the preflight now refuses.
+_STUCK_BOOT = """
+import asyncio, logging, subprocess, sys, time
+from worker.config import load_settings
+from worker.runtime import EngineHolder
+
+async def stuck(settings):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(child.pid, flush=True)
+    await asyncio.to_thread(time.sleep, 600)
+
+logging.basicConfig(level=logging.INFO)
+holder = EngineHolder(settings_loader=lambda: load_settings({}), engine_factory=stuck)
+holder.install_signal_handlers()
+asyncio.run(holder.get())
+"""
+
+
+def test_sigterm_during_a_boot_that_no_signal_interrupts_ends_the_process_at_once(
+    subprocess_env: dict[str, str],
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_BOOT],
+        cwd=ROOT,
+        env=_env(subprocess_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        deadline = time.monotonic() + 30
+        while not psutil.pid_exists(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the boot thread is in its sleep
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        assert time.monotonic() - sent < 10
+        deadline = time.monotonic() + 10
+        while _is_running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _is_running(child), "the boot's child process was left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        status: str = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return False
+    return status != "zombie"
