@@ -239,6 +239,7 @@ def test_a_schedule_is_shown_in_the_form_users_type() -> None:
         speculation_control="auto",
         model_runner="v2",
         cudagraph_mode="FULL",
+        torch_compile=False,
         speculative_tokens_by_batch=[[1, 1, 3], [2, 2, 0]],
         spec_decode_available=True,
     )

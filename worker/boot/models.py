@@ -143,6 +143,12 @@ def _cached_or_named(ref: str, revision: str | None, *, cache_dir: Path) -> str:
     return ref
 
 
+def is_embedded(ref: str) -> bool:
+    """A reference the worker resolves itself, offline: the default model (converted from its PyPI
+    package) or an embedded tiny model. Neither is a hub id or a path, and neither is quantized."""
+    return ref == DEFAULT_MODEL or ref.startswith(TINY_PREFIX)
+
+
 def looks_local(ref: str) -> bool:
     """A reference written as a filesystem path (absolute, relative with ./ or ../, or from ~), which
     must exist here: anything else that is not a directory here, vLLM takes for a hub id."""

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from worker.boot.models import cached_snapshot, looks_local
-from worker.config import TINY_PREFIX, Settings
+from worker.boot.models import cached_snapshot, is_embedded, looks_local
+from worker.config import Settings
 from worker.errors import ConfigError
 
 __all__ = ["CHECKPOINT_CONFIG_FILES", "check_at_start", "explain_boot_failure", "hub_reachable"]
@@ -80,12 +80,7 @@ def check_at_start(
     reason: str | None = None
     asked = False
     for variable, ref, _ in refs:
-        if (
-            looks_local(ref)
-            or ref.startswith(TINY_PREFIX)
-            or Path(ref).is_dir()
-            or _is_cached(ref, settings, hub_cache)
-        ):
+        if looks_local(ref) or is_embedded(ref) or Path(ref).is_dir() or _is_cached(ref, settings, hub_cache):
             continue
         if is_hub_offline:
             raise ConfigError(
@@ -168,7 +163,7 @@ def _check_quantization(settings: Settings, *, hub_cache: Path | None) -> None:
     if method is None or files is None:
         return
     ref = settings.target_ref
-    if ref.startswith(TINY_PREFIX):
+    if is_embedded(ref):
         config: dict[str, object] = {}  # the embedded models are never quantized
         beside: list[str] = []
     else:
