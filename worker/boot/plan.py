@@ -2,12 +2,12 @@
 
 ``build_plan(settings, mode=...)`` first decides speculation and CUDA graphs, once
 (``worker.speculation.decide``: the control, the runner, torch.compile or not, the graph mode, k
-and its schedule, and whether the worker's exact stats path runs), then builds vLLM's engine arguments and the process
-environment the engine must inherit (with the start method of its processes) from those answers, and
-last resolves the model references (each once: RunPod's model cache, local paths, the embedded
-tiny models). Every step of the boot receives the plan (``prefetch``, ``modelinfo``, ``launch``,
-the engine) and none of them asks the settings or the environment again. Pure but for the tiny
-models, which the resolution builds offline on first use.
+and its schedule, and whether the worker's exact stats path runs), then builds vLLM's engine
+arguments and the process environment the engine must inherit (with the start method of its
+processes) from those answers, and last resolves the model references (each once: RunPod's model
+cache, local paths, the embedded tiny models). Every step of the boot receives the plan
+(``prefetch``, ``modelinfo``, ``launch``, the engine) and none of them asks the settings or the
+environment again. Pure but for the tiny models, which the resolution builds offline on first use.
 """
 
 from __future__ import annotations

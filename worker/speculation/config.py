@@ -71,7 +71,7 @@ _VLLM_NAME_INFERRED_METHODS = (*_EAGLE_NAME_MARKS, "dflash", "dspark")
 
 def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
     """Whether vLLM runs this speculative config as a separate draft model (its method
-    ``draft_model``): the one answer for the draft check, the model-runner choice and validation.
+    ``draft_model``): the one answer for the draft check, the control's default and validation.
 
     vLLM's own inference rule: no ``method`` and a ``model`` that is neither ``ngram`` nor a dotted
     proposer class path means ``draft_model``; a draft whose name marks an EAGLE, DFlash or DSpark
