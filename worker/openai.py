@@ -33,10 +33,10 @@ from vllm.exceptions import VLLMValidationError
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from worker.boot.heap import freeze_heap
 from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import EngineDead, describe_validation_errors, to_openai_error, without_native_locations
-from worker.vllm_internals.async_llm import freeze_gc_heap
 from worker.vllm_internals.check import require_internals
 from worker.vllm_internals.openai_layer import answer_http_error, error_answer, field_path
 
@@ -204,7 +204,7 @@ class OpenAIServer:
         # mounted, or called in-process): move the serving layer just built (templates, parsers,
         # tokenizer caches) out of the garbage collector's sight, as the engine's boot did for the
         # engine, so that collections while serving do not walk it again and again.
-        freeze_gc_heap()
+        freeze_heap()
         return cls(app)
 
     def _describe_invalid(self, path: str, body: Any) -> str | None:
