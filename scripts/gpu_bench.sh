@@ -72,8 +72,9 @@
 #                     against vLLM's 4), seeded-N (an empty root but Triton's cache a copy of the fill's: what a
 #                     Triton cache shipped in the image would give), trim (the image's scripts/image_trim.txt
 #                     uninstalled from this Python, as the Dockerfile does, for the rest of the machine's life;
-#                     python -X importtime of the boot's imports before and after). ENGINE_ARGS from the caller
-#                     passes through (issue 75's compile-free FULL graphs before they are the serverless default)
+#                     python -X importtime of the boot's imports before and after, and of the RunPod SDK's
+#                     import). ENGINE_ARGS from the caller passes through (issue 75's compile-free FULL graphs
+#                     before they are the serverless default)
 #   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
 #                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
 #   coldstart-disk-ab the last empty root, weights evicted before each boot, PREFETCH_WEIGHTS off / on ($DISK_AB_ROUNDS)
@@ -427,7 +428,9 @@ for stage in "$@"; do
             python3 -X importtime -c "import worker.boot.launch" 2> "$OUT/importtime-before-trim.txt"
             PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip uninstall -y -r scripts/image_trim.txt > "$OUT/trim.log" 2>&1
             python3 -X importtime -c "import worker.boot.launch" 2> "$OUT/importtime-after-trim.txt"
-            tail -1 "$OUT/importtime-before-trim.txt" "$OUT/importtime-after-trim.txt"; cat "$OUT/trim.log" ;;
+            tail -n 1 "$OUT/importtime-before-trim.txt" "$OUT/importtime-after-trim.txt"; cat "$OUT/trim.log"
+            # The RunPod SDK's import (not in the handler's local boots): py-cpuinfo's CPU timing in it.
+            python3 -X importtime -c "import runpod" 2> "$OUT/importtime-runpod.txt"; tail -n 1 "$OUT/importtime-runpod.txt" ;;
         esac
       done ;;
     coldstart-empty)
