@@ -45,6 +45,11 @@ COPY pyproject.toml README.md handler.py test_input.json ./
 COPY worker ./worker
 RUN python3 -m pip install --no-deps --no-build-isolation .
 
+# Packages no serving path uses that transformers imports at every boot whenever they are
+# installed (scikit-learn, and pandas with it): the list and why in scripts/image_trim.txt.
+COPY scripts/image_trim.txt /tmp/image_trim.txt
+RUN python3 -m pip uninstall -y -r /tmp/image_trim.txt && rm /tmp/image_trim.txt
+
 # Bytecode for every package of the image's Python and the app: the base image's packages come
 # without it (uv writes none unless asked), and every RunPod cold start is a fresh container that
 # would compile torch, vLLM and transformers again before booting. The script fails the build when

@@ -65,6 +65,17 @@
 #                     the steps of $DEFAULTS_PLAN (empty-N, roots-N, disk-N, cache-N; hempty-N, hdisk-N, hcache-N:
 #                     the handler alone); one stage per GPU can run
 #                     side by side, each with its own N for its roots
+#   coldstart-first   an endpoint's first worker without a network volume (issue 75): the handler alone, real-size
+#                     weights in the page cache, MAX_NUM_SEQS=128, every boot in a fresh container (empty HOME and
+#                     TMPDIR) on a cache root of its own: the steps of $FIRST_PLAN (default "fill empty-1 jit-1
+#                     seeded-1"): fill (a root whose Triton cache the seeded boots copy), empty-N (today's first
+#                     worker), jit-N (VLLM_TRITON_JIT_WARMUP_NUM_THREADS=$FIRST_JIT_THREADS, default the CPU count,
+#                     against vLLM's 4), seeded-N (an empty root but Triton's cache a copy of the fill's: what a
+#                     Triton cache shipped in the image would give), trim (the image's scripts/image_trim.txt
+#                     uninstalled from this Python, as the Dockerfile does, for the rest of the machine's life;
+#                     python -X importtime of the boot's imports before and after, and of the RunPod SDK's
+#                     import). ENGINE_ARGS from the caller passes through (issue 75's compile-free FULL graphs
+#                     before they are the serverless default)
 #   coldstart-empty   real-size weights: every boot on an empty cache root of its own, weights evicted first,
 #                     PREFETCH_WEIGHTS on / off alternating ($EMPTY_ROUNDS)
 #   coldstart-disk-ab the last empty root, weights evicted before each boot, PREFETCH_WEIGHTS off / on ($DISK_AB_ROUNDS)
@@ -385,6 +396,43 @@ for stage in "$@"; do
           hdisk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=60 run cold-def-$step --parts coldstart_handler ;;
           hcache-*) cat $R/*.safetensors > /dev/null; RUN_MIN_S=50 run cold-def-$step --parts coldstart_handler ;;
           *) echo "unknown step $step"; exit 2 ;;
+        esac
+      done ;;
+    coldstart-first)
+      # An endpoint's first worker without a network volume: each boot a fresh container (empty HOME and
+      # TMPDIR) on a new cache root, the handler alone (vLLM's server beside it: coldstart-defaults' empty-N).
+      # The stage's files name their step; their JSON's phase table reads as coldstart-defaults'.
+      PLAN=${FIRST_PLAN:-fill empty-1 jit-1 seeded-1}
+      for step in $PLAN; do  # a bad step name stops the stage before it boots anything
+        case $step in fill | trim | empty-[0-9]* | jit-[0-9]* | seeded-[0-9]*) ;; *) echo "unknown step $step"; exit 2 ;; esac
+      done
+      real_weights
+      export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
+      F=/tmp/cold-first-$$
+      first() {  # label, then NAME=value for the boot: a fresh container on a root of its own
+        local label=$1; shift
+        mkdir -p $F/$label/home $F/$label/tmp
+        cat $R/*.safetensors > /dev/null
+        ( export HOME=$F/$label/home TMPDIR=$F/$label/tmp VLLM_CACHE_ROOT=$F/$label/root "$@"
+          RUN_MIN_S=120 run cold-first-$label --parts coldstart_handler )
+      }
+      for step in $PLAN; do
+        case $step in
+          fill) first fill ;;
+          empty-*) first $step ;;
+          jit-*) first $step VLLM_TRITON_JIT_WARMUP_NUM_THREADS=${FIRST_JIT_THREADS:-$(nproc)} ;;
+          seeded-*)
+            seed=$(ls -d $F/fill/root/triton_cache /tmp/cold-first-*/fill/root/triton_cache 2>/dev/null | head -1)
+            if [ -z "$seed" ]; then echo "=== cold-first-$step: skipped, no fill's Triton cache"; continue; fi
+            rm -rf $F/$step-seed && cp -r "$seed" $F/$step-seed
+            first $step TRITON_CACHE_DIR=$F/$step-seed ;;
+          trim)
+            python3 -X importtime -c "import worker.boot.launch" 2> "$OUT/importtime-before-trim.txt"
+            PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip uninstall -y -r scripts/image_trim.txt > "$OUT/trim.log" 2>&1
+            python3 -X importtime -c "import worker.boot.launch" 2> "$OUT/importtime-after-trim.txt"
+            tail -n 1 "$OUT/importtime-before-trim.txt" "$OUT/importtime-after-trim.txt"; cat "$OUT/trim.log"
+            # The RunPod SDK's import (not in the handler's local boots): py-cpuinfo's CPU timing in it.
+            python3 -X importtime -c "import runpod" 2> "$OUT/importtime-runpod.txt"; tail -n 1 "$OUT/importtime-runpod.txt" ;;
         esac
       done ;;
     coldstart-empty)

