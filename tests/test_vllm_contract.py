@@ -46,6 +46,7 @@ def test_a_broken_entry_names_the_internal_and_the_module_that_needs_it() -> Non
 
 
 def test_the_boot_check_fails_loud_naming_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    importlib.import_module("vllm.v1.core.sched.scheduler")  # the check covers imported modules only
     broken = Internal("vllm.v1.core.sched.scheduler", "Scheduler._free_requests", "callable", (), "seam.py")
     monkeypatch.setattr(check, "CONTRACT", (*CONTRACT, broken))
     with pytest.raises(VllmInternalsMissing, match=r"lacks 1 internal\(s\).*Scheduler\._free_requests.*seam\.py"):

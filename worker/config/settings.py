@@ -4,7 +4,7 @@ Variable names follow RunPod's official vLLM worker where the meaning is the sam
 (``MODEL_NAME``, ``MAX_MODEL_LEN``, ``QUANTIZATION``, ``SPECULATIVE_CONFIG``, ...). An unset
 ``MODEL_NAME`` selects the embedded tiny model (built offline on first use). The schema and its
 validators live here (``environment.py``'s ``load_settings`` reads the environment into them);
-speculation policy in ``worker/speculation/config.py``, host facts in ``host.py``.
+speculation policy in ``speculation.py``, host facts in ``host.py``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.config import host, parsing
+from worker.config import host, parsing, speculation
 from worker.config.parsing import LoraModule
-from worker.speculation import config as speculation
-from worker.speculation.config import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
+from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 from worker.tiny_models import VARIANTS as TINY_VARIANTS
 
 __all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings"]
@@ -284,7 +283,7 @@ class Settings(BaseSettings):
 
     @property
     def draft_ref(self) -> str | None:
-        """The separate draft model as the user named it (:func:`worker.speculation.config.draft_ref`)."""
+        """The separate draft model as the user named it (:func:`worker.config.speculation.draft_ref`)."""
         return speculation.draft_ref(self)
 
     @property

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
-from worker.speculation.config import drafts_by_eagle, drafts_by_ngram, drafts_with_model
+from worker.config.speculation import drafts_by_eagle, drafts_by_ngram, drafts_with_model
 
 __all__ = [
     "JOIN_CAPTURE_TOKENS",

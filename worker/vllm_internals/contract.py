@@ -215,7 +215,6 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.multimodal.media:MediaConnector.load_from_url(url, media_io, fetch_timeout)",
         "vllm.multimodal.media:MediaConnector.load_from_url_async(url, media_io, fetch_timeout)",
     ),
-    "worker/vllm_internals/exceptions.py": ("vllm.exceptions:VLLMValidationError{}",),
     "worker/vllm_internals/modelinfo.py": (
         "vllm.model_executor.models.registry:ModelRegistry",
         "vllm.model_executor.models.registry:_ModelRegistry{models}",
@@ -227,6 +226,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.model_executor.models.registry:_LazyRegisteredModel._get_cache_filename()",
         "vllm.model_executor.models.registry:_ModelInfo.from_model_cls(model)",
     ),
+    "worker/media.py": ("vllm.exceptions:VLLMValidationError{}",),
     "worker/engine.py": (
         "vllm.v1.engine.async_llm:AsyncLLM{get_tokenizer, generate, shutdown}",
         "vllm.v1.engine.async_llm:AsyncLLM.generate(prompt, sampling_params, request_id, lora_request)",
