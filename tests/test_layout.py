@@ -1,6 +1,7 @@
 """The layout holds: the serving package never imports a tool (worker/tools/); booting, exact stats
 and vLLM's internals each live in a package of their own, and speculation's logic imports no vLLM
-(its hooks into vLLM are the seam's, worker/vllm_internals/); no serving module grows past 350 lines."""
+(its hooks into vLLM are the seam's, worker/vllm_internals/). A module's size is no test: past ~300
+lines it is a prompt to look at its concerns, not a number to squeeze under."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ WORKER = Path(__file__).resolve().parent.parent / "worker"
 # Not serving code: the command line, and the tiny models' offline builder.
 NOT_SERVING = {"cli.py", "__main__.py"}
 NOT_SERVING_PACKAGES = {"tools", "tiny_models"}
-MAX_LINES = 350
 
 
 def _imports(path: Path) -> set[str]:
@@ -56,14 +56,9 @@ def test_booting_exact_stats_and_vllms_internals_are_packages() -> None:
 
 
 def test_speculation_imports_no_vllm() -> None:
-    """The policy, the controller, its cost model and measurement, and the stats' arithmetic and books:
-    vLLM is reached only through the seam (``worker/vllm_internals/``)."""
+    """The decision, the controller, its cost model and measurement, and the stats' arithmetic and
+    books: vLLM is reached only through the seam (``worker/vllm_internals/``)."""
     modules = list((WORKER / "speculation").rglob("*.py"))
     assert len(modules) >= 8
     offenders = {p.name: sorted(m for m in _imports(p) if m.split(".")[0] == "vllm") for p in modules}
     assert not {name: mods for name, mods in offenders.items() if mods}
-
-
-def test_no_serving_module_over_350_lines() -> None:
-    sizes = {p.relative_to(WORKER).as_posix(): len(p.read_text().splitlines()) for p in _serving()}
-    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}

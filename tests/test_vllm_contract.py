@@ -47,6 +47,7 @@ def test_a_broken_entry_names_the_internal_and_the_module_that_needs_it() -> Non
 
 
 def test_the_boot_check_fails_loud_naming_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    importlib.import_module("vllm.v1.core.sched.scheduler")  # the check covers imported modules only
     broken = Internal("vllm.v1.core.sched.scheduler", "Scheduler._free_requests", "callable", (), "seam.py")
     installed = check.installed_entries()
     monkeypatch.setattr(check, "installed_entries", lambda: (*installed, broken))

@@ -4,10 +4,9 @@ At high concurrency one Python process turning engine outputs into HTTP chunks i
 pod (docs/benchmarks.md, "One API process at high concurrency"). vLLM's server answers with
 ``vllm serve --api-server-count N``: N API processes accept on one listening socket and talk to
 one engine core over ZeroMQ, each as its own client. This module runs that machinery of vLLM's, as its
-``vllm/entrypoints/cli/serve.py`` (``run_multi_api_server``) does: ``bind_engine_zmq_listeners``,
-``launch_core_engines``, ``APIServerProcessManager`` and ``wait_for_completion_or_failure`` (through
-the seam, ``worker.vllm_internals.api_processes``), with the worker's own app in every API process
-instead of vLLM's:
+``vllm/entrypoints/cli/serve.py`` (``run_multi_api_server``) does (the seam's
+``worker.vllm_internals.api_processes`` starts, watches and stops the processes), with the worker's
+own app in every API process instead of vLLM's:
 
 - this process is handed the listening socket (bound before anything boots, ``worker/cli.py``),
   starts the weight prefetch, sets the engine's environment, starts the engine core (with the
@@ -18,7 +17,7 @@ instead of vLLM's:
   least loaded process.
 
 What the processes share, allocated here: the requests in flight, which the gate's back-pressure
-sums over all processes (vLLM's ``SharedAdmissionStats``); the acceptance watchdog's window
+sums over all processes (vLLM's count, through the seam); the acceptance watchdog's window
 (``WatchdogWindow.shared``); and Prometheus's files (``PROMETHEUS_MULTIPROC_DIR``, set as vLLM
 sets it), so that ``/metrics`` on any process shows every process's requests, summed.
 
@@ -59,7 +58,7 @@ log = logging.getLogger(__name__)
 class _Shared:
     """Shared memory of the pod's API processes, handed to each when it is spawned."""
 
-    in_flight: MutableSequence[int]  # vLLM's SharedAdmissionStats slots
+    in_flight: MutableSequence[int]  # the slots of vLLM's count of requests in flight
     window: WatchdogWindow
     ready: MutableSequence[int]  # 1 in slot i once API process i has booted
 
@@ -86,7 +85,7 @@ def serve(settings: Settings, *, sock: socket.socket) -> int:
     """Run the pod with ``num_api_servers(settings)`` API processes on ``sock`` (bound before
     anything boots: ``worker.pod.listen_socket``); the exit status."""
     from worker.boot.plan import build_plan
-    from worker.runtime import prepare_boot
+    from worker.boot.prefetch import prepare_boot
 
     plan = build_plan(settings, mode="pod")
     prepare_boot(plan)  # before vLLM is imported
@@ -95,14 +94,10 @@ def serve(settings: Settings, *, sock: socket.socket) -> int:
     with loud_imports():  # a vLLM without the machinery below fails here, naming what it lacks
         from worker.boot.launch import build_config
         from worker.vllm_internals.api_processes import (
-            APIServerProcessManager,
-            Executor,
-            SharedAdmissionStats,
-            bind_engine_zmq_listeners,
-            launch_core_engines,
+            EngineAndApiProcesses,
+            admission_counters,
             set_ulimit,
             setup_multiprocess_prometheus,
-            wait_for_completion_or_failure,
         )
     from worker.errors import one_line
     from worker.pod import FATAL_EXIT_DELAY_S
@@ -133,53 +128,41 @@ def serve(settings: Settings, *, sock: socket.socket) -> int:
     set_ulimit()  # as vLLM's server does: many connections per process
     context = multiprocessing.get_context("spawn")
     shared = _Shared(
-        in_flight=context.RawArray("q", SharedAdmissionStats.num_counters(count)),
+        in_flight=admission_counters(count, context),
         window=WatchdogWindow.shared(settings.acceptance_watchdog_window, context),
         ready=context.RawArray("b", count),
     )
-    listeners = bind_engine_zmq_listeners(vllm_config, count)
-    manager: Any = None
-    engines: Any = None
+    processes = EngineAndApiProcesses()
     status = 0
     log.info("pod on http://%s:%d with %d API server processes", settings.host, settings.port, count)
     try:
-        with launch_core_engines(vllm_config, Executor.get_class(vllm_config), True, listeners.addresses) as launch:
-            engines = launch.engine_manager
-            manager = APIServerProcessManager(
-                target_server_fn=run_api_process,
-                listen_address=f"http://{settings.host}:{settings.port}",
-                sock=sock,
-                args=argparse.Namespace(plan=plan, shared=shared),
-                num_servers=count,
-                input_listeners=listeners.inputs,
-                output_listeners=listeners.outputs,
-                stats_update_address=launch.coordinator.get_stats_publish_address() if launch.coordinator else None,
-                tensor_queue=launch.tensor_queue,
-            )
-            launch.watched_frontend_processes = manager.processes
-        wait_for_completion_or_failure(api_server_manager=manager, engine_manager=engines)
+        processes.start(
+            vllm_config,
+            count=count,
+            target=run_api_process,
+            listen_address=f"http://{settings.host}:{settings.port}",
+            sock=sock,
+            args=argparse.Namespace(plan=plan, shared=shared),
+        )
+        processes.wait()
     except SystemExit:
         log.info("stopping: draining the API processes (up to %.0f s), then the engine", settings.shutdown_grace_s)
     except Exception as exc:
         status = 1
         log.error("pod failed: %s; exiting with status 1 so that the pod is restarted", exc)
-        if manager is not None:
-            # The API processes' clients are not told of an engine core that was killed: this
-            # process tells them (SIGUSR1), they fail their requests in flight, answer 503 for a
-            # moment, then exit by themselves (worker/pod.py).
-            for proc in manager.processes:
-                if proc.pid is not None and proc.is_alive():
-                    os.kill(proc.pid, signal.SIGUSR1)
-            deadline = time.monotonic() + FATAL_EXIT_DELAY_S + 5
-            for proc in manager.processes:
-                proc.join(max(0.0, deadline - time.monotonic()))
+        # The API processes' clients are not told of an engine core that was killed: this process
+        # tells them (SIGUSR1), they fail their requests in flight, answer 503 for a moment, then
+        # exit by themselves (worker/pod.py).
+        for proc in processes.api_processes:
+            if proc.pid is not None and proc.is_alive():
+                os.kill(proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + FATAL_EXIT_DELAY_S + 5
+        for proc in processes.api_processes:
+            proc.join(max(0.0, deadline - time.monotonic()))
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if manager is not None:
-            manager.shutdown(timeout=settings.shutdown_grace_s + 5)
-        if engines is not None:
-            engines.shutdown(timeout=None)  # vLLM's own grace for the engine core (5 s), as its server gives
+        processes.shutdown(api_timeout_s=settings.shutdown_grace_s + 5)
         sock.close()
     return status
 
@@ -205,7 +188,7 @@ async def _serve_api_process(sock: socket.socket, plan: BootPlan, shared: _Share
     from worker.boot.launch import ApiProcess, boot
     from worker.pod import create_app
     from worker.runtime import EngineHolder
-    from worker.vllm_internals.api_processes import NoSignalServer, SharedAdmissionStats
+    from worker.vllm_internals.api_processes import NoSignalServer, admission_stats
 
     loads = client.pop("api_server_loads", None)
     count, index = client.pop("client_count"), client.pop("client_index")
@@ -217,7 +200,7 @@ async def _serve_api_process(sock: socket.socket, plan: BootPlan, shared: _Share
         engine_factory=lambda _: boot(plan, api_process=api_process),
         shared_window=shared.window,
     )
-    peers = SharedAdmissionStats({"mp_admission_counters": shared.in_flight}, count, index)
+    peers = admission_stats(shared.in_flight, count=count, index=index)
     app = create_app(holder, peers=peers, ready_peers=_ReadySlots(shared.ready, index))
     config = uvicorn.Config(
         app,

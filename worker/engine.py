@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
+from transformers import PreTrainedTokenizerBase
 from vllm import SamplingParams
 from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
@@ -62,6 +63,11 @@ class Engine:
         self.max_num_seqs: int = config.scheduler_config.max_num_seqs
         self.served = served
         self._tokenizer = llm.get_tokenizer()
+        # Asked once: the native path's chat needs the tokenizer's own template. vLLM hands out
+        # transformers' tokenizers for the models the worker serves, whose ``chat_template`` is
+        # public (None where the model has none); a tokenizer of another kind has no template here.
+        tokenizer = self._tokenizer
+        self.has_chat_template = isinstance(tokenizer, PreTrainedTokenizerBase) and bool(tokenizer.chat_template)
         # The frontend half of exact stats, where the boot installed it (worker.boot.launch).
         self.exact_stop_stats: ExactStopStats | None = installed_exact_stop_stats(llm)
         # The model's default sampling parameters (its generation_config.json), applied to what a
@@ -110,7 +116,7 @@ class Engine:
         """Token ids of the request's prompt (the chat template applied to its chat, if any)."""
         tokenizer, chat = self._tokenizer, request.chat
         if chat is not None:
-            if not getattr(tokenizer, "chat_template", None):
+            if not self.has_chat_template:
                 raise InvalidRequest("this model has no chat template; send 'prompt' instead of 'messages'")
             text = tokenizer.apply_chat_template(
                 [m.model_dump() for m in chat], tokenize=False, add_generation_prompt=True

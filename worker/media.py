@@ -24,7 +24,8 @@ and ``openai_route``; the native input takes no media):
 A refusal is a validation error with a sentence saying why, which vLLM's layer answers with a 400.
 ``ALLOW_PRIVATE_MEDIA_URLS=true`` (for images served from the user's own network) selects vLLM's
 own connector instead, with vLLM's own redirect setting. Written here because vLLM has no address
-filter; vLLM's connector does all the fetching and decoding.
+filter; vLLM's connector does all the fetching and decoding. Imports vLLM's exceptions module (its
+public surface): loaded only by the seam's connector.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from collections.abc import Iterable
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from urllib3.util import parse_url
+from vllm.exceptions import VLLMValidationError
 
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
-from worker.vllm_internals.exceptions import MediaURLRefused
 
 __all__ = [
     "PUBLIC_MEDIA_CONNECTOR",
@@ -56,6 +57,13 @@ __all__ = [
     "refuse_addresses",
     "refuse_redirects",
 ]
+
+
+class MediaURLRefused(VLLMValidationError):
+    """A media URL the worker will not fetch; the message says why. A vLLM validation error (vLLM's
+    public exception): vLLM's layer passes it through as a 400 with its message (a ``ValueError``
+    raised during a fetch it would turn into "Invalid URL")."""
+
 
 _HINT = "set ALLOW_PRIVATE_MEDIA_URLS=true to serve media from your own network"
 

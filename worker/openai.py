@@ -2,8 +2,8 @@
 
 vLLM builds the whole OpenAI surface (chat, completions, responses, models, tokenize, embeddings;
 tool-call and reasoning parsers; LoRA adapters by model name; per-request ``metrics``) over any
-engine client. :meth:`OpenAIServer.create` hands it the worker's ``AsyncLLM``, wrapped so that every
-request also reaches the worker's observers, with vLLM's server arguments made from the settings by
+engine client. :meth:`OpenAIServer.create` hands it the worker's ``AsyncLLM``, its ``generate`` passed through
+the worker's observers (by the seam), with vLLM's server arguments made from the settings by
 vLLM's own parser. :meth:`OpenAIServer.call` drives the app in-process for a RunPod job (no port),
 streaming its events; the pod's gate is in ``worker/pod.py``. Imports vLLM: loaded only on use.
 """
@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 from argparse import Namespace
-from collections.abc import AsyncIterator, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,7 +25,6 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
-from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 from vllm.exceptions import VLLMValidationError
@@ -36,7 +35,13 @@ from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import EngineDead, describe_validation_errors, to_openai_error, without_native_locations
 from worker.vllm_internals.check import require_internals
-from worker.vllm_internals.openai_layer import answer_http_error, error_answer, field_path
+from worker.vllm_internals.openai_layer import (
+    add_exception_handlers,
+    answer_http_error,
+    error_answer,
+    field_path,
+    generating_through,
+)
 from worker.vllm_internals.variants import server_arg_parser
 
 __all__ = ["OpenAIResponse", "OpenAIServer", "describe_request_errors", "server_args", "server_flags"]
@@ -75,26 +80,23 @@ def server_flags(settings: Settings, *, lora_paths: dict[str, str] | None = None
     return argv
 
 
-class _ObservedClient:
-    """vLLM's ``AsyncLLM`` with ``generate`` passed through :meth:`Engine.observe`: vLLM's layer
-    calls the engine directly, and the worker's metrics must see those requests too."""
+def _observed_generate(engine: Engine) -> Callable[..., AsyncIterator[Any]]:
+    """The ``generate`` vLLM's layer calls: the engine's own, passed through :meth:`Engine.observe`
+    (vLLM's layer calls the engine directly, and the worker's metrics must see those requests too),
+    after the worker's refusals of what this engine cannot sample faithfully."""
+    llm = engine.llm
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._llm = engine.llm
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._llm, name)
-
-    def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
-        problem = self._engine.unsupported_sampling(sampling_params)
+    def generate(prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
+        problem = engine.unsupported_sampling(sampling_params)
         if problem is not None:
             name, message = problem
             raise VLLMValidationError(message, parameter=name)  # vLLM's layer answers 400
-        outputs: AsyncIterator[Any] = self._llm.generate(prompt, sampling_params, request_id, **kwargs)
+        outputs: AsyncIterator[Any] = llm.generate(prompt, sampling_params, request_id, **kwargs)
         # Only structured outputs fail with a native library's message (xgrammar's).
         is_structured = sampling_params.structured_outputs is not None
-        return self._engine.observe(_clean_validation_errors(outputs) if is_structured else outputs, request_id)
+        return engine.observe(_clean_validation_errors(outputs) if is_structured else outputs, request_id)
+
+    return generate
 
 
 async def _clean_validation_errors(outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -122,9 +124,6 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
         body, status = error_answer(exc)  # a request-specific failure: vLLM's own answer
         return JSONResponse(body, status_code=status)
 
-    app.add_exception_handler(EngineDeadError, answer)
-    app.add_exception_handler(EngineGenerateError, answer)
-
     async def unreadable(request: Request, exc: HTTPException) -> Response:
         # A 400 is FastAPI's "error parsing the body"; its 404 and 405 (no such route, method) stay
         # FastAPI's, which the serverless route turns into sentences naming the route.
@@ -132,10 +131,7 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
             return await answer_http_error(request, exc)  # vLLM's own handler
         return await fastapi_http_exception_handler(request, exc)
 
-    app.exception_handler(HTTPException)(unreadable)
-    # Starlette reads its handlers when it builds the middleware stack, which vLLM's set-up has
-    # already built: build it again with these.
-    app.middleware_stack = app.build_middleware_stack()
+    add_exception_handlers(app, {EngineDeadError: answer, EngineGenerateError: answer, HTTPException: unreadable})
 
 
 def describe_request_errors(errors: Any, *, prefix: str = "") -> str:
@@ -196,7 +192,7 @@ class OpenAIServer:
         args = server_args(settings, model_path=llm.vllm_config.model_config.model, lora_paths=lora_paths)
         tasks = await llm.get_supported_tasks()
         app = build_app(args, tasks, llm.model_config)
-        await init_app_state(cast(EngineClient, _ObservedClient(engine)), app.state, args, tasks)
+        await init_app_state(generating_through(llm, _observed_generate(engine)), app.state, args, tasks)
         _answer_engine_errors(app, engine)
         # What vLLM's server does in its app's lifespan, which does not run here (the app is
         # mounted, or called in-process): move the serving layer just built (templates, parsers,

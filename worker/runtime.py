@@ -25,32 +25,22 @@ from worker.metrics import WatchdogWindow, WorkerMetrics
 from worker.schema import GenerateRequest, Served, StreamChunk
 
 if TYPE_CHECKING:
-    from worker.boot.plan import BootPlan
     from worker.engine import Engine
     from worker.openai import OpenAIServer
     from worker.speculation.stats.tracking import RequestEnd
 
-__all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine", "prepare_boot"]
+__all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine"]
 
 log = logging.getLogger(__name__)
 
 EngineState = Literal["idle", "booting", "ready", "failed", "dead"]
 
 
-def prepare_boot(plan: BootPlan) -> None:
-    """What a process that starts vLLM's engine does before importing vLLM: start reading the
-    weights (they are read while the imports run), set the environment the engine must inherit, and
-    start the model-class inspection, all as the plan says."""
-    from worker.boot import modelinfo, prefetch
-
-    prefetch.start(plan)
-    plan.apply_environment(os.environ)
-    modelinfo.start(plan)  # after the environment, which its subprocess inherits
-
-
 async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
-    """vLLM's engine for ``settings``: the boot plan, :func:`prepare_boot`, then the boot."""
+    """vLLM's engine for ``settings``: the boot plan, what runs while vLLM is imported
+    (:func:`worker.boot.prefetch.prepare_boot`), then the boot."""
     from worker.boot.plan import build_plan
+    from worker.boot.prefetch import prepare_boot
 
     plan = build_plan(settings, mode=mode)
     prepare_boot(plan)

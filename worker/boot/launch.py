@@ -151,7 +151,7 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
 
 def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> Engine:
     """Build and start the engine (blocking; call it off the event loop). The process environment
-    vLLM reads (the plan's) is set by the caller (``worker.runtime.prepare_boot``). With
+    vLLM reads (the plan's) is set by the caller (``worker.boot.prefetch.prepare_boot``). With
     ``api_process``, connect to an engine core another process started instead of starting one."""
     tail = OutputTail.start() if api_process is None else None
     count, index = (1, 0) if api_process is None else (api_process.count, api_process.index)
@@ -237,7 +237,7 @@ async def warm_up(engine: Engine) -> None:
         return  # e.g. an embedding model: nothing to generate
     params = {"max_tokens": 8, "ignore_eos": True, "temperature": 0}
     jobs: list[dict[str, Any]] = [{"prompt": "Hi", "sampling_params": params}]
-    if getattr(llm.get_tokenizer(), "chat_template", None):
+    if engine.has_chat_template:
         jobs.append({"messages": [{"role": "user", "content": "Hi"}], "sampling_params": params})
     featured = dict(WARMUP_SAMPLING_FEATURES)
     if engine.served.speculative_method is not None:

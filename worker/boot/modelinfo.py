@@ -10,11 +10,11 @@ subprocess started before the main process imports vLLM, so that the two imports
 waits for it (``wait``) just before vLLM builds the config, which then reads the answer from its
 cache.
 
-Written here because vLLM has no switch for it. The subprocess calls vLLM's own registry
-(:mod:`worker.vllm_internals.modelinfo`, in the seam: its private names are in the contract, which
-the boot checks), so the file it writes is the one vLLM reads and checks against the model module's
-hash; what else can go wrong there (an architecture vLLM does not know, a timeout) leaves vLLM to
-inspect as it does today.
+Written here because vLLM has no switch for it. The subprocess (``python -m worker.boot.modelinfo
+DIRECTORY ARCHITECTURE...``) calls vLLM's own registry (:mod:`worker.vllm_internals.modelinfo`, in
+the seam: its private names are in the contract, which the boot checks), so the file it writes is
+the one vLLM reads and checks against the model module's hash; what else can go wrong there (an
+architecture vLLM does not know, a timeout) leaves vLLM to inspect as it does today.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from worker.boot.plan import BootPlan
 
-__all__ = ["NAMES_FILE", "architectures", "missing", "recorded", "start", "wait"]
+__all__ = ["NAMES_FILE", "architectures", "fill", "missing", "recorded", "start", "wait"]
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def start(plan: BootPlan) -> subprocess.Popen[bytes] | None:
     package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     _pending = subprocess.Popen(
-        [sys.executable, "-m", "worker.vllm_internals.modelinfo", str(plan.model_info_dir), *names],
+        [sys.executable, "-m", "worker.boot.modelinfo", str(plan.model_info_dir), *names],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -127,3 +127,23 @@ def wait(timeout_s: float = WAIT_S) -> None:
         log.warning("model-class inspection still running after %.0f s: stopped, vLLM inspects on its own", timeout_s)
         return
     log.info("model-class inspection waited for %.2f s (exit %d)", time.perf_counter() - started, process.returncode)
+
+
+def fill(directory: Path, names: list[str]) -> int:
+    """In the subprocess: vLLM's own inspection of each architecture (the seam's), saved where vLLM
+    reads it (``directory``: the plan's ``model_info_dir``, vLLM's own under the environment the
+    subprocess inherits), and the names of vLLM's files recorded beside them; the number of answers
+    written."""
+    from worker.vllm_internals.modelinfo import inspect_classes
+
+    written, found = inspect_classes(names)
+    if found:
+        names_found = {**recorded(directory), **found}
+        temporary = directory / f".{NAMES_FILE}.{os.getpid()}"
+        temporary.write_text(json.dumps(names_found, indent=1, sort_keys=True))
+        temporary.replace(directory / NAMES_FILE)  # atomic: a boot reading it sees all or nothing
+    return written
+
+
+if __name__ == "__main__":
+    fill(Path(sys.argv[1]), sys.argv[2:])

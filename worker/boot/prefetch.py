@@ -1,4 +1,5 @@
-"""Read the model's weight files into the page cache while vLLM is still being imported.
+"""Read the model's weight files into the page cache while vLLM is still being imported; and what
+else a boot starts before it imports vLLM (:func:`prepare_boot`).
 
 A boot spends its first 15-20 s importing vLLM with the disk idle (the main process), then the
 engine core reads the weights with the CPU mostly idle; on a new RunPod host the weights come from
@@ -29,6 +30,7 @@ __all__ = [
     "Prefetch",
     "available_memory_bytes",
     "evict",
+    "prepare_boot",
     "resident_fraction",
     "resident_share",
     "start",
@@ -132,6 +134,17 @@ def start(plan: BootPlan) -> Prefetch | None:
     for i in range(remaining[0]):
         threading.Thread(target=worker, name=f"prefetch-{i}", daemon=True).start()
     return job
+
+
+def prepare_boot(plan: BootPlan) -> None:
+    """What a process that starts vLLM's engine does before importing vLLM: start reading the
+    weights (they are read while the imports run), set the environment the engine must inherit, and
+    start the model-class inspection (``worker.boot.modelinfo``), all as the plan says."""
+    from worker.boot import modelinfo
+
+    start(plan)
+    plan.apply_environment(os.environ)
+    modelinfo.start(plan)  # after the environment, which its subprocess inherits
 
 
 def _read(path: Path, buffer: bytearray) -> int:

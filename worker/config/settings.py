@@ -5,7 +5,7 @@ Variable names follow RunPod's official vLLM worker where the meaning is the sam
 ``MODEL_NAME`` selects the default model, SmolLM2-135M-Instruct from PyPI (``worker/smollm2.py``:
 converted offline on first use); ``tiny:<variant>`` names the embedded tiny models. The schema and its
 validators live here (``environment.py``'s ``load_settings`` reads the environment into them);
-speculation policy in ``worker/speculation/config.py``, host facts in ``host.py``.
+speculation policy in ``speculation.py``, host facts in ``host.py``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.config import host, parsing
+from worker.config import host, parsing, speculation
 from worker.config.parsing import LoraModule
+from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 from worker.smollm2 import DEFAULT_MODEL
-from worker.speculation import config as speculation
-from worker.speculation.config import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
 from worker.tiny_models import VARIANTS as TINY_VARIANTS
 
 __all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings"]
@@ -298,7 +297,7 @@ class Settings(BaseSettings):
 
     @property
     def draft_ref(self) -> str | None:
-        """The separate draft model as the user named it (:func:`worker.speculation.config.draft_ref`)."""
+        """The separate draft model as the user named it (:func:`worker.config.speculation.draft_ref`)."""
         return speculation.draft_ref(self)
 
     @property

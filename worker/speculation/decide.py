@@ -20,7 +20,7 @@ import dataclasses
 from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
-from worker.speculation.config import drafts_by_eagle, drafts_by_ngram, drafts_with_model
+from worker.config.speculation import drafts_by_eagle, drafts_by_ngram, drafts_with_model
 
 __all__ = [
     "AUTO_BY_DEFAULT",

@@ -169,6 +169,8 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.v1.engine.exceptions:EngineDeadError",
     ),
     "worker/boot/launch.py": (
+        "vllm.v1.engine.async_llm:AsyncLLM{get_supported_tasks, add_lora, reset_prefix_cache}",
+        "vllm.v1.engine.async_llm:AsyncLLM.from_vllm_config(vllm_config, disable_log_stats)",
         "vllm.engine.arg_utils:AsyncEngineArgs.create_engine_config(usage_context)",
         "vllm.usage.usage_lib:UsageContext.ENGINE_CONTEXT",
         "vllm.engine.arg_utils:AsyncEngineArgs{}",
@@ -187,6 +189,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.plugins:DEFAULT_PLUGINS_GROUP",
     ),
     "worker/openai.py": (
+        "vllm.v1.engine.async_llm:AsyncLLM{generate, vllm_config, model_config, get_supported_tasks}",
         "vllm.entrypoints.launchers.app:build_app(args, supported_tasks, model_config)",
         "vllm.entrypoints.launchers.api_server.app_state:init_app_state(engine_client, state, args, supported_tasks)",
         "vllm.utils.argparse_utils:FlexibleArgumentParser{parse_args}",
@@ -242,7 +245,6 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "0.34 only: vllm.entrypoints.common.cli_args:make_arg_parser(parser)",
         "vllm.utils.argparse_utils:FlexibleArgumentParser()",
     ),
-    "worker/vllm_internals/exceptions.py": ("vllm.exceptions:VLLMValidationError{}",),
     "worker/vllm_internals/modelinfo.py": (
         "vllm.model_executor.models.registry:ModelRegistry",
         "vllm.model_executor.models.registry:_ModelRegistry{models}",
@@ -254,8 +256,10 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.model_executor.models.registry:_LazyRegisteredModel._get_cache_filename()",
         "vllm.model_executor.models.registry:_ModelInfo.from_model_cls(model)",
     ),
+    "worker/media.py": ("vllm.exceptions:VLLMValidationError{}",),
     "worker/engine.py": (
         "vllm.v1.engine.async_llm:AsyncLLM{get_tokenizer, generate, shutdown}",
+        "vllm.v1.engine.async_llm:AsyncLLM{vllm_config, errored, get_num_unfinished_requests}",
         "vllm.v1.engine.async_llm:AsyncLLM.generate(prompt, sampling_params, request_id, lora_request)",
         "vllm.config.model:ModelConfig{max_model_len, quantization, model, get_diff_sampling_param}",
         "vllm:SamplingParams",

@@ -43,7 +43,7 @@ from vllm.v1.engine.output_processor import OutputProcessor, OutputProcessorOutp
 from vllm.v1.metrics.stats import IterationStats, RequestSpecDecodeMetrics
 
 from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY, Answer, SpecCounts, kept_counts
-from worker.speculation.stats.tracking import Release, ReleaseReason
+from worker.speculation.stats.tracking import Release, Released, ReleaseReason
 from worker.vllm_internals.scheduler import copy_metrics
 
 if TYPE_CHECKING:
@@ -61,10 +61,8 @@ STATS_WAIT_S = 10.0
 NO_ANSWER_LIMIT = 3
 
 
-class ReleasedSpecDecodeMetrics(RequestSpecDecodeMetrics):
+class ReleasedSpecDecodeMetrics(RequestSpecDecodeMetrics, Released):
     """The counts a stop string's final output went out with, and how (``release``)."""
-
-    release: Release = Release("answered")
 
     @property
     def partial(self) -> bool:

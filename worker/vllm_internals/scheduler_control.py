@@ -11,7 +11,7 @@ import itertools
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from worker.speculation.config import EAGLE_METHODS, NGRAM_METHODS
+from worker.config.speculation import EAGLE_METHODS, NGRAM_METHODS
 from worker.speculation.controller import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
 from worker.speculation.cost import STEP_COSTS
 from worker.speculation.decide import is_graph_schedule

@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol
 from worker.schema import SpecDecodeStats, Timings
 from worker.speculation.stats.acceptance import spec_stats_from_histogram
 
-__all__ = ["Release", "ReleaseReason", "RequestEnd", "RequestTracker"]
+__all__ = ["Release", "ReleaseReason", "Released", "RequestEnd", "RequestTracker"]
 
 # Why a stop string's final output went out as it did (``worker.vllm_internals.frontend``): with the
 # core's answer (exact), or partial: no answer in time, an answer whose last steps did not match,
@@ -36,6 +36,14 @@ class Release:
     @property
     def outcome(self) -> Literal["exact", "partial"]:
         return "exact" if self.is_exact else "partial"
+
+
+class Released:
+    """The mark on the spec-decode counts a stop string's final output went out with: how it was
+    released. The seam's frontend gives its copies of vLLM's counts this base; vLLM's own counts
+    lack it, so a tracker tells the two apart by type (vLLM's class is not read for a name)."""
+
+    release: Release = Release("answered")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,10 +108,7 @@ class RequestTracker:
         metrics = completion.spec_decode_metrics if completion is not None else None
         finish_reason = completion.finish_reason if completion is not None else "stop"
         # Partial: a cancellation, or a stop string whose exact counts did not come (worker.vllm_internals.frontend).
-        # ``release`` is the worker's own attribute, on the counts the seam's frontend released (absent on vLLM's).
-        release = getattr(metrics, "release", None)
-        if not isinstance(release, Release):
-            release = None
+        release = metrics.release if isinstance(metrics, Released) else None
         is_partial = finish_reason == "abort" or (release is not None and not release.is_exact)
         spec = None if metrics is None else stats_from_vllm(metrics, is_partial=is_partial)
         # Observers hear of the end now, not when the consumer gets round to closing the stream.

@@ -38,7 +38,7 @@ _SPECULATION = ("SPECULATIVE_METHOD", "SPECULATIVE_MODEL", "SPECULATIVE_CONFIG")
 def cost_key(settings: Settings) -> str:
     """Which step costs of :data:`worker.speculation.cost.STEP_COSTS` price this drafter on a GPU
     under ``auto`` (n-gram runs there as ``ngram_gpu``, with async scheduling)."""
-    from worker.speculation.config import drafts_by_eagle, drafts_by_ngram
+    from worker.config.speculation import drafts_by_eagle, drafts_by_ngram
 
     spec = settings.resolved_speculative_config
     if drafts_by_ngram(spec):

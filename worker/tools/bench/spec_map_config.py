@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from worker.speculation.config import NGRAM_METHODS
+from worker.config.speculation import NGRAM_METHODS
 
 __all__ = ["baseline", "check_mix", "config_env", "speculative_config"]
 
