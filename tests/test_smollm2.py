@@ -197,6 +197,10 @@ async def test_on_real_text_the_watchdog_flags_every_task_the_cost_model_says_co
         assert watchdog.is_low == row["watchdog_low"], row
         if row["costs_more_than_it_saves"]:
             assert row["watchdog_low"], row
+    # The difference, on real text: free chat accepts little (flagged), yet above n-gram's break-even.
+    between = {r["task"] for r in rows if r["watchdog_low"] and not r["costs_more_than_it_saves"]}
+    assert {"story", "study-tips"} <= between, rows
+    assert [r["task"] for r in rows if not r["watchdog_low"]], rows  # copying tasks are not flagged
     by_kind = {
         kind: sum(r["num_accepted_draft_tokens"] for r in rows if r["kind"] == kind)
         / sum(r["num_spec_steps"] for r in rows if r["kind"] == kind)
