@@ -79,7 +79,8 @@ def tiny_default(env: Mapping[str, str]) -> dict[str, str]:
 LORA_ENV = {"ENABLE_LORA": "true", "LORA_MODULES": "tiny-lora=tiny:lora"}
 
 
-# The served block of the tiny default on the CPU (the README's): what the plan and the pod's /plan show.
+# The served block of the tiny models' set-up (TINY_MODEL_ENV and TINY_DRAFT_ENV) on the CPU: what the
+# plan and the pod's /plan show.
 TINY_DEFAULT_SERVED = {
     "model": "tiny:target",
     "quantization": None,

@@ -10,7 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
-README_MAX_BYTES = 25_000
+# 25,000 until the README showed the first command's output on the default model (SmolLM2, issue 76).
+README_MAX_BYTES = 26_500
 # [text](target), outside code spans; images too.
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)

@@ -8,6 +8,7 @@ from worker.speculation.cost import (
     STEP_COSTS,
     StepCost,
     best_k,
+    break_even_length,
     expected_tokens,
     steady_factors,
     step_ms,
@@ -134,3 +135,30 @@ def test_best_k_weighs_each_k_by_its_factor() -> None:
     assert best_k(NGRAM, batch_size=64, rates=rates, allowed_ks=ALL_KS) == 0
     factors = steady_factors(MIXED_AT_K4, 4)
     assert best_k(NGRAM, batch_size=64, rates=rates, allowed_ks=ALL_KS, factors=factors) in (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("key", "batch_size", "k"), [("ngram", 1, 3), ("ngram", 64, 2), ("eagle", 8, 4), ("ngram_sync", 1, 1)]
+)
+def test_at_the_break_even_length_a_step_at_k_yields_what_one_without_drafting_does(
+    key: str, batch_size: int, k: int
+) -> None:
+    """``break_even_length`` is the controller's comparison of k against 0 solved for the length:
+    a uniform per-position rate giving that length makes the two equal, and a higher one wins."""
+    cost = STEP_COSTS[key]
+    length = break_even_length(cost, batch_size=batch_size, k=k)
+    assert length > 1.0
+
+    def rate_for(target: float) -> float:
+        low, high = 0.0, 1.0
+        for _ in range(60):
+            mid = (low + high) / 2
+            low, high = (mid, high) if expected_tokens([mid] * k, k) < target else (low, mid)
+        return low
+
+    off = tokens_per_ms(cost, batch_size=batch_size, k=0, rates=[])
+    at = tokens_per_ms(cost, batch_size=batch_size, k=k, rates=[rate_for(length)] * k)
+    assert at == pytest.approx(off, rel=1e-9)
+    rates = [rate_for(length + 0.1)] * k
+    assert tokens_per_ms(cost, batch_size=batch_size, k=k, rates=rates) > off
+    assert best_k(cost, batch_size=batch_size, rates=rates, allowed_ks=[0, k]) == k
