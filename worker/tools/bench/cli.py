@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             ks=args.ks if "--ks" in given else [1, 2, 3, 4],
             with_baseline=not args.skip_baseline,
             max_tokens=args.max_tokens if "--max-tokens" in given else None,
+            repeats=args.repeats,
             out=args.out,
         )
     if args.render:

@@ -1,7 +1,8 @@
 """``python -m worker bench --real-text``: speculation's acceptance on real text, per task.
 
 Each task of the real-text set (:mod:`.real_text_tasks`) runs greedily, one at a time, on an engine
-of each k in ``--ks``, and on one without speculation unless ``--skip-baseline``. The model is what
+of each k in ``--ks``, and on one without speculation unless ``--skip-baseline``, in ``--repeats``
+rounds of the whole set (decode speed: the rounds' median; the counts are the same every round). The model is what
 ``MODEL_NAME`` says (unset: the default, SmolLM2); what drafts is what the environment configures
 (``SPECULATIVE_METHOD``, ``SPECULATIVE_MODEL``, ``SPECULATIVE_CONFIG``, ``SPECULATION_CONTROL``),
 n-gram where it configures none; the run sets only ``NUM_SPECULATIVE_TOKENS``. So the model as its
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,8 +101,19 @@ def task_row(result: dict[str, Any], *, k: int, threshold: float, break_even: fl
     }
 
 
+async def _rounds(engine: Engine, *, repeats: int, max_tokens: int | None) -> list[dict[str, Any]]:
+    """Each task ``repeats`` times in turn (rounds of the whole set): the first round's answer and
+    counts (greedy: every round's are the same), the median of the rounds' decode speeds."""
+    rounds = [[await run_task(engine, task, max_tokens=max_tokens) for task in TASKS] for _ in range(repeats)]
+    answers = []
+    for i, first in enumerate(rounds[0]):
+        speeds = [r[i]["decode_tok_s"] for r in rounds if r[i]["decode_tok_s"] is not None]
+        answers.append({**first, "round_tok_s": speeds, "decode_tok_s": statistics.median(speeds) if speeds else None})
+    return answers
+
+
 async def bench_real_text(
-    env: dict[str, str], *, ks: list[int], with_baseline: bool, max_tokens: int | None, out: Path
+    env: dict[str, str], *, ks: list[int], with_baseline: bool, max_tokens: int | None, repeats: int, out: Path
 ) -> dict[str, Any]:
     """Every task on an engine per k (and one without speculation), booted one after another."""
     from worker.runtime import boot_engine
@@ -109,7 +122,7 @@ async def bench_real_text(
     spec_env = {k: v for k, v in env.items() if k != "NUM_SPECULATIVE_TOKENS"}
     if not any(spec_env.get(name) for name in _SPECULATION):
         spec_env["SPECULATIVE_METHOD"] = "ngram"
-    results: dict[str, Any] = {"version": REAL_TEXT_VERSION, "ks": ks, "baseline": None, "runs": []}
+    results: dict[str, Any] = {"version": REAL_TEXT_VERSION, "ks": ks, "repeats": repeats, "baseline": None, "runs": []}
     configs: list[tuple[int, dict[str, str]]] = [(k, {**spec_env, "NUM_SPECULATIVE_TOKENS": str(k)}) for k in ks]
     if with_baseline:
         plain = {k: v for k, v in env.items() if k not in (*_SPECULATION, "NUM_SPECULATIVE_TOKENS")}
@@ -120,7 +133,7 @@ async def bench_real_text(
         engine = await boot_engine(settings, mode="serverless")
         boot_s = time.perf_counter() - started
         try:
-            answers = [await run_task(engine, task, max_tokens=max_tokens) for task in TASKS]
+            answers = await _rounds(engine, repeats=repeats, max_tokens=max_tokens)
         finally:
             engine.shutdown()
         run: dict[str, Any] = {"k": k, "model": settings.target_ref, "boot_s": boot_s, "answers": answers}
@@ -173,7 +186,10 @@ def render_real_text(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(env: dict[str, str], *, ks: list[int], with_baseline: bool, max_tokens: int | None, out: Path) -> int:
-    results = asyncio.run(bench_real_text(env, ks=ks, with_baseline=with_baseline, max_tokens=max_tokens, out=out))
+def main(
+    env: dict[str, str], *, ks: list[int], with_baseline: bool, max_tokens: int | None, repeats: int, out: Path
+) -> int:
+    run = bench_real_text(env, ks=ks, with_baseline=with_baseline, max_tokens=max_tokens, repeats=repeats, out=out)
+    results = asyncio.run(run)
     print(render_real_text(results))
     return 0
