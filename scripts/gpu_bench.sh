@@ -468,7 +468,7 @@ for stage in "$@"; do
     lossless)
       # The tiny models (built on first use, real weights): speculation at temperature 1, and 0.7 with
       # top-p 0.9, against an A/A control of the same engine without it (bench part lossless).
-      ( unset MODEL_NAME LOAD_FORMAT MAX_MODEL_LEN
+      ( unset LOAD_FORMAT MAX_MODEL_LEN; export MODEL_NAME=tiny:target
         run lossless --parts lossless --lossless-top-p --lossless-samples "${LOSSLESS_SAMPLES:-1000}" --concurrency 256 ) ;;
     coldstart-server-real)
       real_weights

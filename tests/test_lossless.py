@@ -34,7 +34,7 @@ def test_the_distance_stays_under_its_threshold_for_one_distribution_and_not_for
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_on_the_cpu_build_the_control_passes_and_a_draft_model_is_lossy(tiny_models: TinyModels) -> None:
-    env = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MAX_NUM_SEQS": "64"}
+    env = {"WORKER_CACHE_DIR": str(CACHE_DIR), "MAX_NUM_SEQS": "64", "MODEL_NAME": "tiny:target"}
     draft = {"SPECULATIVE_MODEL": "tiny:noisy", "NUM_SPECULATIVE_TOKENS": "3"}
     result = await bench_lossless(
         env,
