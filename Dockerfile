@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1.7
 # RunPod serverless worker on the official vLLM image, at the vLLM version the project pins.
 #
-#   docker build -t worker .                                             # model downloads on first boot
+#   docker build -t worker .            # MODEL_NAME at run time (the default SmolLM2 is not in the image)
 #   docker build -t worker --build-arg MODEL_NAME=org/model-AWQ \
 #       --secret id=hf_token,env=HF_TOKEN .                              # model baked into the image
 #

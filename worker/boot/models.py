@@ -24,6 +24,7 @@ __all__ = [
     "References",
     "cached_snapshot",
     "check_local_paths",
+    "is_embedded",
     "looks_local",
     "resolve_references",
     "resolver",
@@ -122,7 +123,7 @@ def resolver(settings: Settings) -> Callable[[str, str | None], str]:
             try:
                 return str(ensure_smollm2(settings.worker_cache_dir))
             except SmolLM2Missing as exc:
-                raise ConfigError(f"MODEL_NAME unset: {exc}") from None
+                raise ConfigError(f"{'MODEL_NAME unset' if settings.model_name is None else ref}: {exc}") from None
         if not ref.startswith(TINY_PREFIX):
             return _cached_or_named(ref, revision, cache_dir=settings.runpod_model_cache_dir)
         from worker.tiny_models import VARIANTS, ensure_tiny_model

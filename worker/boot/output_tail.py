@@ -19,7 +19,7 @@ __all__ = ["OutputTail", "fatal_exception"]
 
 
 # A traceback's last line: the exception's type (dotted names allowed) and its message.
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt): ?\S")
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt)(?:: ?\S|$)")
 # What vLLM puts before a line a process of its own writes ("(EngineCore pid=123) "), and its log
 # header ("ERROR 12-01 05:33:38 [core.py:1510] ").
 _LINE_PREFIX = re.compile(r"^\([^)]*pid=\d+\)\s*(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\]\s?)?")

@@ -76,9 +76,8 @@ def check_at_start(
             try:
                 gguf_path()
             except SmolLM2Missing as exc:
-                raise ConfigError(
-                    f"{variable} unset: {exc}" if variable == "MODEL_NAME" else f"{variable}: {exc}", param=variable
-                ) from None
+                named = " unset" if variable == "MODEL_NAME" and settings.model_name is None else f"={ref}"
+                raise ConfigError(f"{variable}{named}: {exc}", param=variable) from None
     if is_hub_offline is None or hub_cache is None:
         from huggingface_hub import constants
 

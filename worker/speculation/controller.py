@@ -78,11 +78,12 @@ class SpeculationController:
 
     ``schedule``: vLLM's dense table of the highest k per batch size (index = batch size), or None
     for ``num_spec_tokens`` at every size. ``allowed_ks``: the k values the engine can run (all of
-    0..num_spec_tokens on vLLM's V1 runner). ``graph_batches``: by k (index), the most sequences a
-    step can carry at that k and replay a full CUDA graph (V2), or None: a batch of ``b`` sequences
-    then runs a k only where ``b`` is within it (0 always runs). ``calibrate``: each step's time,
-    between one outcome and the next, scales the model's (:class:`StepTimes`). ``drafts_after_output``:
-    the engine drafts after a step's outcome is out (vLLM's V2 runner: :meth:`StepTimes.observe`)."""
+    0..num_spec_tokens where the runner is not V2: the CPU build's). ``graph_batches``: by k
+    (index), the most sequences a step can carry at that k and replay a full CUDA graph (V2), or
+    None: a batch of ``b`` sequences then runs a k only where ``b`` is within it (0 always runs).
+    ``calibrate``: each step's time, between one outcome and the next, scales the model's
+    (:class:`StepTimes`). ``drafts_after_output``: the engine drafts after a step's outcome is out
+    (vLLM's V2 runner: :meth:`StepTimes.observe`)."""
 
     def __init__(
         self,

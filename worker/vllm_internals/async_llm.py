@@ -1,6 +1,6 @@
 """What the worker reaches for inside vLLM's ``AsyncLLM`` beyond its public methods: the engine
 core's death flag, the output processor's request states, the renderer, the client settings of an
-engine core another process started, and vLLM's own heap freeze."""
+engine core another process started."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from vllm import TokensPrompt
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.platforms import current_platform
 from vllm.usage.usage_lib import UsageContext
-from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -22,7 +21,6 @@ from worker.errors import one_line
 __all__ = [
     "add_lora_failure",
     "client_kwargs",
-    "freeze_gc_heap",
     "is_cpu_platform",
     "mark_engine_dead",
     "render_token_prompt",

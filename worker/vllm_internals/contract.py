@@ -164,7 +164,6 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.platforms:current_platform",
         "vllm.engine.arg_utils:AsyncEngineArgs{_api_process_count, _api_process_rank}",
         "vllm.usage.usage_lib:UsageContext.OPENAI_API_SERVER",
-        "vllm.utils.gc_utils:freeze_gc_heap()",
         "vllm:TokensPrompt",
         "vllm.v1.engine.exceptions:EngineDeadError",
     ),

@@ -45,7 +45,7 @@ class ControlledScheduling(_SchedulerBase):
             raise ValueError("SPECULATION_CONTROL=auto needs vLLM's batch-size schedule (engine_args adds one)")
         spec = self.vllm_config.speculative_config
         cost = STEP_COSTS[_cost_key(self.vllm_config)]
-        # vLLM's V1 runner turns to piecewise CUDA graphs under a schedule: any k runs. Its V2 runner
+        # A runner without V2's graphs (the CPU build's; 0.32's V1 on a GPU) runs any k. The V2 runner
         # captures full graphs for the query lengths of the schedule's k values only, each up to a
         # batch size of its own (_full_graph_batches): the controller chooses among those, and 0
         # (speculation off), which runs piecewise unless the schedule holds it. The worker's own V2 schedule only lists

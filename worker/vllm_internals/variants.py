@@ -12,7 +12,7 @@ import with :class:`~worker.errors.UnsupportedVllm`, naming the version).
 
 The contract (:mod:`worker.vllm_internals.contract`) lists each variant's internals as ``0.32 only:``
 or ``0.34 only:``, so the boot checks the installed release's, and the wheel check a wheel's.
-Nothing else in the worker asks which release runs. Imports no vLLM module at load: the parser's
+Nothing outside the seam asks which release runs. Imports no vLLM module at load: the parser's
 is imported where it is called (the serving layer's, not the engine core's).
 """
 

