@@ -62,6 +62,19 @@ def test_a_workers_failure_is_named_through_the_cores_wrapper() -> None:
     assert fatal_exception("\n".join(output)) == CUTLASS
 
 
+def test_a_bare_assertion_is_the_cores_cause() -> None:
+    # An engine core that dies on a bare ``assert`` writes the exception's name alone on its line.
+    bare = [
+        *WARNING_TRACEBACK,
+        f"{CORE}ERROR 12-05 15:49:14 [core.py:1757] EngineCore failed to start.",
+        f"{CORE}ERROR 12-05 15:49:14 [core.py:1757] Traceback (most recent call last):",
+        f'{CORE}ERROR 12-05 15:49:14 [core.py:1757]   File "vllm/v1/worker/gpu/model_runner.py", line 99',
+        f"{CORE}ERROR 12-05 15:49:14 [core.py:1757]     assert self.kv_caches",
+        f"{CORE}ERROR 12-05 15:49:14 [core.py:1757] AssertionError",
+    ]
+    assert fatal_exception("\n".join(bare)) == "AssertionError"
+
+
 def test_without_vllms_log_the_last_exception_is_the_one_the_process_died_of() -> None:
     assert fatal_exception("\n".join(WARNING_TRACEBACK + DEATH)) == CUTLASS
     wrapped = [*WARNING_TRACEBACK, "RuntimeError: Engine core initialization failed. See root cause above."]
