@@ -17,7 +17,7 @@ from vllm.config import VllmConfig
 from vllm.entrypoints.launchers.launcher import NoSignalServer
 from vllm.utils.system_utils import decorate_logs, set_process_title, set_ulimit
 from vllm.v1.engine.admission_control import SharedAdmissionStats
-from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
+from vllm.v1.engine.utils import EngineZmqListeners, bind_engine_zmq_listeners, launch_core_engines
 from vllm.v1.executor import Executor
 from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus
 from vllm.v1.utils import APIServerProcessManager, wait_for_completion_or_failure
@@ -55,6 +55,12 @@ class EngineAndApiProcesses:
     def __init__(self) -> None:
         self._manager: APIServerProcessManager | None = None
         self._engines: Any = None  # vLLM's engine core manager (its type varies with the launch)
+        # The engine's ZMQ listeners, held open for the processes' life, as vLLM's
+        # run_multi_api_server holds them (a local of its whole function): an API process adopts
+        # its listener when it starts, which can be after start() returns; dropped with the last
+        # reference, the listening sockets closed under a late API process, and it waited for the
+        # engine core's handshake forever.
+        self._listeners: EngineZmqListeners | None = None
 
     def start(
         self,
@@ -68,7 +74,7 @@ class EngineAndApiProcesses:
     ) -> None:
         """Start the engine core and ``count`` API processes running ``target`` on ``sock``; returns
         once the engine core has answered its handshake."""
-        listeners = bind_engine_zmq_listeners(vllm_config, count)
+        listeners = self._listeners = bind_engine_zmq_listeners(vllm_config, count)
         executor = Executor.get_class(vllm_config)
         with launch_core_engines(vllm_config, executor, True, listeners.addresses) as launch:
             self._engines = launch.engine_manager
