@@ -60,7 +60,7 @@ class EngineAndApiProcesses:
         # its listener when it starts, which can be after start() returns; dropped with the last
         # reference, the listening sockets closed under a late API process, and it waited for the
         # engine core's handshake forever.
-        self._listeners: EngineZmqListeners | None = None
+        self._zmq_listeners: EngineZmqListeners | None = None
 
     def start(
         self,
@@ -74,7 +74,7 @@ class EngineAndApiProcesses:
     ) -> None:
         """Start the engine core and ``count`` API processes running ``target`` on ``sock``; returns
         once the engine core has answered its handshake."""
-        listeners = self._listeners = bind_engine_zmq_listeners(vllm_config, count)
+        listeners = self._zmq_listeners = bind_engine_zmq_listeners(vllm_config, count)
         executor = Executor.get_class(vllm_config)
         with launch_core_engines(vllm_config, executor, True, listeners.addresses) as launch:
             self._engines = launch.engine_manager
