@@ -24,7 +24,6 @@ __all__ = [
     "References",
     "cached_snapshot",
     "check_local_paths",
-    "is_embedded",
     "looks_local",
     "resolve_references",
     "resolver",
@@ -142,12 +141,6 @@ def _cached_or_named(ref: str, revision: str | None, *, cache_dir: Path) -> str:
         log.info("%s: serving RunPod's cached copy at %s", ref, cached)
         return str(cached)
     return ref
-
-
-def is_embedded(ref: str) -> bool:
-    """A reference the worker resolves itself, offline: the default model (converted from its PyPI
-    package) or an embedded tiny model. Neither is a hub id or a path, and neither is quantized."""
-    return ref == DEFAULT_MODEL or ref.startswith(TINY_PREFIX)
 
 
 def looks_local(ref: str) -> bool:

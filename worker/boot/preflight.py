@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from worker.boot.models import cached_snapshot, is_embedded, looks_local
-from worker.config import Settings
+from worker.boot.models import cached_snapshot, looks_local
+from worker.config import Settings, is_embedded
 from worker.errors import ConfigError
 from worker.smollm2 import DEFAULT_MODEL, SmolLM2Missing, gguf_path
 

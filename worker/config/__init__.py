@@ -5,7 +5,7 @@ policy the settings check is ``speculation.py``."""
 
 from worker.config.environment import load_settings
 from worker.config.host import is_on_runpod, local_run_environment, num_api_servers, sdk_environment
-from worker.config.settings import DeploymentMode, LoraModule, Settings
+from worker.config.settings import DeploymentMode, LoraModule, Settings, is_embedded
 from worker.config.speculation import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     TINY_PREFIX,
@@ -21,6 +21,7 @@ __all__ = [
     "LoraModule",
     "Settings",
     "drafts_with_model",
+    "is_embedded",
     "is_on_runpod",
     "load_settings",
     "local_run_environment",

