@@ -24,15 +24,14 @@ of the default model runs them.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.metadata
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
 from worker.tiny_models import GENERATION_DEFAULTS
+from worker.tiny_models.cache import build_once
 
 __all__ = [
     "BUILD_VERSION",
@@ -104,20 +103,19 @@ def ensure_smollm2(cache_dir: Path) -> Path:
     source = gguf_path()
     version = importlib.metadata.version(DISTRIBUTION)
     directory = Path(cache_dir) / f"smollm2-135m-instruct-{version}-{BUILD_VERSION}"
-    if (directory / "BUILD.json").is_file():
-        return directory
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f".{directory.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (directory / "BUILD.json").is_file():
-            log.info("converting the default model (%s %s, once) into %s", DISTRIBUTION, version, directory)
-            tmp = directory.with_name(directory.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            convert_gguf(source, tmp)
-            build = {"version": BUILD_VERSION, "source": f"{DISTRIBUTION}=={version}", "file": GGUF_FILE}
-            (tmp / "BUILD.json").write_text(json.dumps(build, indent=2) + "\n")
-            tmp.rename(directory)
-    return directory
+
+    def convert(tmp: Path) -> None:
+        log.info("converting the default model (%s %s, once) into %s", DISTRIBUTION, version, directory)
+        convert_gguf(source, tmp)
+        build = {"version": BUILD_VERSION, "source": f"{DISTRIBUTION}=={version}", "file": GGUF_FILE}
+        (tmp / "BUILD.json").write_text(json.dumps(build, indent=2) + "\n")
+
+    return build_once(
+        directory,
+        convert,
+        is_built=lambda built: (built / "BUILD.json").is_file(),
+        lock=directory.parent / f".{directory.name}.lock",
+    )
 
 
 def unpermute_rows(weight: Any, num_heads: int) -> Any:

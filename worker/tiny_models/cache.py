@@ -7,13 +7,14 @@ import fcntl
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker.tiny_models.text import BUILD_VERSION, build_text_models
 from worker.tiny_models.vision import VISION_BUILD_VERSION, build_vision
 
-__all__ = ["VARIANTS", "TinyModels", "ensure_tiny_model", "ensure_tiny_models"]
+__all__ = ["VARIANTS", "TinyModels", "build_once", "ensure_tiny_model", "ensure_tiny_models"]
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +37,31 @@ class TinyModels:
         return self.path("target")
 
 
-def _ensure_vision(models: TinyModels) -> Path:
-    directory = models.path("vision")
-    if _is_built(directory, VISION_BUILD_VERSION):
+def build_once(directory: Path, build: Callable[[Path], None], *, is_built: Callable[[Path], bool], lock: Path) -> Path:
+    """``directory``, made by ``build`` unless ``is_built`` finds it made: one builder at a time on
+    this machine (``lock``, a file lock), each building into a temporary sibling that replaces
+    ``directory`` once complete, so that a build cut short leaves nothing that looks built."""
+    if is_built(directory):
         return directory
-    with open(models.root.parent / f".tiny-vision-{VISION_BUILD_VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _is_built(directory, VISION_BUILD_VERSION):
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not is_built(directory):
             tmp = directory.with_name(directory.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            build_vision(models.target, tmp)
+            build(tmp)
             shutil.rmtree(directory, ignore_errors=True)
             tmp.rename(directory)
     return directory
+
+
+def _ensure_vision(models: TinyModels) -> Path:
+    return build_once(
+        models.path("vision"),
+        lambda tmp: build_vision(models.target, tmp),
+        is_built=lambda directory: _is_built(directory, VISION_BUILD_VERSION),
+        lock=models.root.parent / f".tiny-vision-{VISION_BUILD_VERSION}.lock",
+    )
 
 
 def _is_built(directory: Path, version: str) -> bool:
