@@ -12,11 +12,13 @@ from worker.tiny_models import TinyModels
 
 
 def test_tiny_default() -> None:
-    kwargs = engine_kwargs(load_settings({"MODEL_NAME": "tiny:target", "SPECULATIVE_MODEL": "tiny:noisy"}))
+    settings = load_settings({"MODEL_NAME": "tiny:target", "SPECULATIVE_MODEL": "tiny:noisy"})
+    kwargs = engine_kwargs(settings, is_cpu=True)
     assert kwargs["model"] == "tiny:target"  # as named: the boot plan resolves it
     assert kwargs["max_model_len"] == TINY_MAX_MODEL_LEN
     assert kwargs["kv_cache_memory_bytes"] == TINY_KV_CACHE_BYTES
-    assert kwargs["enforce_eager"] is True
+    assert kwargs["enforce_eager"] is True  # eager on the CPU build only: CUDA graphs on a GPU
+    assert engine_kwargs(settings)["enforce_eager"] is False
     assert kwargs["speculative_config"]["model"] == "tiny:noisy"
     assert kwargs["per_request_spec_decode_metrics"] == "summary"
 
@@ -42,7 +44,7 @@ def test_tiny_vision_serves_without_speculation_on_the_tiny_budget() -> None:
     """The embedded drafts are text-only Llamas: tiny:vision has none, unless one is configured."""
     settings = load_settings({"MODEL_NAME": "tiny:vision"})
     assert settings.resolved_speculative_config is None and settings.served_model_name == "tiny:vision"
-    kwargs = engine_kwargs(settings)
+    kwargs = engine_kwargs(settings, is_cpu=True)
     assert kwargs["model"] == "tiny:vision"
     assert "speculative_config" not in kwargs and "per_request_spec_decode_metrics" not in kwargs
     assert kwargs["enforce_eager"] is True and kwargs["max_model_len"] == TINY_MAX_MODEL_LEN

@@ -252,8 +252,12 @@ def test_engine_args_compilation_config_wins_key_by_key() -> None:
     assert graphs("serverless", ENGINE_ARGS=piecewise) == {"cudagraph_mode": "PIECEWISE"}
     escape = '{"compilation_config": {"cudagraph_mode": "NONE"}}'
     assert graphs("pod", ENGINE_ARGS=escape) == {"cudagraph_mode": "NONE"}
-    # Eager engines, and the CPU build, get no compilation_config of the worker's.
-    assert engine_kwargs(load_settings({})).get("compilation_config") is None
+    # Eager engines, and the CPU build, get no compilation_config of the worker's: the embedded
+    # model runs eager there, and on a GPU gets the serverless graphs of any model.
+    assert engine_kwargs(load_settings({}), is_cpu=True).get("compilation_config") is None
+    assert engine_kwargs(load_settings({}), is_cpu=True)["enforce_eager"] is True
+    assert engine_kwargs(load_settings({}))["enforce_eager"] is False
+    assert engine_kwargs(load_settings({})).get("compilation_config") == graphs("serverless")
     assert engine_kwargs(load_settings(REAL), is_cpu=True).get("compilation_config") is None
     assert graphs("serverless", ENFORCE_EAGER="true") is None
 

@@ -258,11 +258,6 @@ class Settings(BaseSettings):
             raise ValueError(
                 "TORCH_COMPILE=on has no effect under ENFORCE_EAGER=true (eager runs uncompiled): unset one"
             )
-        if self.torch_compile == "on" and self.is_tiny_default:
-            raise ValueError(
-                f"TORCH_COMPILE=on has no effect on the embedded model {self.target_ref} (it runs eager): "
-                "set MODEL_NAME to a model of your own, or unset TORCH_COMPILE"
-            )
         if self.speculation_control is not None and self.resolved_speculative_config is None:
             raise ValueError("SPECULATION_CONTROL needs speculative decoding to be configured")
         names = [module.name for module in self.lora_modules]

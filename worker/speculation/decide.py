@@ -120,7 +120,9 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
     engine_args = settings.engine_args or {}
     spec = settings.resolved_speculative_config
     # Facts no auto value depends on.
-    is_eager = settings.enforce_eager or settings.is_tiny_default  # the tiny model boots faster uncompiled
+    # An embedded model runs eager on the CPU build, where it boots faster uncompiled; on a GPU it gets
+    # CUDA graphs like any model: eager, SmolLM2 decoded 83 tok/s on an H100 (host-bound steps).
+    is_eager = settings.enforce_eager or (settings.is_tiny_default and is_cpu)
     is_eager_any = is_eager or bool(engine_args.get("enforce_eager"))
     has_cuda_graphs = not is_cpu and not is_eager_any
     # Full CUDA graphs for the target, which V2 keeps under a schedule.
