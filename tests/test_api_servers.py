@@ -156,6 +156,7 @@ def test_sigterm_drains_every_process_and_leaves_none(pod: Pod) -> None:
     assert not any('"error"' in line for line in rest)
     assert pod.proc.wait(timeout=90) == 0
     assert not alive_after(processes, 30), "processes left after SIGTERM"
+    assert "Exception ignored" not in pod.log.read_text(errors="replace")  # nothing left to tear down at exit
 
 
 def test_engine_core_death_ends_the_whole_pod_with_status_1(subprocess_env: dict[str, str], tmp_path: Path) -> None:

@@ -111,3 +111,8 @@ class EngineAndApiProcesses:
             self._manager.shutdown(timeout=api_timeout_s)
         if self._engines is not None:
             self._engines.shutdown(timeout=None)
+        # Closed here, while the interpreter is whole: left to the object's __del__ at exit, vLLM's
+        # cleanup ran with its module's globals gone ("Exception ignored in EngineZmqListeners.__del__").
+        if self._zmq_listeners is not None:
+            self._zmq_listeners.cleanup()
+            self._zmq_listeners = None

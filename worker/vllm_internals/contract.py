@@ -210,7 +210,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.v1.engine.admission_control:SharedAdmissionStats(client_addresses, client_count, client_index)",
         "vllm.v1.engine.admission_control:SharedAdmissionStats.num_counters(client_count)",
         "vllm.v1.engine.utils:bind_engine_zmq_listeners(vllm_config, num_api_servers)",
-        "vllm.v1.engine.utils:EngineZmqListeners{addresses, inputs, outputs}",
+        "vllm.v1.engine.utils:EngineZmqListeners{addresses, cleanup, inputs, outputs}",
         "vllm.v1.engine.utils:launch_core_engines(vllm_config, executor_class, log_stats, addresses)",
         "vllm.v1.engine.utils:CoreEngineLaunch{engine_manager, coordinator, tensor_queue, watched_frontend_processes}",
         "vllm.v1.engine.utils:CoreEngineProcManager.shutdown(timeout)",
