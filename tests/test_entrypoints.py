@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from worker.boot import prefetch
+from worker.serverless import load_test_input
 from worker.tiny_models import TinyModels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +89,30 @@ def _run_test_input(job: dict[str, Any], *, env: dict[str, str], timeout_s: floa
     """`python handler.py --test_input JOB`, its output captured."""
     command = [sys.executable, "handler.py", "--test_input", json.dumps(job)]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_a_file_name_given_to_test_input_is_told_what_the_flag_takes(tmp_path: Path) -> None:
+    job = tmp_path / "job.json"
+    job.write_text('{"input": {"prompt": "hi"}}')
+    with pytest.raises(SystemExit) as exit_info:
+        load_test_input(str(job))
+    assert "takes the job's JSON itself, not a file" in str(exit_info.value.code)
+    assert load_test_input(None, default_path=str(job)) == {"prompt": "hi"}
+
+
+@pytest.mark.slow
+def test_a_reader_that_leaves_early_ends_the_local_run_quietly(subprocess_env: dict[str, str]) -> None:
+    """`python handler.py ... | head -2`: the job ends when its output's reader is gone, with no
+    BrokenPipeError traceback."""
+    job = {"input": {"prompt": "Once upon a time", "sampling_params": {"max_tokens": 200, "ignore_eos": True}}}
+    command = [sys.executable, "handler.py", "--test_input", json.dumps(job)]
+    proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert b"] chunk " in proc.stdout.readline()  # the first item streamed
+    proc.stdout.close()  # what `head` does once it has its lines
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err[-2000:]
 
 
 def test_local_test_input_argument_reports_bad_input(subprocess_env: dict[str, str]) -> None:

@@ -1,4 +1,5 @@
 import random
+from pathlib import Path
 
 import pytest
 
@@ -150,6 +151,7 @@ def test_plan_refuses_a_day_that_is_not_24_hours_and_counts_cold_starts(capsys: 
         (["--max-model-len", "200000", "--concurrency", "1"], "exceeds the model's context of 8192 tokens"),
         (["--num-gpus", "3"], "3 GPUs cannot split the model's 32 attention heads"),
         (["--num-gpus", "0"], "--num-gpus: must be a positive integer"),
+        (["--concurrency", "abc"], "--concurrency: must be a positive integer, got 'abc'"),
     ],
 )
 def test_fit_refuses_settings_vllm_would_refuse(
@@ -175,3 +177,11 @@ def test_plan_refuses_a_day_without_requests(capsys: pytest.CaptureFixture[str])
     assert exit_info.value.code == 2
     captured = capsys.readouterr()
     assert "no requests in the day" in captured.err and "nan" not in captured.out
+
+
+def test_plan_names_a_file_that_is_not_there(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = str(tmp_path / "hours.csv")
+    with pytest.raises(SystemExit) as exit_info:
+        main_plan(["--requests-per-hour", missing, "--tokens-per-s", "100"])
+    assert exit_info.value.code == 2
+    assert f"no file {missing!r}" in capsys.readouterr().err

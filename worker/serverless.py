@@ -14,6 +14,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -246,11 +248,20 @@ def load_test_input(test_input: str | None, *, default_path: str = "test_input.j
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"test input is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        hint = ""
+        if test_input is not None and os.path.isfile(test_input):
+            hint = f" (--test_input takes the job's JSON itself, not a file; {default_path} is read when it is absent)"
+        raise SystemExit(f"test input is not valid JSON: {exc.msg} at position {exc.pos}{hint}") from None
     return data.get("input", data) if isinstance(data, dict) else data
 
 
 def main_local(worker: ServerlessWorker, test_input: str | None) -> int:
     job_input = load_test_input(test_input)
-    items = asyncio.run(worker.run_local(job_input))
+    try:
+        items = asyncio.run(worker.run_local(job_input))
+    except BrokenPipeError:  # the reader of our output left (`| head`): the job ends, quietly
+        # Python's advice for SIGPIPE: point stdout at devnull, so that its flush at exit raises nothing.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     return 1 if any(isinstance(item, dict) and "error" in item for item in items) else 0

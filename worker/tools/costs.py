@@ -196,7 +196,10 @@ def main_plan(argv: list[str]) -> int:
     try:
         hours = _hours(args.requests_per_hour)
     except ValueError:
-        parser.error(f"argument --requests-per-hour: {args.requests_per_hour!r} is not numbers separated by commas")
+        what = args.requests_per_hour
+        if "/" in what or what.endswith((".csv", ".txt")):  # meant as a file, and no such file
+            parser.error(f"argument --requests-per-hour: no file {what!r} (or not numbers separated by commas)")
+        parser.error(f"argument --requests-per-hour: {what!r} is not numbers separated by commas")
     if len(hours) != 24 or min(hours) < 0:
         parser.error("argument --requests-per-hour: give one number (a flat day) or 24 hourly counts, none negative")
     if not sum(hours):
