@@ -86,6 +86,14 @@ def test_a_local_path_that_does_not_exist_is_refused_naming_the_variable(
     assert caught.value.message == sentence or caught.value.message.startswith(sentence)
 
 
+def test_an_engine_args_key_vllm_does_not_have_is_refused_at_start(tmp_path: Path) -> None:
+    """Caught at the first job, it failed every job and asked RunPod for another worker."""
+    with pytest.raises(ConfigError) as caught:
+        _check(tmp_path, is_hub_offline=True, ENGINE_ARGS='{"foo_bar": 1, "max_num_seqs": 4}')
+    assert caught.value.message == "ENGINE_ARGS: foo_bar: not a vLLM engine argument"
+    _check(tmp_path, is_hub_offline=True, ENGINE_ARGS='{"max_num_seqs": 4}')  # vLLM's own names pass
+
+
 def test_a_directory_that_holds_no_adapter_or_model_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -39,6 +39,7 @@ from worker.boot.heap import freeze_heap
 from worker.boot.models import check_local_paths
 from worker.boot.output_tail import OutputTail
 from worker.boot.plan import BootPlan, served_line
+from worker.boot.preflight import unknown_engine_args
 from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import (
@@ -115,9 +116,7 @@ def build_args(plan: BootPlan) -> AsyncEngineArgs:
             draft_revision=plan.draft.revision,
             trust_remote_code=plan.settings.trust_remote_code,
         )
-    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    unknown = sorted(set(plan.settings.engine_args or {}) - known)
-    if unknown:
+    if unknown := unknown_engine_args(plan.settings.engine_args):  # the start's check, for a boot without it
         raise EngineBootError(f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument")
     return AsyncEngineArgs(**kwargs)
 
