@@ -185,3 +185,9 @@ def test_plan_names_a_file_that_is_not_there(capsys: pytest.CaptureFixture[str],
         main_plan(["--requests-per-hour", missing, "--tokens-per-s", "100"])
     assert exit_info.value.code == 2
     assert f"no file {missing!r}" in capsys.readouterr().err
+
+
+def test_fit_takes_the_names_the_worker_serves(capsys: pytest.CaptureFixture[str]) -> None:
+    """An embedded model by its name, as MODEL_NAME takes it (here the tiny target, built offline)."""
+    assert main_fit(["--model", "tiny:target", "--concurrency", "1"]) == 0
+    assert "FITS" in capsys.readouterr().out

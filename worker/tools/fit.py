@@ -102,9 +102,27 @@ def load_shape(model: str) -> ModelShape:
     if model in PRESETS:
         return ModelShape.from_config(PRESETS[model])
     path = Path(model)
+    if not (path / "config.json").exists():
+        path = _resolved(model)
     if (path / "config.json").exists():
         return ModelShape.from_path(path)
     raise SystemExit(f"unknown model {model!r}: give a directory with config.json or a preset ({', '.join(PRESETS)})")
+
+
+def _resolved(model: str) -> Path:
+    """What the worker's boot would load for ``model``: an embedded model's checkpoint (the default
+    model converted, a tiny one built, here and offline) or a hub id's snapshot in RunPod's model
+    cache; anything else as named."""
+    from worker.boot.models import looks_local, resolver
+    from worker.config import load_settings
+    from worker.errors import ConfigError
+
+    if looks_local(model):
+        return Path(model)
+    try:
+        return Path(resolver(load_settings({"MODEL_NAME": model}))(model, None))
+    except (ConfigError, ValueError):  # a name no setting takes, or the default's package missing
+        return Path(model)
 
 
 def activation_bytes(shape: ModelShape, *, max_num_batched_tokens: int, max_num_seqs: int) -> float:
@@ -248,9 +266,10 @@ def main_fit(argv: list[str]) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if args.model not in PRESETS and not (Path(args.model) / "config.json").exists():
+    if args.model not in PRESETS and not (_resolved(args.model) / "config.json").exists():
         parser.error(
-            f"argument --model: {args.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model directory"
+            f"argument --model: {args.model!r} is neither a preset ({', '.join(PRESETS)}), a model directory, "
+            "an embedded model nor a hub id in RunPod's model cache"
         )
     shape = load_shape(args.model)
     problem = impossible_setting(
