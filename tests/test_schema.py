@@ -20,8 +20,17 @@ def test_stop_string_becomes_a_list() -> None:
 @pytest.mark.parametrize(
     ("data", "named"),
     [
-        ({"prompt": "x", "temperature": 0}, "temperature: unknown field"),
-        ({"prompt": "x", "sampling_params": {"max_token": 5}}, "sampling_params.max_token: unknown field"),
+        ({"prompt": "x", "temperature": 0}, "temperature: unknown field (did you mean sampling_params.temperature?)"),
+        (
+            {"prompt": "x", "sampling_params": {"max_token": 5}},
+            "sampling_params.max_token: unknown field (did you mean sampling_params.max_tokens?)",
+        ),
+        (
+            {"prompt": "x", "sampling_params": {"maxTokens": 5}},
+            "sampling_params.maxTokens: unknown field (did you mean sampling_params.max_tokens?)",
+        ),
+        ({"prompt": "x", "strem": False}, "strem: unknown field (did you mean stream?)"),
+        ({"prompt": "x", "sampling_params": {"colour": 1}}, "sampling_params.colour: unknown field"),
         ({"prompt": "x", "sampling_params": {"max_tokens": "many"}}, "sampling_params.max_tokens"),
         ({"prompt": "x", "sampling_params": {"max_tokens": 0}}, "sampling_params.max_tokens"),
         ({"prompt": "x", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),

@@ -144,13 +144,15 @@ def describe_validation_errors(
     place: Callable[[Sequence[Any]], str] | None = None,
     limit: int | None = None,
     one_per_place: bool = False,
+    suggest: Callable[[Sequence[Any]], str | None] | None = None,
 ) -> str:
     """pydantic's validation errors (``exc.errors()``) as one line, ``place: message`` each, never
     echoing the input: the settings' (places as variables), a request's (as fields), vLLM's config's
     (as the variable that set the value). ``place``: a location's name ("" for a rule across
     fields, which names its fields itself; default: the parts joined by dots); ``limit``: how many
     problems are named before "and N more"; ``one_per_place``: the first complaint per place only
-    (a union's other branches add only noise)."""
+    (a union's other branches add only noise); ``suggest``: for an unknown field's location, the
+    field meant, or None."""
     problems: dict[str, None] = {}
     seen: set[str] = set()
     for error in errors:
@@ -161,7 +163,8 @@ def describe_validation_errors(
         seen.add(where)
         message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
         if error.get("type") == "extra_forbidden":
-            message = "unknown field"
+            meant = suggest(loc) if suggest is not None else None
+            message = f"unknown field (did you mean {meant}?)" if meant else "unknown field"
         problems[f"{where}: {message}" if where else message] = None
     named = list(problems)
     if limit is not None and len(named) > limit:

@@ -20,6 +20,7 @@ last one also carries ``finish_reason``, ``usage``, ``timings``, ``spec_decode``
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -263,16 +264,45 @@ def _dump(block: BaseModel | None) -> dict[str, Any] | None:
     return None if block is None else block.model_dump(mode="json")
 
 
-def validation_message(exc: ValidationError, *, prefix: str = "") -> str:
-    """A short message naming every bad field, never echoing the input."""
+def validation_message(exc: ValidationError, *, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """A short message naming every bad field, never echoing the input; with ``model`` (the one
+    validated), an unknown field names the field it most likely meant (:func:`meant_field`)."""
 
     def place(loc: Sequence[Any]) -> str:
         path = ".".join(str(part) for part in loc if not str(part).startswith("function-"))
         return prefix + path if path else (prefix.rstrip(".") or "input")
 
+    def suggest(loc: Sequence[Any]) -> str | None:
+        meant = meant_field(model, loc) if model is not None else None
+        return prefix + meant if meant else None
+
     return describe_validation_errors(
-        exc.errors(include_url=False, include_input=False, include_context=False), place=place
+        exc.errors(include_url=False, include_input=False, include_context=False), place=place, suggest=suggest
     )
+
+
+def _squashed(name: str) -> str:
+    return name.replace("_", "").replace("-", "").lower()
+
+
+def meant_field(model: type[BaseModel], loc: Sequence[Any]) -> str | None:
+    """The field an unknown one at ``loc`` most likely meant, as a dotted path: a near spelling
+    among its neighbours (``maxTokens``, ``max_token``: ``sampling_params.max_tokens``), or a
+    sampling option given at the top of a job (``max_tokens``: ``sampling_params.max_tokens``).
+    None where nothing is close."""
+    *parents, name = [str(part) for part in loc]
+    level: type[BaseModel] | None = model
+    for part in parents:  # down the nested models the location names
+        annotation = level.model_fields[part].annotation if level is not None and part in level.model_fields else None
+        level = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    if level is None:
+        return None
+    candidates = {_squashed(field): ".".join([*parents, field]) for field in level.model_fields}
+    if not parents and model is GenerateRequest:
+        for field in SamplingOptions.model_fields:
+            candidates.setdefault(_squashed(field), f"sampling_params.{field}")
+    close = difflib.get_close_matches(_squashed(name), list(candidates), n=1, cutoff=0.8)
+    return candidates[close[0]] if close else None
 
 
 def parse_batch_sizes(data: dict[str, Any]) -> BatchSizes:
@@ -296,4 +326,4 @@ def parse_request(data: Any) -> GenerateRequest:
     try:
         return GenerateRequest.model_validate(data)
     except ValidationError as exc:
-        raise InvalidRequest(validation_message(exc)) from None
+        raise InvalidRequest(validation_message(exc, model=GenerateRequest)) from None
