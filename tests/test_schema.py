@@ -52,6 +52,11 @@ def test_stop_string_becomes_a_list() -> None:
         ({}, "exactly one of 'prompt' or 'messages'"),
         ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one of"),
         ({"messages": [{"role": "robot", "content": "y"}]}, "messages.0.role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "y"}]}]},
+            "messages.0.content: a native job's message content is text; content parts (images, ...) go through an "
+            "openai_route job",
+        ),
         ({"messages": []}, "messages"),
         ({"prompt": "x", "stream": "yes please"}, "stream"),
         ({"prompt": "x", "sampling_params": {"structured_outputs": {}}}, "exactly one of json"),

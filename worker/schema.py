@@ -135,6 +135,16 @@ class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant"]
     content: str
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if isinstance(value, list):  # OpenAI's content parts (text, images): the OpenAI route takes them
+            raise ValueError(
+                "a native job's message content is text; content parts (images, ...) go through an openai_route "
+                'job ({"openai_route": "/v1/chat/completions", "openai_input": {...}})'
+            )
+        return value
+
 
 class BatchSizes(_Strict):
     """worker-vllm's job fields for this job's stream coalescing, in tokens per item (events per item
