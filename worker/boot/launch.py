@@ -23,7 +23,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
@@ -39,7 +39,6 @@ from worker.boot.heap import freeze_heap
 from worker.boot.models import check_local_paths
 from worker.boot.output_tail import OutputTail
 from worker.boot.plan import BootPlan, served_line
-from worker.boot.preflight import unknown_engine_args
 from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import (
@@ -101,9 +100,18 @@ class ApiProcess:
     index: int
 
 
+def unknown_engine_args(engine_args: Mapping[str, Any]) -> list[str]:
+    """The keys of ``engine_args`` that are not fields of vLLM's ``AsyncEngineArgs``, sorted: asked
+    at the process's start (``boot/preflight.py``) and again here, for a boot without it."""
+    known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    return sorted(set(engine_args) - known)
+
+
 def build_args(plan: BootPlan) -> AsyncEngineArgs:
     """vLLM's engine arguments of the plan, after the checks vLLM does not make (local paths exist,
     the draft can draft for the target, ``ENGINE_ARGS`` names only vLLM's own fields)."""
+    if unknown := unknown_engine_args(plan.settings.engine_args or {}):
+        raise EngineBootError(f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument")
     kwargs = copy.deepcopy(plan.engine_kwargs)  # vLLM may change what it is given; the plan stays
     check_local_paths(kwargs)
     if kwargs.get("speculative_config") is not None and plan.draft is not None:
@@ -116,8 +124,6 @@ def build_args(plan: BootPlan) -> AsyncEngineArgs:
             draft_revision=plan.draft.revision,
             trust_remote_code=plan.settings.trust_remote_code,
         )
-    if unknown := unknown_engine_args(plan.settings.engine_args):  # the start's check, for a boot without it
-        raise EngineBootError(f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument")
     return AsyncEngineArgs(**kwargs)
 
 

@@ -11,8 +11,8 @@ never serve, found without vLLM, a GPU or a download.
 - the default model (``MODEL_NAME`` unset, or a draft naming it) without its PyPI package, whose
   GGUF file the boot converts (an image installs no ``requirements-model.lock``: set ``MODEL_NAME``);
 - an ``ENGINE_ARGS`` key that is not one of vLLM's engine arguments: the one check that imports
-  vLLM (its argument module, seconds on a CPU, which the boot then finds imported), and only
-  where ``ENGINE_ARGS`` is set;
+  vLLM (the boot's module, seconds on a CPU, which the boot then finds imported), and only where
+  ``ENGINE_ARGS`` is set;
 - a hub id that nothing here can fetch: not in RunPod's model cache nor the hub's own cache, and the
   hub is off (``HF_HUB_OFFLINE``) or cannot be reached (its client retries each file with
   back-off, and vLLM asks for several, before the boot fails).
@@ -25,7 +25,6 @@ pod exits before it listens. Each check raises :class:`ConfigError` naming the v
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 import urllib.request
@@ -39,7 +38,7 @@ from worker.config import Settings, is_embedded
 from worker.errors import ConfigError
 from worker.smollm2 import DEFAULT_MODEL, SmolLM2Missing, gguf_path
 
-__all__ = ["CHECKPOINT_CONFIG_FILES", "check_at_start", "explain_boot_failure", "hub_reachable", "unknown_engine_args"]
+__all__ = ["CHECKPOINT_CONFIG_FILES", "check_at_start", "explain_boot_failure", "hub_reachable"]
 
 # The QUANTIZATION values that read their configuration from the checkpoint, and the files vLLM 0.32
 # looks for when config.json has no quantization_config (each class's get_config_filenames();
@@ -62,14 +61,12 @@ CHECKPOINT_CONFIG_FILES: dict[str, tuple[str, ...]] = {
 _PROBE_TIMEOUT_S = 5.0
 
 
-def unknown_engine_args(engine_args: Mapping[str, Any] | None) -> list[str]:
-    """The keys of ``engine_args`` that are not fields of vLLM's ``AsyncEngineArgs``, sorted."""
-    if not engine_args:
-        return []
-    from vllm.engine.arg_utils import AsyncEngineArgs  # here: the rest of this module runs without vLLM
+def _unknown_engine_args(engine_args: Mapping[str, Any]) -> list[str]:
+    """The boot's own check (``launch.unknown_engine_args``), imported here only where ENGINE_ARGS is
+    set: the module imports vLLM's engine, which the boot then finds imported."""
+    from worker.boot.launch import unknown_engine_args
 
-    known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
-    return sorted(set(engine_args) - known)
+    return unknown_engine_args(engine_args)
 
 
 def check_at_start(
@@ -93,7 +90,7 @@ def check_at_start(
             except SmolLM2Missing as exc:
                 named = " unset" if variable == "MODEL_NAME" and settings.model_name is None else f"={ref}"
                 raise ConfigError(f"{variable}{named}: {exc}", param=variable) from None
-    if unknown := unknown_engine_args(settings.engine_args):
+    if settings.engine_args and (unknown := _unknown_engine_args(settings.engine_args)):
         raise ConfigError(f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument", param="ENGINE_ARGS")
     if is_hub_offline is None or hub_cache is None:
         from huggingface_hub import constants
