@@ -100,18 +100,20 @@ class ApiProcess:
     index: int
 
 
-def unknown_engine_args(engine_args: Mapping[str, Any]) -> list[str]:
-    """The keys of ``engine_args`` that are not fields of vLLM's ``AsyncEngineArgs``, sorted: asked
-    at the process's start (``boot/preflight.py``) and again here, for a boot without it."""
+def engine_args_problem(engine_args: Mapping[str, Any]) -> str | None:
+    """What is wrong with ``ENGINE_ARGS``: keys that are not fields of vLLM's ``AsyncEngineArgs``;
+    None when nothing is. Asked at the process's start (``boot/preflight.py``) and again here, for a
+    boot without it."""
     known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
-    return sorted(set(engine_args) - known)
+    unknown = sorted(set(engine_args) - known)
+    return f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument" if unknown else None
 
 
 def build_args(plan: BootPlan) -> AsyncEngineArgs:
     """vLLM's engine arguments of the plan, after the checks vLLM does not make (local paths exist,
     the draft can draft for the target, ``ENGINE_ARGS`` names only vLLM's own fields)."""
-    if unknown := unknown_engine_args(plan.settings.engine_args or {}):
-        raise EngineBootError(f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument")
+    if problem := engine_args_problem(plan.settings.engine_args or {}):
+        raise EngineBootError(problem)
     kwargs = copy.deepcopy(plan.engine_kwargs)  # vLLM may change what it is given; the plan stays
     check_local_paths(kwargs)
     if kwargs.get("speculative_config") is not None and plan.draft is not None:

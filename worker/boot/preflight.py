@@ -1,5 +1,5 @@
 """What a process refuses at its start, before it takes a job or opens its port: settings that can
-never serve, found without vLLM, a GPU or a download.
+never serve, found without a GPU or a download, and without vLLM but for ``ENGINE_ARGS``.
 
 - a local path (``MODEL_NAME``, ``TOKENIZER_NAME``, the draft's, each ``LORA_MODULES`` adapter) that
   does not exist or holds no model (``config.json``; an adapter's ``adapter_config.json``);
@@ -28,9 +28,8 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from worker.boot.models import cached_snapshot, looks_local
@@ -61,14 +60,6 @@ CHECKPOINT_CONFIG_FILES: dict[str, tuple[str, ...]] = {
 _PROBE_TIMEOUT_S = 5.0
 
 
-def _unknown_engine_args(engine_args: Mapping[str, Any]) -> list[str]:
-    """The boot's own check (``launch.unknown_engine_args``), imported here only where ENGINE_ARGS is
-    set: the module imports vLLM's engine, which the boot then finds imported."""
-    from worker.boot.launch import unknown_engine_args
-
-    return unknown_engine_args(engine_args)
-
-
 def check_at_start(
     settings: Settings,
     *,
@@ -90,8 +81,12 @@ def check_at_start(
             except SmolLM2Missing as exc:
                 named = " unset" if variable == "MODEL_NAME" and settings.model_name is None else f"={ref}"
                 raise ConfigError(f"{variable}{named}: {exc}", param=variable) from None
-    if settings.engine_args and (unknown := _unknown_engine_args(settings.engine_args)):
-        raise ConfigError(f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument", param="ENGINE_ARGS")
+    if settings.engine_args:
+        # The boot's own check, imported only here: the module imports vLLM's engine, which the boot finds imported.
+        from worker.boot.launch import engine_args_problem
+
+        if problem := engine_args_problem(settings.engine_args):
+            raise ConfigError(problem, param="ENGINE_ARGS")
     if is_hub_offline is None or hub_cache is None:
         from huggingface_hub import constants
 

@@ -32,6 +32,7 @@ __all__ = [
     "SpeculationPlan",
     "auto_schedule",
     "decide",
+    "drafter_of",
     "is_graph_schedule",
 ]
 
@@ -129,7 +130,7 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
     has_full_graphs = has_cuda_graphs and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
     # The worker's scheduler (exact stats, and the controller under auto): not turned off, not replaced.
     runs_worker_scheduler = settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in engine_args
-    drafter = _drafter(spec)
+    drafter = drafter_of(spec)
 
     control = _control(
         settings,
@@ -176,7 +177,7 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
     )
 
 
-def _drafter(spec: dict[str, Any] | None) -> Drafter:
+def drafter_of(spec: dict[str, Any] | None) -> Drafter:
     """What drafts, as :data:`AUTO_BY_DEFAULT` keys it (``other`` also without speculation)."""
     if drafts_by_ngram(spec):
         return "ngram"

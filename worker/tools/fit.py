@@ -99,14 +99,23 @@ FRAMEWORK_OVERHEAD_BYTES = 1.5 * GIB
 
 
 def load_shape(model: str) -> ModelShape:
+    shape = _shape(model)
+    if shape is None:
+        raise SystemExit(
+            f"unknown model {model!r}: give a directory with config.json or a preset ({', '.join(PRESETS)})"
+        )
+    return shape
+
+
+def _shape(model: str) -> ModelShape | None:
+    """A preset's shape, or the config.json's of a directory or of what ``model`` names for the
+    boot (:func:`_resolved`); None: none of them."""
     if model in PRESETS:
         return ModelShape.from_config(PRESETS[model])
     path = Path(model)
     if not (path / "config.json").exists():
         path = _resolved(model)
-    if (path / "config.json").exists():
-        return ModelShape.from_path(path)
-    raise SystemExit(f"unknown model {model!r}: give a directory with config.json or a preset ({', '.join(PRESETS)})")
+    return ModelShape.from_path(path) if (path / "config.json").exists() else None
 
 
 def _resolved(model: str) -> Path:
@@ -266,12 +275,12 @@ def main_fit(argv: list[str]) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if args.model not in PRESETS and not (_resolved(args.model) / "config.json").exists():
+    shape = _shape(args.model)
+    if shape is None:
         parser.error(
             f"argument --model: {args.model!r} is neither a preset ({', '.join(PRESETS)}), a model directory, "
             "an embedded model nor a hub id in RunPod's model cache"
         )
-    shape = load_shape(args.model)
     problem = impossible_setting(
         shape,
         max_model_len=args.max_model_len,

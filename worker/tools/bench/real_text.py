@@ -40,12 +40,10 @@ _SPECULATION = ("SPECULATIVE_METHOD", "SPECULATIVE_MODEL", "SPECULATIVE_CONFIG")
 def cost_key(settings: Settings) -> str:
     """Which step costs of :data:`worker.speculation.cost.STEP_COSTS` price this drafter on a GPU
     under ``auto`` (n-gram runs there as ``ngram_gpu``, with async scheduling)."""
-    from worker.config.speculation import drafts_by_eagle, drafts_by_ngram
+    from worker.speculation.decide import drafter_of
 
-    spec = settings.resolved_speculative_config
-    if drafts_by_ngram(spec):
-        return "ngram"
-    return "eagle" if drafts_by_eagle(spec) else "draft_model"
+    drafter = drafter_of(settings.resolved_speculative_config)
+    return drafter if drafter in ("ngram", "eagle") else "draft_model"
 
 
 async def run_task(engine: Engine, task: RealTextTask, *, max_tokens: int | None = None) -> dict[str, Any]:
