@@ -165,7 +165,11 @@ case " $* " in *" tp2-70b"* | *" tp2-faults "*)
   [ -f /tmp/llama70b/config.json ] || python3 -m worker bench --make-llama8b /tmp/llama70b --shape llama-3-70b ;;
 esac
 export MODEL_NAME=$M LOAD_FORMAT=dummy MAX_MODEL_LEN=4096 MAX_NUM_SEQS=256 SPECULATIVE_METHOD=none
-B="python3 -m worker bench --gpu H200 --max-tokens 256 --num-requests 0"
+# The roofline's card: GPU_LABEL, else the card's name (an H100 80GB HBM3 is the SXM part), else H200.
+case "${GPU_LABEL:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}" in
+  *H100*PCIe*) GPU_LABEL="H100 PCIe" ;; *H100*) GPU_LABEL="H100 SXM" ;; *) GPU_LABEL=H200 ;;
+esac
+B=(python3 -m worker bench --gpu "$GPU_LABEL" --max-tokens 256 --num-requests 0)
 run() {  # label, then bench arguments
   local label=$1; shift
   # BENCH_END (epoch seconds): the call's end. A run needing more than RUN_MIN_S (default 60) of what is
@@ -181,7 +185,7 @@ run() {  # label, then bench arguments
   # by it afterwards leaves nothing of the stage holding the GPU and spares a stage running beside
   # it on another GPU.
   local tag="$label-$$-$RANDOM"
-  GPU_BENCH_STAGE=$tag timeout -k 5 "$limit" $B --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
+  GPU_BENCH_STAGE=$tag timeout -k 5 "$limit" "${B[@]}" --label "$label" --out "$OUT/$label" "$@" > "$OUT/$label.log" 2>&1
   echo "=== $label: exit $? at $(date +%T)"; tail -3 "$OUT/$label.log"
   local left; left=$(grep -lz "^GPU_BENCH_STAGE=$tag\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
   [ -n "$left" ] && kill -9 $left 2>/dev/null && sleep 5
