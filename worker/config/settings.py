@@ -312,6 +312,11 @@ class Settings(BaseSettings):
         return speculation.speculative_config(self)
 
     @property
+    def drafter(self) -> speculation.Drafter:
+        """What drafts (:func:`.speculation.drafter_of`; ``other`` also without speculation)."""
+        return speculation.drafter_of(self.resolved_speculative_config)
+
+    @property
     def vllm_cache_dir(self) -> Path:
         """vLLM's cache root as vLLM finds it (:func:`worker.config.host.vllm_cache_root`): the one
         setting that also reads the process environment (``XDG_CACHE_HOME``, as vLLM does)."""

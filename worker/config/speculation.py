@@ -11,7 +11,7 @@ it is given.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 __all__ = [
     "DEFAULT_NUM_SPECULATIVE_TOKENS",
@@ -20,9 +20,11 @@ __all__ = [
     "NGRAM_METHODS",
     "TINY_PREFIX",
     "VLLM_SPECULATIVE_METHODS",
+    "Drafter",
     "SpeculationSettings",
     "check",
     "draft_ref",
+    "drafter_of",
     "drafts_by_eagle",
     "drafts_by_ngram",
     "drafts_with_model",
@@ -118,6 +120,19 @@ def drafts_by_ngram(spec: Mapping[str, Any] | None) -> bool:
     if method is None:
         return spec.get("model") in ("ngram", "[ngram]")
     return method in NGRAM_METHODS
+
+
+Drafter = Literal["ngram", "eagle", "draft_model", "other"]
+
+
+def drafter_of(spec: Mapping[str, Any] | None) -> Drafter:
+    """What drafts under this speculative config, as vLLM will run it (``other`` also without
+    speculation): the one classification the plan's defaults and the bench's costs key on."""
+    if drafts_by_ngram(spec):
+        return "ngram"
+    if drafts_by_eagle(spec):
+        return "eagle"
+    return "draft_model" if drafts_with_model(spec) else "other"
 
 
 def check(settings: SpeculationSettings) -> None:

@@ -20,25 +20,22 @@ import dataclasses
 from typing import Any, Literal
 
 from worker.config import DeploymentMode, Settings
-from worker.config.speculation import drafts_by_eagle, drafts_by_ngram, drafts_with_model
+from worker.config.speculation import Drafter
 
 __all__ = [
     "AUTO_BY_DEFAULT",
     "JOIN_CAPTURE_TOKENS",
     "LATENCY_BOUND_MAX_NUM_SEQS",
-    "Drafter",
     "ModelRunner",
     "SpeculationControl",
     "SpeculationPlan",
     "auto_schedule",
     "decide",
-    "drafter_of",
     "is_graph_schedule",
 ]
 
 SpeculationControl = Literal["auto", "static"]
 ModelRunner = Literal["v2", "cpu"]  # vLLM's V2 GPU runner, or the CPU build's runner
-Drafter = Literal["ngram", "eagle", "draft_model", "other"]
 
 # SPECULATION_CONTROL's default by drafter, where the worker's controller can run (a GPU, a model
 # of the user's, the worker's scheduler, full CUDA graphs for the target): auto only where the GPU
@@ -130,7 +127,7 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
     has_full_graphs = has_cuda_graphs and settings.cudagraph_mode not in ("NONE", "PIECEWISE")
     # The worker's scheduler (exact stats, and the controller under auto): not turned off, not replaced.
     runs_worker_scheduler = settings.per_request_spec_decode_metrics != "none" and "scheduler_cls" not in engine_args
-    drafter = drafter_of(spec)
+    drafter = settings.drafter
 
     control = _control(
         settings,
@@ -175,15 +172,6 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
         speculative_config=spec,
         is_exact_stats=speculates and runs_worker_scheduler,
     )
-
-
-def drafter_of(spec: dict[str, Any] | None) -> Drafter:
-    """What drafts, as :data:`AUTO_BY_DEFAULT` keys it (``other`` also without speculation)."""
-    if drafts_by_ngram(spec):
-        return "ngram"
-    if drafts_by_eagle(spec):
-        return "eagle"
-    return "draft_model" if drafts_with_model(spec) else "other"
 
 
 def _control(settings: Settings, *, drafter: Drafter, can_control: bool) -> SpeculationControl:

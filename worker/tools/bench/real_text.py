@@ -40,9 +40,7 @@ _SPECULATION = ("SPECULATIVE_METHOD", "SPECULATIVE_MODEL", "SPECULATIVE_CONFIG")
 def cost_key(settings: Settings) -> str:
     """Which step costs of :data:`worker.speculation.cost.STEP_COSTS` price this drafter on a GPU
     under ``auto`` (n-gram runs there as ``ngram_gpu``, with async scheduling)."""
-    from worker.speculation.decide import drafter_of
-
-    drafter = drafter_of(settings.resolved_speculative_config)
+    drafter = settings.drafter
     return drafter if drafter in ("ngram", "eagle") else "draft_model"
 
 
