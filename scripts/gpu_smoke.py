@@ -21,6 +21,7 @@ the exit status is the number of failed checks. The servers' logs go to OUTDIR/S
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -272,11 +273,14 @@ class start:
         return self.proc
 
     def __exit__(self, *exc: object) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        # A group whose processes have all exited (an in-process step that ended) has none left to signal.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
 
 
