@@ -63,6 +63,18 @@ def has_chat_template(model: str) -> bool:
     return config.exists() and bool(json.loads(config.read_text()).get("chat_template"))
 
 
+def spells_json(model: str) -> bool:
+    """Whether the target's tokenizer can write a tool call's JSON. The bench's Llama shapes have a
+    word-level vocabulary (``w0`` ... ``wN``) with no ``{`` or ``"``: a named tool call's grammar
+    rejects every token there and vLLM ends the request with a 500 (seen on 0.32 on the CPU, the
+    1B shape; 0.34 on a GPU, the 8B shape), which says nothing of the pod."""
+    tokenizer = Path(model) / "tokenizer.json"
+    if not tokenizer.exists():
+        return True
+    model_type: object = json.loads(tokenizer.read_text()).get("model", {}).get("type")
+    return model_type != "WordLevel"
+
+
 def check(name: str, ok: bool, detail: object = "") -> None:
     print(f"{'ok  ' if ok else 'FAIL'} {name} {detail}", flush=True)
     if not ok:
@@ -232,26 +244,30 @@ def pod(step: str, out: Path) -> dict[str, Any]:
         )
         record["stream"] = chunks
         check(f"{step}: streaming", len(chunks) > 2, f"{len(chunks)} chunks")
-        tool = {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-            },
-        }
-        called = post(
-            f"{base}/v1/chat/completions",
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": "Weather in Paris?"}],
-                "tools": [tool],
-                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-                "max_tokens": 60,
-            },
-        )
-        record["tool"] = called
-        calls = called["choices"][0]["message"].get("tool_calls") or []
-        check(f"{step}: tool call", bool(calls) and calls[0]["function"]["name"] == "get_weather", calls[:1])
+        if not spells_json(TARGET):
+            reason = "the target's word-level tokenizer cannot write JSON; set MODEL_NAME to a real model"
+            print(f"skip {step}: tool call ({reason})", flush=True)
+        else:
+            tool = {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+            }
+            called = post(
+                f"{base}/v1/chat/completions",
+                {
+                    "model": model,
+                    "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                    "tools": [tool],
+                    "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                    "max_tokens": 60,
+                },
+            )
+            record["tool"] = called
+            calls = called["choices"][0]["message"].get("tool_calls") or []
+            check(f"{step}: tool call", bool(calls) and calls[0]["function"]["name"] == "get_weather", calls[:1])
         status, plan = get(f"{base}/plan")
         record["plan"] = plan
         check(f"{step}: /plan", status == 200 and bool(plan), json.dumps(plan)[:400])
