@@ -165,10 +165,15 @@ case " $* " in *" tp2-70b"* | *" tp2-faults "*)
   [ -f /tmp/llama70b/config.json ] || python3 -m worker bench --make-llama8b /tmp/llama70b --shape llama-3-70b ;;
 esac
 export MODEL_NAME=$M LOAD_FORMAT=dummy MAX_MODEL_LEN=4096 MAX_NUM_SEQS=256 SPECULATIVE_METHOD=none
-# The roofline's card: GPU_LABEL, else the card's name (an H100 80GB HBM3 is the SXM part), else H200.
-case "${GPU_LABEL:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}" in
-  *H100*PCIe*) GPU_LABEL="H100 PCIe" ;; *H100*) GPU_LABEL="H100 SXM" ;; *) GPU_LABEL=H200 ;;
-esac
+# The roofline's card (a name of worker/tools/sizing.py's GPUS): GPU_LABEL as given, else the card's name
+# as nvidia-smi says it (an H100 80GB HBM3 is the SXM part), else H200.
+if [ -z "${GPU_LABEL:-}" ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H100*PCIe*) GPU_LABEL="H100 PCIe" ;; *H100*) GPU_LABEL="H100 SXM" ;;
+    *A100*80GB*) GPU_LABEL="A100 80GB" ;; *A100*) GPU_LABEL="A100 40GB" ;; *L40S*) GPU_LABEL=L40S ;;
+    *) GPU_LABEL=H200 ;;
+  esac
+fi
 B=(python3 -m worker bench --gpu "$GPU_LABEL" --max-tokens 256 --num-requests 0)
 run() {  # label, then bench arguments
   local label=$1; shift

@@ -170,6 +170,22 @@ def test_one_answer_to_is_this_a_draft_model(env: dict[str, str], is_draft: bool
     assert (settings.draft_ref is not None) is is_draft
 
 
+@pytest.mark.parametrize(
+    ("env", "drafter"),
+    [
+        ({"MODEL_NAME": "m", "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "3"}, "ngram"),
+        ({"MODEL_NAME": "m", "SPECULATIVE_METHOD": "eagle3", "SPECULATIVE_MODEL": "y/head"}, "eagle"),
+        ({"MODEL_NAME": "m", "SPECULATIVE_MODEL": "y/EAGLE3-LLaMA3.1"}, "eagle"),
+        ({"MODEL_NAME": "m", "SPECULATIVE_MODEL": "y/small"}, "draft_model"),
+        ({"MODEL_NAME": "m", "SPECULATIVE_CONFIG": '{"method": "mtp", "num_speculative_tokens": 1}'}, "other"),
+        ({"MODEL_NAME": "m"}, "other"),
+        ({}, "ngram"),  # the default model speculates by n-gram
+    ],
+)
+def test_the_settings_say_what_drafts(env: dict[str, str], drafter: str) -> None:
+    assert load_settings(env).drafter == drafter
+
+
 def test_the_drafts_revision_is_the_one_vllm_reads() -> None:
     spec = '{"model": "org/draft", "revision": "abc123", "num_speculative_tokens": 4}'
     settings = load_settings({"MODEL_NAME": "m", "MODEL_REVISION": "main", "SPECULATIVE_CONFIG": spec})

@@ -1,5 +1,5 @@
-"""Speculation policy: which speculative config the settings ask for, whether it drafts with a
-separate model, and the rules the speculation settings must satisfy (checked when Settings parse).
+"""Speculation policy: which speculative config the settings ask for, what drafts under it
+(:func:`drafter_of`), and the rules the speculation settings must satisfy (checked when Settings parse).
 
 Speculative decoding is configured either by ``SPECULATIVE_CONFIG`` (vLLM's JSON) or by the simple
 knobs ``SPECULATIVE_METHOD`` / ``SPECULATIVE_MODEL`` / ``NUM_SPECULATIVE_TOKENS``, never both. An
