@@ -80,14 +80,16 @@ def ensure_tiny_model(cache_dir: Path, variant: str) -> Path:
 def ensure_tiny_models(cache_dir: Path, *, num_steps: int = 400) -> TinyModels:
     """Build the tiny models under ``cache_dir`` unless a complete build is already there."""
     root = Path(cache_dir) / f"tiny-llama-{BUILD_VERSION}"
-    models = TinyModels(root)
-    if (root / "BUILD.json").exists():
-        return models
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".tiny-llama-{BUILD_VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "BUILD.json").exists():
-            # A first run is otherwise silent for half a minute (2 cores; faster with more).
-            log.info("building the embedded tiny model (about 35 s, once) in %s", root)
-            build_text_models(root, num_steps=num_steps)
-    return models
+
+    def build(tmp: Path) -> None:
+        # A first run is otherwise silent for half a minute (2 cores; faster with more).
+        log.info("building the embedded tiny model (about 35 s, once) in %s", root)
+        build_text_models(tmp, num_steps=num_steps)
+
+    build_once(
+        root,
+        build,
+        is_built=lambda built: (built / "BUILD.json").exists(),
+        lock=root.parent / f".tiny-llama-{BUILD_VERSION}.lock",
+    )
+    return TinyModels(root)

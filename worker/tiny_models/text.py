@@ -6,7 +6,6 @@ machine. torch and transformers are imported inside the functions."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +112,8 @@ def save_served_dtype(model: Any, directory: Path) -> None:
 
 
 def build_text_models(root: Path, *, num_steps: int) -> None:
+    """The text models (target, noisy, unrelated, mismatch, LoRA) into ``root``, which the caller
+    makes complete atomically (:func:`worker.tiny_models.cache.build_once`)."""
     import os
 
     import torch
@@ -124,9 +125,7 @@ def build_text_models(root: Path, *, num_steps: int) -> None:
     torch.manual_seed(0)
     texts = corpus()
     tokenizer = train_tokenizer(texts, vocab_size=512)
-    tmp = root.with_name(root.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    target_dir = tmp / "target"
+    target_dir = root / "target"
     fast = save_tokenizer(tokenizer, target_dir)
     bos = fast.convert_tokens_to_ids("<s>")
     eos = [fast.convert_tokens_to_ids("</s>"), fast.convert_tokens_to_ids("<|end|>")]
@@ -143,29 +142,27 @@ def build_text_models(root: Path, *, num_steps: int) -> None:
     with torch.no_grad():
         for param in noisy.parameters():
             param.add_(torch.randn(param.shape, generator=generator) * param.std() * NOISE_SCALE)
-    save_served_dtype(noisy, tmp / "noisy")
-    fast.save_pretrained(tmp / "noisy")
+    save_served_dtype(noisy, root / "noisy")
+    fast.save_pretrained(root / "noisy")
 
     torch.manual_seed(2)
     unrelated = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
-    save_served_dtype(unrelated, tmp / "unrelated")
-    fast.save_pretrained(tmp / "unrelated")
+    save_served_dtype(unrelated, root / "unrelated")
+    fast.save_pretrained(root / "unrelated")
 
     # Same vocabulary size, different merges: only a tokenizer comparison catches it.
     other = train_tokenizer(texts[::-1], vocab_size=len(fast), seed_text="zzzz yyyy xxxx " * 50)
-    other_fast = save_tokenizer(other, tmp / "mismatch")
+    other_fast = save_tokenizer(other, root / "mismatch")
     torch.manual_seed(3)
     mismatch_config = llama_config(vocab_size=len(other_fast), bos=bos, eos=eos)
     mismatch_model = LlamaForCausalLM(mismatch_config)  # type: ignore[no-untyped-call]
-    save_served_dtype(mismatch_model, tmp / "mismatch")
+    save_served_dtype(mismatch_model, root / "mismatch")
 
-    save_lora(tmp / "lora", config, base=str(target_dir), seed=4)
+    save_lora(root / "lora", config, base=str(target_dir), seed=4)
 
-    (tmp / "BUILD.json").write_text(
+    (root / "BUILD.json").write_text(
         json.dumps({"version": BUILD_VERSION, "train_steps": num_steps, "final_loss": loss}, indent=1)
     )
-    shutil.rmtree(root, ignore_errors=True)
-    tmp.rename(root)
 
 
 LORA_RANK = 8
