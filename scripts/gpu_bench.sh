@@ -389,16 +389,19 @@ for stage in "$@"; do
       for step in $PLAN; do  # a bad step name stops the stage before it boots anything
         case $step in empty-[0-9]* | roots-[0-9]* | disk-[0-9]* | cache-[0-9]* | h*-[0-9]*) ;; *) echo "unknown step $step"; exit 2 ;; esac
       done
+      read -r MIN_EMPTY MIN_DISK MIN_CACHE <<< "${DEFAULTS_MIN_S:-160 95 100}"
       real_weights
       export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
       for step in $PLAN; do
         case $step in
           empty-[0-9]* | roots-[0-9]*)  # roots-N: the roots empty-N filled (an earlier call), no boot
             export VLLM_CACHE_ROOT=/tmp/vllm-cache-def-${step#*-} COLDSTART_SERVER_CACHE_ROOT=/tmp/vllm-cache-def-${step#*-}-srv
-            case $step in empty-*) RUN_MIN_S=290 run cold-def-$step --parts coldstart ;; esac ;;
-          # The pairs took 283 s (empty root), 188 s (cold disk) and ~160 s (page cache) on an H200.
-          disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=195 run cold-def-$step --parts coldstart ;;
-          cache-*) cat $R/*.safetensors > /dev/null; RUN_MIN_S=165 run cold-def-$step --parts coldstart ;;
+            case $step in empty-*) RUN_MIN_S=$MIN_EMPTY run cold-def-$step --parts coldstart ;; esac ;;
+          # The pairs took 283 s (empty root), 188 s (cold disk) and ~160 s (page cache) on an H200 with
+          # 0.32's compiled default; about 130, 65 and 75 s on an H100 with 0.34's compile-free one. The
+          # guard (seconds a pair needs) is 0.34's with a margin; DEFAULTS_MIN_S="empty disk cache" sets it.
+          disk-*) COLDSTART_EVICT_WEIGHTS=1 RUN_MIN_S=$MIN_DISK run cold-def-$step --parts coldstart ;;
+          cache-*) cat $R/*.safetensors > /dev/null; RUN_MIN_S=$MIN_CACHE run cold-def-$step --parts coldstart ;;
           # The handler alone (no server beside it): hempty-N on a new root of its own, hdisk-N / hcache-N
           # on the roots of the last empty-N or roots-N.
           hempty-*) VLLM_CACHE_ROOT=/tmp/vllm-cache-def-$step RUN_MIN_S=120 run cold-def-$step --parts coldstart_handler ;;
@@ -431,7 +434,10 @@ for stage in "$@"; do
           empty-*) first $step ;;
           jit-*) first $step VLLM_TRITON_JIT_WARMUP_NUM_THREADS=${FIRST_JIT_THREADS:-$(nproc)} ;;
           seeded-*)
-            seed=$(ls -d $F/fill/root/triton_cache /tmp/cold-first-*/fill/root/triton_cache 2>/dev/null | head -1)
+            # The Triton cache of a fill here, of an earlier call's, or of coldstart-defaults' empty-1 (the
+            # same model and settings on this card).
+            seed=$(ls -d $F/fill/root/triton_cache /tmp/cold-first-*/fill/root/triton_cache \
+              /tmp/vllm-cache-def-1/triton_cache 2>/dev/null | head -1)
             if [ -z "$seed" ]; then echo "=== cold-first-$step: skipped, no fill's Triton cache"; continue; fi
             rm -rf $F/$step-seed && cp -r "$seed" $F/$step-seed
             first $step TRITON_CACHE_DIR=$F/$step-seed ;;
@@ -502,9 +508,11 @@ for stage in "$@"; do
     runner-ngram-v2)
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 \
         run ngram4-v2 --parts overhead --concurrency 1,64,256 --repeats "${NGRAM_REPEATS:-1}" ;;
-    compile-decode)
-      TORCH_COMPILE=on run bf16-compiled --parts overhead --concurrency 1,16,64,256 --repeats 3
-      TORCH_COMPILE=off run bf16-graphs-only --parts overhead --concurrency 1,16,64,256 --repeats 3 ;;
+    compile-decode)  # $DECODE_CONCURRENCY and $DECODE_REPEATS narrow it to the runs a level still lacks
+      TORCH_COMPILE=on run bf16-compiled --parts overhead --concurrency "${DECODE_CONCURRENCY:-1,16,64,256}" \
+        --repeats "${DECODE_REPEATS:-3}"
+      TORCH_COMPILE=off run bf16-graphs-only --parts overhead --concurrency "${DECODE_CONCURRENCY:-1,16,64,256}" \
+        --repeats "${DECODE_REPEATS:-3}" ;;
     eager-decode) ENFORCE_EAGER=true run bf16-eager --parts overhead --concurrency 1,64 --repeats 1 ;;
     first-request)
       run first-request --parts first_request
