@@ -25,7 +25,7 @@ from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, SamplingType, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from worker.config import Settings
 from worker.errors import ContextLengthExceeded, EngineDead, InvalidRequest, WorkerError, one_line
@@ -238,6 +238,11 @@ class Engine:
         except _CLIENT_ERRORS as exc:
             # vLLM's own request validation (e.g. a grammar it cannot compile).
             raise InvalidRequest(one_line(exc)) from None
+        except EngineGenerateError as exc:
+            cause = async_llm.request_failure(exc)
+            if isinstance(cause, _CLIENT_ERRORS):  # a request check's ValueError, wrapped
+                raise InvalidRequest(one_line(cause)) from None
+            raise cause from exc  # the job's error and the log name the failure, not the wrapper
         finally:
             # Closing vLLM's generator aborts the engine request if it is still running,
             # now rather than whenever the garbage collector gets to it.

@@ -166,6 +166,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.usage.usage_lib:UsageContext.OPENAI_API_SERVER",
         "vllm:TokensPrompt",
         "vllm.v1.engine.exceptions:EngineDeadError",
+        "vllm.v1.engine.exceptions:EngineGenerateError",
     ),
     "worker/boot/launch.py": (
         "vllm.v1.engine.async_llm:AsyncLLM{get_supported_tasks, add_lora, reset_prefix_cache}",
