@@ -57,6 +57,16 @@ RUN python3 -m pip uninstall -y -r /tmp/image_trim.txt && rm /tmp/image_trim.txt
 COPY scripts/compile_bytecode.py /tmp/compile_bytecode.py
 RUN python3 /tmp/compile_bytecode.py /app && rm /tmp/compile_bytecode.py
 
+# Optional: a Triton kernel cache to start every worker from (worker/boot/kernel_cache.py). Without a
+# network volume each worker starts on an empty cache root and spends about 20 s compiling vLLM's
+# Triton kernels; the build has no GPU to fill the cache, so it carries one made by a boot on the
+# endpoint's card kind, from the build context's triton-cache/ (README, Docker). Without that
+# folder the image carries none, and the worker seeds nothing.
+ARG TRITON_CACHE=triton-cache
+RUN --mount=type=bind,target=/context \
+    if [ -d "/context/${TRITON_CACHE}" ]; then cp -r "/context/${TRITON_CACHE}" /opt/triton-cache-seed; fi
+ENV TRITON_CACHE_SEED=/opt/triton-cache-seed
+
 # Optional model baking. The token is a build secret: it never lands in a layer.
 ARG MODEL_NAME=""
 ARG MODEL_REVISION=""

@@ -138,12 +138,15 @@ def start(plan: BootPlan) -> Prefetch | None:
 
 def prepare_boot(plan: BootPlan) -> None:
     """What a process that starts vLLM's engine does before importing vLLM: start reading the
-    weights (they are read while the imports run), set the environment the engine must inherit, and
-    start the model-class inspection (``worker.boot.modelinfo``), all as the plan says."""
-    from worker.boot import modelinfo
+    weights (they are read while the imports run), set the environment the engine must inherit, seed
+    an empty Triton cache (``worker.boot.kernel_cache``) and start the model-class inspection
+    (``worker.boot.modelinfo``), all as the plan says."""
+    from worker.boot import kernel_cache, modelinfo
 
     start(plan)
     plan.apply_environment(os.environ)
+    # Before vLLM starts the engine core, whose first kernels Triton compiles (or finds here).
+    kernel_cache.seed_triton_cache(plan.settings.triton_cache_seed, kernel_cache.triton_cache_dir(os.environ))
     modelinfo.start(plan)  # after the environment, which its subprocess inherits
 
 

@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     triton_cache_dir: str | None = Field(
         None, description="Triton's kernel cache; unset: VLLM_CACHE_ROOT/triton_cache when that is set"
     )
+    triton_cache_seed: str | None = Field(
+        None,
+        description="a Triton kernel cache copied into Triton's own when that is empty (the image sets the one it "
+        "carries, if built with one); a folder that is not there seeds nothing",
+    )
     prefetch_weights: bool | None = Field(
         None,
         description="read the weight files into the page cache while vLLM is imported; unset: when they fit in "
