@@ -7,6 +7,10 @@
 #
 # CMD runs the serverless handler; pod mode:  docker run ... worker python3 -m worker serve --host 0.0.0.0
 ARG VLLM_VERSION=0.34.0
+# A Triton kernel cache to carry (end of file): empty unless the build names a context for it,
+# docker build --build-context triton-cache=DIR
+FROM scratch AS triton-cache
+
 FROM vllm/vllm-openai:v${VLLM_VERSION}
 
 # The base image's Python: the one tests/test_image_deps.py resolves the image's dependency set for.
@@ -57,16 +61,6 @@ RUN python3 -m pip uninstall -y -r /tmp/image_trim.txt && rm /tmp/image_trim.txt
 COPY scripts/compile_bytecode.py /tmp/compile_bytecode.py
 RUN python3 /tmp/compile_bytecode.py /app && rm /tmp/compile_bytecode.py
 
-# Optional: a Triton kernel cache to start every worker from (worker/boot/kernel_cache.py). Without a
-# network volume each worker starts on an empty cache root and spends about 20 s compiling vLLM's
-# Triton kernels; the build has no GPU to fill the cache, so it carries one made by a boot on the
-# endpoint's card kind, from the build context's triton-cache/ (README, Docker). Without that
-# folder the image carries none, and the worker seeds nothing.
-ARG TRITON_CACHE=triton-cache
-RUN --mount=type=bind,target=/context \
-    if [ -d "/context/${TRITON_CACHE}" ]; then cp -r "/context/${TRITON_CACHE}" /opt/triton-cache-seed; fi
-ENV TRITON_CACHE_SEED=/opt/triton-cache-seed
-
 # Optional model baking. The token is a build secret: it never lands in a layer.
 ARG MODEL_NAME=""
 ARG MODEL_REVISION=""
@@ -87,6 +81,14 @@ ENV MODEL_NAME=${MODEL_NAME:+/models/target} \
     SPECULATIVE_MODEL=${SPECULATIVE_MODEL:+/models/draft} \
     QUANTIZATION=${QUANTIZATION} \
     HF_HUB_OFFLINE=${MODEL_NAME:+1}
+
+# Optional: a Triton kernel cache every worker whose own is empty starts from (TRITON_CACHE_SEED,
+# worker/boot/kernel_cache.py says why). The build has no GPU to fill one: it is made by a test job
+# on the endpoint's card kind and given as the build context named triton-cache (README, Docker);
+# without it, the empty stage above, and the worker seeds nothing. Last, so that a new cache
+# rebuilds no other layer.
+COPY --from=triton-cache / /opt/triton-cache-seed/
+ENV TRITON_CACHE_SEED=/opt/triton-cache-seed
 
 ENTRYPOINT []
 CMD ["python3", "handler.py"]

@@ -389,7 +389,11 @@ for stage in "$@"; do
       for step in $PLAN; do  # a bad step name stops the stage before it boots anything
         case $step in empty-[0-9]* | roots-[0-9]* | disk-[0-9]* | cache-[0-9]* | h*-[0-9]*) ;; *) echo "unknown step $step"; exit 2 ;; esac
       done
-      read -r MIN_EMPTY MIN_DISK MIN_CACHE <<< "${DEFAULTS_MIN_S:-160 95 100}"
+      read -r MIN_EMPTY MIN_DISK MIN_CACHE EXTRA <<< "${DEFAULTS_MIN_S:-160 95 100}"
+      case "$MIN_EMPTY $MIN_DISK $MIN_CACHE${EXTRA:+ $EXTRA}" in
+        *[!0-9\ ]* | *"  "* | " "* | *" ") echo "DEFAULTS_MIN_S: three whole seconds, empty disk cache"; exit 2 ;;
+      esac
+      [ -n "$MIN_CACHE" ] && [ -z "$EXTRA" ] || { echo "DEFAULTS_MIN_S: three whole seconds, empty disk cache"; exit 2; }
       real_weights
       export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
       for step in $PLAN; do
@@ -436,8 +440,11 @@ for stage in "$@"; do
           seeded-*)
             # The Triton cache of a fill here, of an earlier call's, or of coldstart-defaults' empty-1 (the
             # same model and settings on this card).
-            seed=$(ls -d $F/fill/root/triton_cache /tmp/cold-first-*/fill/root/triton_cache \
-              /tmp/vllm-cache-def-1/triton_cache 2>/dev/null | head -1)
+            seed=
+            for candidate in $F/fill/root/triton_cache /tmp/cold-first-*/fill/root/triton_cache \
+                /tmp/vllm-cache-def-1/triton_cache; do  # in this order: the first that exists
+              if [ -d "$candidate" ]; then seed=$candidate; break; fi
+            done
             if [ -z "$seed" ]; then echo "=== cold-first-$step: skipped, no fill's Triton cache"; continue; fi
             rm -rf $F/$step-seed && cp -r "$seed" $F/$step-seed
             first $step TRITON_CACHE_DIR=$F/$step-seed ;;

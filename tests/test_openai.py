@@ -278,31 +278,35 @@ async def test_a_failure_inside_vllms_generate_is_answered_as_itself_and_logged(
     """vLLM's ``generate`` wraps what it did not expect in an ``EngineGenerateError`` with no message
     (a named tool call on vLLM 0.34 got a 500 with an empty message and no log line). A fake: the
     engine's ``add_request`` fails as a bug inside vLLM would, which a real engine does not do on
-    demand. The pod, the route and a native job each name the failure; the log has its traceback;
-    a ``ValueError`` (vLLM's request checks) is the client's 400; the worker keeps serving."""
+    demand. The pod (streamed or not), the route and a native job each name the failure's type, and
+    the log has its traceback once a request; a ``ValueError`` (vLLM's request checks) is the
+    client's 400 with its message, logged as no error; the worker keeps serving."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+    job = {"prompt": "Hi", "sampling_params": {"max_tokens": 4, "temperature": 0}}
     for failure, status in ((RuntimeError("a fake failure inside vLLM"), 500), (ValueError("a fake check"), 400)):
 
         async def failing_add_request(*args: Any, failure: Exception = failure, **kwargs: Any) -> Any:
             raise failure
 
-        monkeypatch.setattr(default_engine.llm, "add_request", failing_add_request)
-        caplog.clear()
-        response = await both.http.post("/v1/chat/completions", json=body)
-        message = response.json()["error"]["message"]
-        assert response.status_code == status, response.text
-        (item,) = await both.route("/v1/chat/completions", body)
-        native = await both.native({"prompt": "Hi", "sampling_params": {"max_tokens": 4, "temperature": 0}})
-        if status == 500:
-            assert message == "internal error (RuntimeError: a fake failure inside vLLM)"
-            assert item["status"] == 500 and item["error"] == message, item
-            assert native == {"error": "internal error (RuntimeError)", "error_type": "server_error"}
-            logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is failure]
-            assert len(logged) >= 3, [r.getMessage() for r in caplog.records]  # pod, route, native job
-        else:
-            assert message == "a fake check" and item["status"] == 400 and "a fake check" in item["error"], item
-            assert native["error_type"] == "invalid_request_error" and native["error"] == "a fake check", native
-        monkeypatch.undo()
+        with monkeypatch.context() as patch:
+            patch.setattr(default_engine.llm, "add_request", failing_add_request)
+            caplog.clear()
+            response = await both.http.post("/v1/chat/completions", json=body)
+            async with both.http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as streamed:
+                events = [line async for line in streamed.aiter_lines() if line.startswith("data: {")]
+            (item,) = await both.route("/v1/chat/completions", body)
+            native = await both.native(job)
+        expected = "internal error (RuntimeError)" if status == 500 else "a fake check"
+        assert response.status_code == status and response.json()["error"]["message"] == expected, response.text
+        (event,) = events
+        assert json.loads(event.removeprefix("data: "))["error"]["message"] == expected, events
+        assert item["status"] == status and item["error"] == expected, item
+        assert native["error"] == expected, native
+        assert native["error_type"] == ("server_error" if status == 500 else "invalid_request_error"), native
+        logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is failure]
+        # Once each: the pod, its stream, the route and the native job; a client's error never.
+        assert len(logged) == (4 if status == 500 else 0), [(r.name, r.getMessage()) for r in logged]
+        assert all(r.levelname == "ERROR" for r in logged)
     ok = await both.ask("pod", "/v1/chat/completions", body)
     assert ok["usage"]["completion_tokens"] == 4
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 from vllm import SamplingParams
-from vllm.exceptions import VLLMClientError
+from vllm.exceptions import VLLMClientError, VLLMValidationError
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, SamplingType, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -239,10 +239,7 @@ class Engine:
             # vLLM's own request validation (e.g. a grammar it cannot compile).
             raise InvalidRequest(one_line(exc)) from None
         except EngineGenerateError as exc:
-            cause = async_llm.request_failure(exc)
-            if isinstance(cause, _CLIENT_ERRORS):  # a request check's ValueError, wrapped
-                raise InvalidRequest(one_line(cause)) from None
-            raise cause from exc  # the job's error and the log name the failure, not the wrapper
+            raise self.request_failure(exc) from None
         finally:
             # Closing vLLM's generator aborts the engine request if it is still running,
             # now rather than whenever the garbage collector gets to it.
@@ -258,11 +255,26 @@ class Engine:
             raise InvalidRequest(f"lora: no adapter named {name!r}; configured: {configured}", param="lora")
         return lora
 
+    def request_failure(self, exc: EngineGenerateError) -> WorkerError:
+        """What failed a request inside vLLM's ``generate``, as every entrypoint answers it: a
+        request check's failure (a ``ValueError`` or vLLM's client error) is the client's, with its
+        message; anything else is the server's, naming its type, and is logged here, once, with its
+        traceback. vLLM wraps both in an ``EngineGenerateError`` with no message and logs neither
+        unless requests are logged (``async_llm.request_failure``)."""
+        cause = async_llm.request_failure(exc)
+        if isinstance(cause, _CLIENT_ERRORS):
+            return InvalidRequest(one_line(cause))
+        log.error("a request failed inside vLLM's engine client", exc_info=cause)
+        return WorkerError(f"internal error ({type(cause).__name__})")
+
     async def observe(self, outputs: AsyncIterator[Any], request_id: str) -> AsyncIterator[Any]:
         """Pass vLLM's outputs of one request through unchanged, telling the observers how it ended.
 
         For callers that use vLLM directly (its OpenAI layer); :meth:`generate` keeps the same
         books (:class:`~worker.speculation.stats.tracking.RequestTracker`) inline, on the native hot path.
+        A failure ``generate`` wrapped leaves as :meth:`request_failure` words it, in the exception
+        vLLM's layer answers with that message and status, streamed or not: its validation error
+        (400), or the engine client's error (500).
         """
         track = RequestTracker(self, request_id)
         try:
@@ -271,6 +283,11 @@ class Engine:
                 if output.finished:
                     track.finish(output.outputs[0] if len(output.outputs) == 1 else None, stats=output.metrics)
                 yield output
+        except EngineGenerateError as exc:
+            error = self.request_failure(exc)
+            if isinstance(error, InvalidRequest):
+                raise VLLMValidationError(error.message) from None
+            raise EngineGenerateError(error.message) from None
         except (asyncio.CancelledError, GeneratorExit):
             track.cancel()
             raise

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from argparse import Namespace
 from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,6 @@ from worker.boot.heap import freeze_heap
 from worker.config import Settings
 from worker.engine import Engine
 from worker.errors import EngineDead, describe_validation_errors, to_openai_error, without_native_locations
-from worker.vllm_internals import async_llm
 from worker.vllm_internals.check import require_internals
 from worker.vllm_internals.openai_layer import (
     add_exception_handlers,
@@ -47,8 +45,6 @@ from worker.vllm_internals.openai_layer import (
 from worker.vllm_internals.variants import server_arg_parser
 
 __all__ = ["OpenAIResponse", "OpenAIServer", "describe_request_errors", "server_args", "server_flags"]
-
-log = logging.getLogger(__name__)
 
 
 def server_args(settings: Settings, *, model_path: str, lora_paths: dict[str, str] | None = None) -> Namespace:
@@ -117,9 +113,8 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
     """The engine's own errors answered as the worker's: vLLM's handler for them stops vLLM's uvicorn
     server through ``app.state.server``, which only vLLM's launcher sets (a request in flight when the
     engine died got ``500 "'State' object has no attribute 'server'"``). A dead engine is the typed
-    engine-dead error (503); the pod exits by its own watch (``worker/pod.py``). Any other failure
-    that vLLM's ``generate`` wrapped is answered as what it wrapped, logged with its traceback where
-    it is the server's fault. And FastAPI's 400 for
+    engine-dead error (503); the pod exits by its own watch (``worker/pod.py``); a failure
+    ``generate`` wrapped comes worded by ``Engine.observe``. And FastAPI's 400 for
     a body it cannot read (Starlette's ``HTTPException``, which vLLM's handler, typed for FastAPI's
     subclass, misses) in OpenAI's ``{"error": ...}`` shape; its 404 and 405 keep theirs."""
 
@@ -127,12 +122,7 @@ def _answer_engine_errors(app: FastAPI, engine: Engine) -> None:
         if isinstance(exc, EngineDeadError) or engine.is_dead:
             error = EngineDead("the inference engine died while serving this request")
             return JSONResponse(to_openai_error(error), status_code=error.status)
-        failure = async_llm.request_failure(exc)
-        body, status = error_answer(failure)  # a request-specific failure: vLLM's own answer
-        if status >= 500:  # vLLM's answer is the bare message, empty for many (an AssertionError's)
-            log.error("request %s failed in the engine client", request.url.path, exc_info=failure)
-            detail = body["error"]["message"]
-            body["error"]["message"] = f"internal error ({type(failure).__name__}{': ' + detail if detail else ''})"
+        body, status = error_answer(exc)  # a request-specific failure: vLLM's own answer
         return JSONResponse(body, status_code=status)
 
     async def unreadable(request: Request, exc: HTTPException) -> Response:

@@ -145,9 +145,9 @@ def prepare_boot(plan: BootPlan) -> None:
 
     start(plan)
     plan.apply_environment(os.environ)
-    # Before vLLM starts the engine core, whose first kernels Triton compiles (or finds here).
-    kernel_cache.seed_triton_cache(plan.settings.triton_cache_seed, kernel_cache.triton_cache_dir(os.environ))
     modelinfo.start(plan)  # after the environment, which its subprocess inherits
+    # Before vLLM starts the engine core, whose first kernels Triton compiles (or finds here).
+    kernel_cache.seed_triton_cache(seed=plan.settings.triton_cache_seed, cache_dir=plan.environment["TRITON_CACHE_DIR"])
 
 
 def _read(path: Path, buffer: bytearray) -> int:
