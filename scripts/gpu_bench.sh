@@ -390,10 +390,9 @@ for stage in "$@"; do
         case $step in empty-[0-9]* | roots-[0-9]* | disk-[0-9]* | cache-[0-9]* | h*-[0-9]*) ;; *) echo "unknown step $step"; exit 2 ;; esac
       done
       read -r MIN_EMPTY MIN_DISK MIN_CACHE EXTRA <<< "${DEFAULTS_MIN_S:-160 95 100}"
-      case "$MIN_EMPTY $MIN_DISK $MIN_CACHE${EXTRA:+ $EXTRA}" in
-        *[!0-9\ ]* | *"  "* | " "* | *" ") echo "DEFAULTS_MIN_S: three whole seconds, empty disk cache"; exit 2 ;;
-      esac
-      [ -n "$MIN_CACHE" ] && [ -z "$EXTRA" ] || { echo "DEFAULTS_MIN_S: three whole seconds, empty disk cache"; exit 2; }
+      if ! [[ "$MIN_EMPTY $MIN_DISK $MIN_CACHE${EXTRA:+ $EXTRA}" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ ]]; then
+        echo "DEFAULTS_MIN_S: three whole seconds, empty disk cache"; exit 2
+      fi
       real_weights
       export MODEL_NAME=$R LOAD_FORMAT=auto MAX_NUM_SEQS=128
       for step in $PLAN; do
@@ -516,10 +515,9 @@ for stage in "$@"; do
       SPECULATIVE_METHOD=ngram NUM_SPECULATIVE_TOKENS=4 \
         run ngram4-v2 --parts overhead --concurrency 1,64,256 --repeats "${NGRAM_REPEATS:-1}" ;;
     compile-decode)  # $DECODE_CONCURRENCY and $DECODE_REPEATS narrow it to the runs a level still lacks
-      TORCH_COMPILE=on run bf16-compiled --parts overhead --concurrency "${DECODE_CONCURRENCY:-1,16,64,256}" \
-        --repeats "${DECODE_REPEATS:-3}"
-      TORCH_COMPILE=off run bf16-graphs-only --parts overhead --concurrency "${DECODE_CONCURRENCY:-1,16,64,256}" \
-        --repeats "${DECODE_REPEATS:-3}" ;;
+      LEVELS=(--parts overhead --concurrency "${DECODE_CONCURRENCY:-1,16,64,256}" --repeats "${DECODE_REPEATS:-3}")
+      TORCH_COMPILE=on run bf16-compiled "${LEVELS[@]}"
+      TORCH_COMPILE=off run bf16-graphs-only "${LEVELS[@]}" ;;
     eager-decode) ENFORCE_EAGER=true run bf16-eager --parts overhead --concurrency 1,64 --repeats 1 ;;
     first-request)
       run first-request --parts first_request

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,15 +83,15 @@ def test_a_failed_copy_leaves_no_half_entry_and_says_why(
 
 def test_an_unreadable_cache_folder_does_not_fail_the_boot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seed = _seed(tmp_path / "seed")
-    real_listdir = os.listdir
+    real_scandir = os.scandir
 
-    def listdir(path: str) -> list[str]:
+    def scandir(path: str) -> Any:
         if str(path).endswith("cache"):
             raise PermissionError(13, "Permission denied")
-        return real_listdir(path)
+        return real_scandir(path)
 
     (tmp_path / "cache").mkdir()
-    monkeypatch.setattr("worker.boot.kernel_cache.os.listdir", listdir)
+    monkeypatch.setattr("worker.boot.kernel_cache.os.scandir", scandir)
     assert seed_triton_cache(seed=str(seed), cache_dir=str(tmp_path / "cache")) == 0
 
 

@@ -45,7 +45,7 @@ def seed_triton_cache(*, seed: str | None, cache_dir: str | None) -> int:
     staging: str | None = None
     added = 0
     try:
-        if not os.listdir(seed) or (os.path.isdir(cache_dir) and os.listdir(cache_dir)):
+        if _is_empty(seed) or (os.path.isdir(cache_dir) and not _is_empty(cache_dir)):
             return 0  # an empty seed (an image built without one), or a cache with this volume's own kernels
         parent = os.path.dirname(os.path.abspath(cache_dir))
         os.makedirs(cache_dir, exist_ok=True)
@@ -65,3 +65,10 @@ def seed_triton_cache(*, seed: str | None, cache_dir: str | None) -> int:
             shutil.rmtree(staging, ignore_errors=True)
     log.info("Triton's cache seeded from %s: %d entries in %.2f s", seed, added, time.perf_counter() - started)
     return added
+
+
+def _is_empty(directory: str) -> bool:
+    """Whether ``directory`` holds nothing: stops at its first entry (a warm volume's cache holds many,
+    and every boot asks)."""
+    with os.scandir(directory) as entries:
+        return next(entries, None) is None
