@@ -254,6 +254,10 @@ def pod(step: str, out: Path) -> dict[str, Any]:
                 "function": {
                     "name": "get_weather",
                     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                    # vLLM 0.34 holds a call's arguments to its schema only for a strict tool (OpenAI's
+                    # semantics; its --tool-strict-level): without it a named call's envelope is forced
+                    # and its arguments may be any JSON (SmolLM2 gave '"gaben"').
+                    "strict": True,
                 },
             }
             body = {
@@ -272,10 +276,20 @@ def pod(step: str, out: Path) -> dict[str, Any]:
                 record["tool"] = called
                 calls = called["choices"][0]["message"].get("tool_calls") or []
                 check(f"{step}: tool call", bool(calls) and calls[0]["function"]["name"] == "get_weather", calls[:1])
+                check(f"{step}: the call's arguments follow the schema", bool(calls) and _has_city(calls[0]), calls[:1])
         status, plan = get(f"{base}/plan")
         record["plan"] = plan
         check(f"{step}: /plan", status == 200 and bool(plan), json.dumps(plan)[:400])
     return record
+
+
+def _has_city(call: dict[str, Any]) -> bool:
+    """Whether a tool call's arguments are the schema's object: {"city": a string}."""
+    try:
+        arguments = json.loads(call["function"]["arguments"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return isinstance(arguments, dict) and isinstance(arguments.get("city"), str)
 
 
 class start:
