@@ -43,8 +43,11 @@ def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() ->
     assert control("pod", NGRAM) == "auto" and control("serverless", NGRAM) == "auto"
     assert control("pod", NGRAM, CUDAGRAPH_MODE="PIECEWISE") == "static"  # not measured without full graphs
     assert control("pod", NGRAM, TORCH_COMPILE="off") == "auto"  # compile-free FULL graphs keep the target's
-    # EAGLE heads and separate draft models: static until their map on vLLM 0.34 says otherwise; opt-in.
-    for env in (EAGLE, EAGLE_BY_NAME, DRAFT):
+    # A separate draft model: auto in both modes (vLLM 0.34's map: at or above static k at every load).
+    assert control("pod", DRAFT) == "auto" and control("serverless", DRAFT) == "auto"
+    assert control("pod", DRAFT, SPECULATION_CONTROL="static") == "static"
+    # EAGLE heads: static until their map under auto on vLLM 0.34 says otherwise; opt-in.
+    for env in (EAGLE, EAGLE_BY_NAME):
         for mode in ("pod", "serverless"):
             assert control(mode, env) == "static"
             assert control(mode, env, SPECULATION_CONTROL="auto") == "auto"
@@ -67,13 +70,14 @@ def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() ->
 def test_a_measured_default_is_flipped_in_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
     # Once a drafter's map shows auto pays, its row of AUTO_BY_DEFAULT is the one change: the control,
     # the schedule and the worker's FULL graphs follow from it.
-    monkeypatch.setitem(AUTO_BY_DEFAULT, "draft_model", True)
-    plan = build_plan(load_settings(DRAFT), mode="pod", is_cpu=False)
+    assert control("pod", EAGLE) == "static"
+    monkeypatch.setitem(AUTO_BY_DEFAULT, "eagle", True)
+    plan = build_plan(load_settings(EAGLE), mode="pod", is_cpu=False)
     assert plan.speculation.control == "auto" and plan.speculation.cudagraph_mode == "FULL"
     assert plan.engine_kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] == auto_schedule(
         4, on_v2=True
     )
-    assert control("pod", EAGLE) == "static" and control("pod", DRAFT, is_cpu=True) == "static"
+    assert control("pod", EAGLE, is_cpu=True) == "static"
     assert set(AUTO_BY_DEFAULT) == {"ngram", "eagle", "draft_model", "other"}
 
 
@@ -270,9 +274,10 @@ def test_drafters_under_auto_run_the_workers_full_graphs() -> None:
     # up to 1,024 tokens unless the user caps it.
     full = {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": JOIN_CAPTURE_TOKENS}
     assert graphs("pod", **ngram) == full
-    for drafter in (head, draft):
-        assert graphs("pod", **drafter) is None  # static by default: vLLM's mode
-        assert graphs("pod", **drafter, SPECULATION_CONTROL="auto") == full
+    assert graphs("pod", **draft) == full  # auto by default
+    assert graphs("pod", **draft, SPECULATION_CONTROL="static") is None  # static: vLLM's mode
+    assert graphs("pod", **head) is None  # static by default: vLLM's mode
+    assert graphs("pod", **head, SPECULATION_CONTROL="auto") == full
     assert graphs("pod", **ngram, MAX_CUDAGRAPH_CAPTURE_SIZE="512") == {**full, "max_cudagraph_capture_size": 512}
     assert graphs("pod", **ngram, SPECULATION_CONTROL="static") is None
     assert graphs("pod", **ngram, CUDAGRAPH_MODE="FULL_AND_PIECEWISE") == {"cudagraph_mode": "FULL_AND_PIECEWISE"}

@@ -44,7 +44,9 @@ ModelRunner = Literal["v2", "cpu"]  # vLLM's V2 GPU runner, or the CPU build's r
 AUTO_BY_DEFAULT: dict[Drafter, bool] = {
     "ngram": True,  # measured on the V2 runner
     "eagle": False,  # not yet measured on vLLM 0.34 (on 0.32 an engine under auto died once)
-    "draft_model": False,  # 0.34: auto 0.70x at 256 streams, 0.53-0.81x at 0% (its KV-sync pass runs every step)
+    # 0.34 (H100): auto at or above static k = 3 at every load and acceptance (at L = 2.5 1.64-1.75x no
+    # speculation at 1 stream, static 1.48x; 0.70x at 256, static 0.58x; at 0% 0.53-0.81x, static 0.25-0.60x)
+    "draft_model": True,
     "other": False,  # MTP, suffix, ...: never measured
 }
 
