@@ -323,6 +323,14 @@ def main() -> int:
         return in_process(sys.argv[2], Path(sys.argv[3]))
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
+    # vLLM 0.34 imports lm-format-enforcer to validate every structured-output request (a tool call
+    # among them): vLLM pins it and its image has it, the GPU carry does not.
+    if importlib.util.find_spec("lmformatenforcer") is None:
+        print(
+            "note: no lm-format-enforcer here (vLLM's pin): on vLLM 0.34 the pod's tool call fails with "
+            "ModuleNotFoundError; carry lm-format-enforcer and interegular (scripts/unpack_wheels.py)",
+            flush=True,
+        )
     for step in sys.argv[2:] or list(STEPS):
         print(f"=== {step}: {time.strftime('%T')}", flush=True)
         try:
