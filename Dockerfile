@@ -7,9 +7,9 @@
 #
 # CMD runs the serverless handler; pod mode:  docker run ... worker python3 -m worker serve --host 0.0.0.0
 ARG VLLM_VERSION=0.34.0
-# A Triton kernel cache to carry (end of file): empty unless the build names a context for it,
-# docker build --build-context triton-cache=DIR
-FROM scratch AS triton-cache
+# A vLLM cache root to carry (end of file): empty unless the build names a context for it,
+# docker build --build-context cache-seed=DIR
+FROM scratch AS cache-seed
 
 FROM vllm/vllm-openai:v${VLLM_VERSION}
 
@@ -82,13 +82,13 @@ ENV MODEL_NAME=${MODEL_NAME:+/models/target} \
     QUANTIZATION=${QUANTIZATION} \
     HF_HUB_OFFLINE=${MODEL_NAME:+1}
 
-# Optional: a Triton kernel cache every worker whose own is empty starts from (TRITON_CACHE_SEED,
-# worker/boot/kernel_cache.py says why). The build has no GPU to fill one: it is made by a test job
-# on the endpoint's card kind and given as the build context named triton-cache (README, Docker);
-# without it, the empty stage above, and the worker seeds nothing. Last, so that a new cache
-# rebuilds no other layer.
-COPY --from=triton-cache / /opt/triton-cache-seed/
-ENV TRITON_CACHE_SEED=/opt/triton-cache-seed
+# Optional: a vLLM cache root every worker whose own folders are empty starts from (CACHE_SEED,
+# worker/boot/cache_seed.py says why): Triton's kernels, vLLM's model-class answers and startup plan.
+# The build has no GPU to fill one: it is a test job's VLLM_CACHE_ROOT on the endpoint's card kind,
+# given as the build context named cache-seed (README, Docker); without it, the empty stage above,
+# and the worker seeds nothing. Last, so that a new seed rebuilds no other layer.
+COPY --from=cache-seed / /opt/cache-seed/
+ENV CACHE_SEED=/opt/cache-seed
 
 ENTRYPOINT []
 CMD ["python3", "handler.py"]

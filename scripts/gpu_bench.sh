@@ -71,8 +71,9 @@
 #                     seeded-1"): fill (a root whose Triton cache the seeded boots copy), empty-N (today's first
 #                     worker), jit-N (VLLM_TRITON_JIT_WARMUP_NUM_THREADS=$FIRST_JIT_THREADS, default the CPU count,
 #                     against vLLM's 4), seeded-N (an empty root but Triton's cache a copy of the fill's: what a
-#                     Triton cache shipped in the image would give), image-N (the same seed given to the worker
-#                     as TRITON_CACHE_SEED, which it copies into the new root at boot: the image's path), trim (the image's scripts/image_trim.txt
+#                     Triton cache shipped in the image would give), image-N (the whole cache root of that boot
+#                     given to the worker as CACHE_SEED, which it copies into the new root at boot: the image's
+#                     path, Triton's kernels with vLLM's model-class answers and startup plan), trim (the image's scripts/image_trim.txt
 #                     uninstalled from this Python, as the Dockerfile does, for the rest of the machine's life;
 #                     python -X importtime of the boot's imports before and after, and of the RunPod SDK's
 #                     import). ENGINE_ARGS from the caller passes through (issue 75's compile-free FULL graphs
@@ -440,18 +441,18 @@ for stage in "$@"; do
           seeded-* | image-*)
             # The Triton cache of a fill here, of an earlier call's, or of coldstart-defaults' empty-1 (the
             # same model and settings on this card). seeded-N points Triton at a copy of it; image-N gives
-            # the worker a copy as TRITON_CACHE_SEED (the image's /opt/triton-cache-seed): the worker
-            # copies it into the new root's empty Triton cache at boot, the image's own path.
+            # the worker a copy of that boot's whole cache root as CACHE_SEED (the image's /opt/cache-seed):
+            # the worker copies it into the new, empty root at boot, the image's own path.
             seed=
             for candidate in $F/fill/root/triton_cache /tmp/cold-first-*/fill/root/triton_cache \
                 /tmp/vllm-cache-def-1/triton_cache; do  # in this order: the first that exists
               if [ -d "$candidate" ]; then seed=$candidate; break; fi
             done
             if [ -z "$seed" ]; then echo "=== cold-first-$step: skipped, no fill's Triton cache"; continue; fi
-            rm -rf $F/$step-seed && cp -r "$seed" $F/$step-seed
+            rm -rf $F/$step-seed
             case $step in
-              seeded-*) first $step TRITON_CACHE_DIR=$F/$step-seed ;;
-              image-*) first $step TRITON_CACHE_SEED=$F/$step-seed ;;
+              seeded-*) cp -r "$seed" $F/$step-seed && first $step TRITON_CACHE_DIR=$F/$step-seed ;;
+              image-*) cp -r "$(dirname "$seed")" $F/$step-seed && first $step CACHE_SEED=$F/$step-seed ;;
             esac ;;
           trim)
             python3 -X importtime -c "import worker.boot.launch" 2> "$OUT/importtime-before-trim.txt"

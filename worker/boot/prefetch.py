@@ -139,15 +139,20 @@ def start(plan: BootPlan) -> Prefetch | None:
 def prepare_boot(plan: BootPlan) -> None:
     """What a process that starts vLLM's engine does before importing vLLM: start reading the
     weights (they are read while the imports run), set the environment the engine must inherit, seed
-    an empty Triton cache (``worker.boot.kernel_cache``) and start the model-class inspection
+    an empty cache root (``worker.boot.cache_seed``) and start the model-class inspection
     (``worker.boot.modelinfo``), all as the plan says."""
-    from worker.boot import kernel_cache, modelinfo
+    from worker.boot import cache_seed, modelinfo
 
     start(plan)
     plan.apply_environment(os.environ)
+    # Before the inspection, which a seeded answer makes unneeded, and before vLLM starts the engine
+    # core, whose first kernels Triton compiles (or finds here).
+    cache_seed.seed_cache_root(
+        seed=plan.settings.cache_seed,
+        cache_root=plan.settings.vllm_cache_dir,
+        triton_cache_dir=plan.environment["TRITON_CACHE_DIR"],
+    )
     modelinfo.start(plan)  # after the environment, which its subprocess inherits
-    # Before vLLM starts the engine core, whose first kernels Triton compiles (or finds here).
-    kernel_cache.seed_triton_cache(seed=plan.settings.triton_cache_seed, cache_dir=plan.environment["TRITON_CACHE_DIR"])
 
 
 def _read(path: Path, buffer: bytearray) -> int:

@@ -109,10 +109,11 @@ class Settings(BaseSettings):
     triton_cache_dir: str | None = Field(
         None, description="Triton's kernel cache; unset: VLLM_CACHE_ROOT/triton_cache when that is set"
     )
-    triton_cache_seed: str | None = Field(
+    cache_seed: str | None = Field(
         None,
-        description="a Triton kernel cache copied into Triton's own when that is empty (the image sets the one it "
-        "carries, if built with one); a folder that is not there seeds nothing",
+        description="a vLLM cache root (a test job's VLLM_CACHE_ROOT) whose folders are copied into this worker's "
+        "where those are empty: Triton's kernels, vLLM's model-class answers, startup plan and compiled graphs (the "
+        "image sets the one it carries, if built with one); a folder that is not there seeds nothing",
     )
     prefetch_weights: bool | None = Field(
         None,

@@ -1,0 +1,126 @@
+"""vLLM's cache root, started from a seed where it is empty: a cache root an image carries, made by a
+test job on a GPU of the endpoint's card kind.
+
+Why: without a network volume every RunPod worker starts on an empty cache root, and a first boot
+there does work a warm root keeps (docs/benchmarks.md, "The first worker without a volume"): Triton
+compiles vLLM's kernels the first time they run (the profile run and the warm-up before the graph
+capture), vLLM inspects the model's class (``modelinfos``), measures the memory profile its startup
+plan would have given (``startup_plan``), and a compiled engine compiles (``torch_compile_cache``).
+An image is built without a GPU, so it cannot fill these itself: it carries a root filled elsewhere
+(the Dockerfile's ``cache-seed`` build context), and each worker copies in what its own root lacks.
+
+Why by hand: neither vLLM nor Triton has a read-only cache to fall back on; each reads one folder.
+A seed is always safe to use, because every one of these caches keys what it keeps by what it
+depends on and redoes the work on a mismatch: Triton's kernels by source, options, its version and
+the card's compute capability; vLLM's model-class answers by the model module's hash; its startup
+plan by the configuration, library versions, the card and its free memory; its compiled graphs by
+the configuration, code and the card's name. A seed from another card kind or release is not used,
+and the boot does what it would have done without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["TRITON_FOLDER", "seed_cache_root"]
+
+log = logging.getLogger(__name__)
+
+# The seed's folder for Triton's kernels: where the worker puts Triton's cache in a vLLM cache root
+# (worker/boot/engine_args.py), so a test job's root holds it under this name.
+TRITON_FOLDER = "triton_cache"
+
+
+def seed_cache_root(*, seed: str | None, cache_root: Path, triton_cache_dir: str | None) -> dict[str, int]:
+    """Copy each of ``seed``'s folders into ``cache_root`` where this root's folder of that name is
+    missing or empty, and each of its files where this root has none; the entries added, by name
+    (empty: nothing done). ``seed`` is a vLLM cache root (``VLLM_CACHE_ROOT``'s layout); its
+    ``triton_cache`` goes to ``triton_cache_dir``, Triton's folder as the plan names it (None:
+    Triton's own default, which the worker does not name, so not seeded). Never fails the boot: a
+    seed that is not there, or a copy that fails (logged), leaves the root as the boot found it.
+
+    A folder's entries (a kernel, a compiled graph, a model class's answer) are copied beside the
+    folder first and renamed into place whole, so that nothing reads half an entry; where two
+    workers seed one network volume at once, each entry is kept from whichever came first."""
+    if not seed or not os.path.isdir(seed):
+        return {}
+    started = time.perf_counter()
+    added: dict[str, int] = {}
+    try:
+        names = sorted(os.listdir(seed))
+    except OSError as exc:
+        log.warning("vLLM's cache root not seeded from %s: %s", seed, exc)
+        return {}
+    for name in names:
+        source = os.path.join(seed, name)
+        target = triton_cache_dir if name == TRITON_FOLDER else str(cache_root / name)
+        if target is None:
+            log.info("Triton's cache not seeded from %s: its folder is Triton's default (set VLLM_CACHE_ROOT)", seed)
+            continue
+        count = _seed_folder(source, target) if os.path.isdir(source) else _seed_file(source, target)
+        if count:
+            added[name] = count
+    if added:
+        what = ", ".join(f"{name} {count}" for name, count in added.items())
+        log.info("vLLM's cache root seeded from %s (entries: %s) in %.2f s", seed, what, time.perf_counter() - started)
+    return added
+
+
+def _seed_folder(seed: str, folder: str) -> int:
+    """``seed``'s entries into ``folder`` if that has nothing yet; the number added."""
+    staging: str | None = None
+    added = 0
+    try:
+        if _is_empty(seed) or (os.path.isdir(folder) and not _is_empty(folder)):
+            return 0  # an empty seed (an image built without one), or a folder with this root's own work
+        parent = os.path.dirname(os.path.abspath(folder))
+        os.makedirs(folder, exist_ok=True)
+        staging = tempfile.mkdtemp(dir=parent, prefix=os.path.basename(folder) + ".seeding-")
+        shutil.copytree(seed, staging, symlinks=True, dirs_exist_ok=True)
+        for name in sorted(os.listdir(staging)):
+            try:
+                os.rename(os.path.join(staging, name), os.path.join(folder, name))
+                added += 1
+            except OSError:  # another worker's copy of the same entry landed first
+                continue
+    except OSError as exc:
+        log.warning("%s not seeded from %s: %s", folder, seed, exc)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return added
+
+
+def _seed_file(seed: str, path: str) -> int:
+    """``seed`` copied to ``path`` if there is nothing there yet, whole (1) or not at all (0)."""
+    if os.path.lexists(path):
+        return 0
+    staging: str | None = None
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        descriptor, staging = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".seeding-")
+        os.close(descriptor)
+        shutil.copyfile(seed, staging)
+        os.replace(staging, path)
+        staging = None
+        return 1
+    except OSError as exc:
+        log.warning("%s not seeded from %s: %s", path, seed, exc)
+        return 0
+    finally:
+        if staging is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(staging)
+
+
+def _is_empty(directory: str) -> bool:
+    """Whether ``directory`` holds nothing: stops at its first entry (a warm volume's folders hold
+    many, and every boot asks)."""
+    with os.scandir(directory) as entries:
+        return next(entries, None) is None
