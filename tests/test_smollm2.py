@@ -20,6 +20,7 @@ import pytest
 
 from tests.helpers import CACHE_DIR
 from worker import smollm2
+from worker.boot import modelinfo
 from worker.boot.models import resolver
 from worker.config import load_settings
 from worker.errors import ConfigError
@@ -118,6 +119,8 @@ def test_the_conversion_equals_transformers_own_gguf_load(converted: Path) -> No
     assert "<|im_start|>" in (tokenizer.chat_template or "")
     generation = json.loads((converted / "generation_config.json").read_text())
     assert generation["temperature"] == 0.0 and generation["eos_token_id"] == 2  # greedy; <|im_end|>
+    # The architecture named, so the boot's model-class inspection runs beside vLLM's import.
+    assert modelinfo.architectures([converted]) == ["LlamaForCausalLM"]
 
 
 @pytest.fixture(scope="module")
