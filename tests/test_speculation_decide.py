@@ -46,6 +46,11 @@ def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() ->
     # A separate draft model: auto in both modes (vLLM 0.34's map: at or above static k at every load).
     assert control("pod", DRAFT) == "auto" and control("serverless", DRAFT) == "auto"
     assert control("pod", DRAFT, SPECULATION_CONTROL="static") == "static"
+    # ... where the controller can run: not on the CPU build, without full graphs, or without the worker's scheduler.
+    assert (
+        control("pod", DRAFT, is_cpu=True) == "static" and control("pod", DRAFT, CUDAGRAPH_MODE="PIECEWISE") == "static"
+    )
+    assert control("pod", DRAFT, PER_REQUEST_SPEC_DECODE_METRICS="none") == "static"
     # EAGLE heads: static until their map under auto on vLLM 0.34 says otherwise; opt-in.
     for env in (EAGLE, EAGLE_BY_NAME):
         for mode in ("pod", "serverless"):

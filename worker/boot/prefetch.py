@@ -15,6 +15,7 @@ memory is not read at all (``PREFETCH_WEIGHTS=true`` reads it anyway; ``false``:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -145,14 +146,18 @@ def prepare_boot(plan: BootPlan) -> None:
 
     start(plan)
     plan.apply_environment(os.environ)
-    # Before the inspection, which a seeded answer makes unneeded, and before vLLM starts the engine
-    # core, whose first kernels Triton compiles (or finds here).
-    cache_seed.seed_cache_root(
+    seed = functools.partial(
+        cache_seed.seed_cache_root,
         seed=plan.settings.cache_seed,
         cache_root=plan.settings.vllm_cache_dir,
         triton_cache_dir=plan.environment["TRITON_CACHE_DIR"],
     )
+    # The model-class answers before the inspection, which a seeded answer makes unneeded; the rest
+    # after it starts, and before vLLM starts the engine core, whose first kernels Triton compiles
+    # (or finds here).
+    seed(folders=cache_seed.FIRST)
     modelinfo.start(plan)  # after the environment, which its subprocess inherits
+    seed(folders=tuple(name for name in cache_seed.FOLDERS if name not in cache_seed.FIRST))
 
 
 def _read(path: Path, buffer: bytearray) -> int:

@@ -111,9 +111,9 @@ class Settings(BaseSettings):
     )
     cache_seed: str | None = Field(
         None,
-        description="a vLLM cache root (a test job's VLLM_CACHE_ROOT) whose folders are copied into this worker's "
-        "where those are empty: Triton's kernels, vLLM's model-class answers, startup plan and compiled graphs (the "
-        "image sets the one it carries, if built with one); a folder that is not there seeds nothing",
+        description="a vLLM cache root (a test job's VLLM_CACHE_ROOT) whose folders for Triton's kernels, vLLM's "
+        "model-class answers, startup plan and compiled graphs are copied into this worker's where those are empty "
+        "(the image sets the one it carries, if built with one); a folder that is not there seeds nothing",
     )
     prefetch_weights: bool | None = Field(
         None,
@@ -179,7 +179,8 @@ class Settings(BaseSettings):
     speculation_control: Literal["auto", "static"] | None = Field(
         None,
         description="auto: k chosen per step from the batch size and live acceptance; unset: auto only where it "
-        "was measured to pay, n-gram on a GPU with full CUDA graphs, else static (docs/speculation.md)",
+        "was measured at or above static k, n-gram and separate draft models on a GPU with full CUDA graphs, else "
+        "static (docs/speculation.md)",
     )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
