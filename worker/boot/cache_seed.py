@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["FIRST", "FOLDERS", "TRITON_FOLDER", "seed_cache_root"]
+__all__ = ["FIRST", "FOLDERS", "REST", "TRITON_FOLDER", "seed_cache_root"]
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,11 @@ log = logging.getLogger(__name__)
 # (worker/boot/engine_args.py), so a test job's root holds it under this name.
 TRITON_FOLDER = "triton_cache"
 # The folders seeded, in this order. FIRST are seeded before the boot starts the model-class
-# inspection (worker/boot/modelinfo.py), which a seeded answer makes unneeded; the rest after it,
-# so that a long copy does not delay the inspection.
+# inspection (worker/boot/modelinfo.py), which a seeded answer makes unneeded; REST after it, so
+# that a long copy does not delay the inspection.
 FIRST = ("modelinfos",)
-FOLDERS = (*FIRST, "startup_plan", TRITON_FOLDER, "torch_compile_cache")
+REST = ("startup_plan", TRITON_FOLDER, "torch_compile_cache")
+FOLDERS = (*FIRST, *REST)
 
 
 def seed_cache_root(

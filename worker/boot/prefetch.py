@@ -157,7 +157,7 @@ def prepare_boot(plan: BootPlan) -> None:
     # (or finds here).
     seed(folders=cache_seed.FIRST)
     modelinfo.start(plan)  # after the environment, which its subprocess inherits
-    seed(folders=tuple(name for name in cache_seed.FOLDERS if name not in cache_seed.FIRST))
+    seed(folders=cache_seed.REST)
 
 
 def _read(path: Path, buffer: bytearray) -> int:
