@@ -67,8 +67,8 @@ def spells_json(model: str) -> bool:
     """Whether the target's tokenizer can write a tool call's JSON. The bench's Llama shapes have a
     word-level vocabulary (``w0`` ... ``wN``) with no ``{`` or ``"``: a named tool call's grammar
     rejects every token there and vLLM ends the request with a 500 (0.32 on the CPU, the 1B shape),
-    which says nothing of the pod. (On 0.34 a real model's named call failed too, for a cause not
-    known yet: docs/benchmarks.md.)"""
+    which says nothing of the pod. (On 0.34 a real model's named call failed too, where vLLM could not
+    import lm-format-enforcer: main() says so up front.)"""
     tokenizer = Path(model) / "tokenizer.json"
     if not tokenizer.exists():
         return True
