@@ -19,6 +19,8 @@
 #                     each kernel alone: quant-marlin, quant-machete
 #   pod               pod server vs vLLM's OpenAI server booted side by side, concurrency
 #                     $POD_CONCURRENCY (default 1,8,64,256), $POD_REPEATS (default 3) alternating runs
+#   pod-spec          the pod stage with both servers speculating alike: $POD_SPEC (DRAFTER:K:LENGTH, default the
+#                     1B-shaped draft, k = 3, synthetic L = 2.5), static, at $POD_CONCURRENCY (default 1-256)
 #   pod-api-servers   the pod stage with API_SERVER_COUNT=N for N in $API_SERVERS (default "2 1"), vLLM's server
 #                     with the same --api-server-count, at $POD_CONCURRENCY (default 64,256,512), MAX_NUM_SEQS=512
 #                     and MAX_QUEUE_DEPTH=512 (no 429 at 512 streams), $POD_REPEATS alternating runs (default 3)
@@ -236,6 +238,13 @@ for stage in "$@"; do
       MAX_NUM_SEQS=512 MAX_QUEUE_DEPTH=512 API_SERVER_COUNT=2 POD_BENCH_BASELINE=pod1 run pod-api2-vs-1 --parts pod \
         --concurrency "${POD_CONCURRENCY:-1,8}" --repeats "${POD_REPEATS:-3}" ;;
     pod) run pod --parts pod --concurrency "${POD_CONCURRENCY:-1,8,64,256}" --repeats "${POD_REPEATS:-3}" ;;
+    pod-spec)
+      # The pod against vLLM's server, both speculating with $POD_SPEC (a spec-map configuration,
+      # DRAFTER:K:LENGTH, static: worker/tools/bench/spec_map.py) with the same API process count.
+      spec=$(python3 -c "import json, sys; from worker.tools.bench.spec_map_config import speculative_config as s
+d, k, length = sys.argv[1].rsplit(':', 2); print(json.dumps(s(d, int(k), length)))" "${POD_SPEC:-$M-1b:3:2.5}") || exit 2
+      ( unset SPECULATIVE_METHOD; SPECULATIVE_CONFIG=$spec SPECULATION_CONTROL=static run pod-spec --parts pod \
+        --concurrency "${POD_CONCURRENCY:-1,8,32,64,128,256}" --repeats "${POD_REPEATS:-2}" ) ;;
     coldstart)
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-$$
       run cold-fresh-cache --parts coldstart_handler

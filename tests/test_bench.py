@@ -387,6 +387,18 @@ def test_vllms_server_beside_the_handler_keeps_its_own_cuda_graph_defaults() -> 
     assert json.loads(chosen[chosen.index("--compilation-config") + 1]) == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
 
 
+def test_vllms_server_beside_the_worker_speculates_as_the_worker_does() -> None:
+    from worker.config import load_settings
+    from worker.tools.bench.servers import vllm_server_args
+
+    spec = {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}
+    env = {"MODEL_NAME": "org/m", "SPECULATIVE_CONFIG": json.dumps(spec), "SPECULATION_CONTROL": "static"}
+    args = vllm_server_args(load_settings(env), model_path="/m", port=1)
+    assert json.loads(args[args.index("--speculative-config") + 1]) == spec
+    assert not any("per-request-spec" in arg for arg in args)  # the worker's own flag, not vLLM's server's
+    assert "--speculative-config" not in vllm_server_args(load_settings({"MODEL_NAME": "org/m"}), model_path="/m", port=1)
+
+
 def test_a_lossy_row_on_the_cpu_build_says_why() -> None:
     from worker.tools.bench.tables_boot import LOSSY_ON_CPU, lossless_section
 

@@ -54,8 +54,10 @@ def alive_after(pids: list[int], timeout_s: float) -> list[int]:
 
 
 def vllm_server_args(settings: Settings, *, model_path: str, port: int, api_server_count: int = 1) -> list[str]:
-    """vLLM's own server with the engine arguments our worker builds (speculation excluded), with
-    ``api_server_count`` API processes (the pod part gives it the pod's)."""
+    """vLLM's own server with the engine arguments our worker builds, with ``api_server_count`` API
+    processes (the pod part gives it the pod's). Its speculation is the worker's config as the plan
+    starts it (a static k; under ``SPECULATION_CONTROL=auto`` the schedule auto starts from), so that
+    the peer decodes with the same drafter and k; the worker's per-request metrics flag is its own."""
     # mode="pod": vLLM's own CUDA-graph defaults, not the worker's serverless ones.
     kwargs = build_engine_kwargs(settings, decide(settings, mode="pod", is_cpu=False))
     for key in ("model", "tokenizer"):  # the target, wherever the settings name it, is the given path
@@ -81,7 +83,7 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int, api_serv
         *server_flags(settings),
     ]
     for key, value in kwargs.items():
-        if key in ("disable_log_stats", "speculative_config", "per_request_spec_decode_metrics"):
+        if key in ("disable_log_stats", "per_request_spec_decode_metrics"):
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
