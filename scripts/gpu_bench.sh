@@ -243,7 +243,7 @@ for stage in "$@"; do
       # DRAFTER:K:LENGTH, static: worker/tools/bench/spec_map.py) with the same API process count.
       spec=$(python3 -c "import json, sys; from worker.tools.bench.spec_map_config import speculative_config as s
 d, k, length = sys.argv[1].rsplit(':', 2); print(json.dumps(s(d, int(k), length)))" "${POD_SPEC:-$M-1b:3:2.5}") || exit 2
-      ( unset SPECULATIVE_METHOD; SPECULATIVE_CONFIG=$spec SPECULATION_CONTROL=static run pod-spec --parts pod \
+      ( unset SPECULATIVE_METHOD; export SPECULATIVE_CONFIG=$spec SPECULATION_CONTROL=static; run pod-spec --parts pod \
         --concurrency "${POD_CONCURRENCY:-1,8,32,64,128,256}" --repeats "${POD_REPEATS:-2}" ) ;;
     coldstart)
       export VLLM_CACHE_ROOT=/tmp/vllm-cache-$$

@@ -51,11 +51,11 @@ def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() ->
         control("pod", DRAFT, is_cpu=True) == "static" and control("pod", DRAFT, CUDAGRAPH_MODE="PIECEWISE") == "static"
     )
     assert control("pod", DRAFT, PER_REQUEST_SPEC_DECODE_METRICS="none") == "static"
-    # EAGLE heads: static until their map under auto on vLLM 0.34 says otherwise; opt-in.
+    # EAGLE heads, however named: auto in both modes too (vLLM 0.34's map, auto beside static k = 3).
     for env in (EAGLE, EAGLE_BY_NAME):
         for mode in ("pod", "serverless"):
-            assert control(mode, env) == "static"
-            assert control(mode, env, SPECULATION_CONTROL="auto") == "auto"
+            assert control(mode, env) == "auto"
+            assert control(mode, env, SPECULATION_CONTROL="static") == "static"
     # Methods the map has not measured, and the tiny default (the figures are an 8B's): static.
     for method in ("mtp", "suffix"):
         assert control("pod", REAL, SPECULATIVE_METHOD=method, NUM_SPECULATIVE_TOKENS="2") == "static"
@@ -75,7 +75,11 @@ def test_unset_speculation_control_is_auto_where_the_map_measured_it_to_pay() ->
 def test_a_measured_default_is_flipped_in_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
     # Once a drafter's map shows auto pays, its row of AUTO_BY_DEFAULT is the one change: the control,
     # the schedule and the worker's FULL graphs follow from it.
-    assert control("pod", EAGLE) == "static"
+    assert control("pod", EAGLE) == "auto"
+    monkeypatch.setitem(AUTO_BY_DEFAULT, "eagle", False)
+    plan = build_plan(load_settings(EAGLE), mode="pod", is_cpu=False)
+    assert plan.speculation.control == "static" and plan.speculation.cudagraph_mode is None
+    assert "num_speculative_tokens_per_batch_size" not in plan.engine_kwargs["speculative_config"]
     monkeypatch.setitem(AUTO_BY_DEFAULT, "eagle", True)
     plan = build_plan(load_settings(EAGLE), mode="pod", is_cpu=False)
     assert plan.speculation.control == "auto" and plan.speculation.cudagraph_mode == "FULL"
@@ -281,8 +285,8 @@ def test_drafters_under_auto_run_the_workers_full_graphs() -> None:
     assert graphs("pod", **ngram) == full
     assert graphs("pod", **draft) == full  # auto by default
     assert graphs("pod", **draft, SPECULATION_CONTROL="static") is None  # static: vLLM's mode
-    assert graphs("pod", **head) is None  # static by default: vLLM's mode
-    assert graphs("pod", **head, SPECULATION_CONTROL="auto") == full
+    assert graphs("pod", **head) == full  # auto by default
+    assert graphs("pod", **head, SPECULATION_CONTROL="static") is None
     assert graphs("pod", **ngram, MAX_CUDAGRAPH_CAPTURE_SIZE="512") == {**full, "max_cudagraph_capture_size": 512}
     assert graphs("pod", **ngram, SPECULATION_CONTROL="static") is None
     assert graphs("pod", **ngram, CUDAGRAPH_MODE="FULL_AND_PIECEWISE") == {"cudagraph_mode": "FULL_AND_PIECEWISE"}

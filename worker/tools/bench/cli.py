@@ -287,9 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(plan.parts) - set(ALL_PARTS)
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
-    # Overhead and the server comparison measure the serving path, so speculation is off there;
-    # the spec part sets its own drafts.
-    env = {**os.environ, "SPECULATIVE_METHOD": os.environ.get("SPECULATIVE_METHOD", "none")}
+    # Overhead and the server comparison measure the serving path, so speculation is off there
+    # unless the environment configures it (SPECULATIVE_CONFIG: the pod and vLLM's server with one
+    # drafter); the spec part sets its own drafts.
+    env = dict(os.environ)
+    if "SPECULATIVE_CONFIG" not in env:
+        env.setdefault("SPECULATIVE_METHOD", "none")
     # These parts' drafts are the tiny models' (--drafts): unnamed, the target is the tiny one, as
     # before the default model became SmolLM2 (--real-text serves whatever MODEL_NAME says).
     env.setdefault("MODEL_NAME", "tiny:target")
