@@ -396,7 +396,8 @@ def test_vllms_server_beside_the_worker_speculates_as_the_worker_does() -> None:
     args = vllm_server_args(load_settings(env), model_path="/m", port=1)
     assert json.loads(args[args.index("--speculative-config") + 1]) == spec
     assert not any("per-request-spec" in arg for arg in args)  # the worker's own flag, not vLLM's server's
-    assert "--speculative-config" not in vllm_server_args(load_settings({"MODEL_NAME": "org/m"}), model_path="/m", port=1)
+    plain = vllm_server_args(load_settings({"MODEL_NAME": "org/m"}), model_path="/m", port=1)
+    assert "--speculative-config" not in plain
 
 
 def test_a_lossy_row_on_the_cpu_build_says_why() -> None:

@@ -179,8 +179,8 @@ class Settings(BaseSettings):
     speculation_control: Literal["auto", "static"] | None = Field(
         None,
         description="auto: k chosen per step from the batch size and live acceptance; unset: auto only where it "
-        "was measured at or above static k, n-gram, EAGLE heads and separate draft models on a GPU with full CUDA graphs, else "
-        "static (docs/speculation.md)",
+        "was measured at or above static k, n-gram, EAGLE heads and separate draft models on a GPU with full CUDA "
+        "graphs, else static (docs/speculation.md)",
     )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
