@@ -1,5 +1,12 @@
 """``python -m worker fit``: will a model fit a GPU at a context length and concurrency, what is
-the largest batch or context that fits, and how fast can decode be (bandwidth, not FLOPs, bounds it)."""
+the largest batch or context that fits, and how fast can decode be (bandwidth, not FLOPs, bounds it).
+
+With ``--draft`` it counts a speculative drafter beside the target as vLLM holds it: its weights
+resident, and its attention layers' KV cache in the same pool as the target's, a token of context
+costing both (vLLM gives the drafter's layers KV cache specs of their own in one cache config).
+An EAGLE head's shape is read from its config like any model's: one decoder layer and its own
+LM head, the embeddings counted though vLLM shares the target's (an over-count of at most the
+embedding table)."""
 
 from __future__ import annotations
 
@@ -157,6 +164,7 @@ class FitReport:
     decode_bound_tok_s_single: float
     decode_bound_tok_s_batch: float
     itl_floor_ms_batch: float
+    draft_weights_gib: float = 0.0  # a drafter's (``--draft``); its KV cache is in the per-token figure
 
 
 def fit(
@@ -170,17 +178,27 @@ def fit(
     gpu_memory_utilization: float = 0.9,
     num_gpus: int = 1,
     max_num_batched_tokens: int = 8192,
+    draft: ModelShape | None = None,
+    draft_quantization: str | None = None,
 ) -> FitReport:
+    """The verdict and bounds for ``shape`` (and ``draft``, a drafter beside it: module docstring).
+    The decode bounds are the target's without speculation."""
     spec = GPUS[gpu]
     budget = spec["memory_gib"] * GIB * gpu_memory_utilization * num_gpus
-    weights = (
-        weight_bytes(shape, quantization=quantization) + shape.vocab_size * shape.hidden_size * 2
-    )  # + input embeddings
+    weights = _resident_weight_bytes(shape, quantization)
+    draft_weights = 0.0 if draft is None else _resident_weight_bytes(draft, draft_quantization)
     kv_token = kv_bytes_per_token(shape, kv_cache_dtype=kv_cache_dtype)
+    if draft is not None:
+        kv_token += kv_bytes_per_token(draft, kv_cache_dtype=kv_cache_dtype)
     kv_seq = kv_token * max_model_len
-    activations = activation_bytes(shape, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=concurrency)
+    # The drafter's forward passes run after the target's, so the peak is the larger of the two.
+    activations = max(
+        activation_bytes(model, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=concurrency)
+        for model in (shape, draft)
+        if model is not None
+    )
     overhead = FRAMEWORK_OVERHEAD_BYTES * num_gpus
-    free_for_kv = budget - weights - activations - overhead
+    free_for_kv = budget - weights - draft_weights - activations - overhead
     bandwidth = spec["bandwidth_gbs"] * num_gpus
     # A batch of `concurrency` sequences at half the context on average reads the weights once per step.
     step_bytes = weight_bytes(shape, quantization=quantization) + concurrency * (max_model_len / 2) * kv_token
@@ -209,7 +227,15 @@ def fit(
         ),
         decode_bound_tok_s_batch=batch_tok_s,
         itl_floor_ms_batch=step_bytes / (bandwidth * 1e9) * 1000,
+        draft_weights_gib=draft_weights / GIB,
     )
+
+
+def _resident_weight_bytes(shape: ModelShape, quantization: str | None) -> float:
+    """What the weights hold in GPU memory: those a decode step reads, and the input embeddings
+    (the LM head's own table where the model ties them)."""
+    embeddings = 0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size * 2
+    return weight_bytes(shape, quantization=quantization) + embeddings
 
 
 def render_fit(
@@ -220,12 +246,14 @@ def render_fit(
     max_model_len: int,
     concurrency: int,
     assumed: list[str] | None = None,
+    draft: str | None = None,
 ) -> str:
     """The report as text; ``assumed``: the flags left at their defaults, named so the verdict
-    shows what it assumed."""
+    shows what it assumed; ``draft``: the drafter's name, where one is counted."""
     verdict = "FITS" if report.fits else "DOES NOT FIT"
+    beside = f" with the drafter {draft}" if draft else ""
     lines = [
-        f"{model} ({quantization or 'bf16'}) on {report.num_gpus} x {report.gpu}: {verdict} "
+        f"{model} ({quantization or 'bf16'}){beside} on {report.num_gpus} x {report.gpu}: {verdict} "
         f"with {concurrency} sequences x {max_model_len} tokens of context",
     ]
     if assumed:
@@ -233,6 +261,11 @@ def render_fit(
     lines += [
         f"  memory budget      {report.memory_budget_gib:8.2f} GiB",
         f"  weights            {report.weights_gib:8.2f} GiB",
+        *(
+            [f"  drafter's weights  {report.draft_weights_gib:8.2f} GiB (its KV cache is in the figures below)"]
+            if draft
+            else []
+        ),
         f"  activations        {report.activations_gib:8.2f} GiB (peak of one forward pass, estimated)",
         f"  runtime overhead   {report.overhead_gib:8.2f} GiB (CUDA context, workspaces, graphs; estimated)",
         f"  KV cache           {report.kv_cache_per_token_kib:8.1f} KiB/token, "
@@ -254,7 +287,8 @@ def render_fit(
         f"  decode bound, 1 stream:            {report.decode_bound_tok_s_single:10,.0f} tok/s",
         f"  decode bound, {concurrency} streams:  {report.decode_bound_tok_s_batch:10,.0f} tok/s "
         f"(inter-token latency >= {report.itl_floor_ms_batch:.2f} ms)",
-        "  (bounds from memory bandwidth: each step reads every weight byte and the batch's KV cache once)",
+        "  (bounds from memory bandwidth: each step reads every weight byte and the batch's KV cache once"
+        + ("; the target's, without speculation)" if draft else ")"),
     ]
     return "\n".join(lines)
 
@@ -270,6 +304,12 @@ def main_fit(argv: list[str]) -> int:
     parser.add_argument(
         "--concurrency", type=_positive, default=None, help=f"sequences at once ({DEFAULT_CONCURRENCY})"
     )
+    parser.add_argument(
+        "--draft", default=None, help="a drafter beside the target (SPECULATIVE_MODEL): as --model takes it"
+    )
+    parser.add_argument(
+        "--draft-quantization", default="none", choices=QUANTIZATIONS, help="the drafter's weight format"
+    )
     parser.add_argument("--gpu", default="H100 SXM", choices=sorted(GPUS))
     parser.add_argument("--num-gpus", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -280,6 +320,12 @@ def main_fit(argv: list[str]) -> int:
         parser.error(
             f"argument --model: {args.model!r} is neither a preset ({', '.join(PRESETS)}), a model directory, "
             "an embedded model nor a hub id in RunPod's model cache"
+        )
+    draft = None if args.draft is None else _shape(args.draft)
+    if args.draft is not None and draft is None:
+        parser.error(
+            f"argument --draft: {args.draft!r} is neither a preset, a model directory, an embedded model nor a hub id "
+            "in RunPod's model cache"
         )
     problem = impossible_setting(
         shape,
@@ -306,6 +352,8 @@ def main_fit(argv: list[str]) -> int:
         concurrency=args.concurrency,
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpus=args.num_gpus,
+        draft=draft,
+        draft_quantization=None if args.draft_quantization == "none" else args.draft_quantization,
     )
     if args.json:
         print(json.dumps(asdict(report), indent=1))
@@ -318,6 +366,7 @@ def main_fit(argv: list[str]) -> int:
                 max_model_len=args.max_model_len,
                 concurrency=args.concurrency,
                 assumed=assumed,
+                draft=args.draft,
             )
         )
     return 0 if report.fits else 1
