@@ -1,3 +1,4 @@
+import functools
 import random
 from pathlib import Path
 
@@ -38,15 +39,17 @@ def test_70b_bf16_does_not_fit_one_gpu_but_awq_does() -> None:
 
 def test_a_drafter_costs_its_weights_and_a_kv_cache_beside_the_targets(capsys: pytest.CaptureFixture[str]) -> None:
     target, draft = (ModelShape.from_config(PRESETS[name]) for name in ("llama-3-8b", "llama-3.2-1b"))
-    args = {"gpu": "H100 SXM", "quantization": None, "kv_cache_dtype": "auto", "max_model_len": 8192, "concurrency": 8}
-    alone, beside = fit(target, **args), fit(target, **args, draft=draft)
+    at = functools.partial(
+        fit, gpu="H100 SXM", quantization=None, kv_cache_dtype="auto", max_model_len=8192, concurrency=8
+    )
+    alone, beside = at(target), at(target, draft=draft)
     # Llama 3.2 1B ties its embeddings: 1.24e9 parameters x 2 bytes, the table once.
     assert beside.draft_weights_gib == pytest.approx(1.236e9 * 2 / GIB, rel=0.01) and alone.draft_weights_gib == 0
     assert beside.weights_gib == alone.weights_gib
     # 16 layers x 8 KV heads x 64 x 2 (K and V) x 2 bytes = 32 KiB a token beside the target's 128.
     assert beside.kv_cache_per_token_kib == pytest.approx(128 + 32)
     assert beside.max_concurrency_at_context < alone.max_concurrency_at_context
-    quantized = fit(target, **args, draft=draft, draft_quantization="fp8")
+    quantized = at(target, draft=draft, draft_quantization="fp8")
     assert quantized.draft_weights_gib < beside.draft_weights_gib
     assert main_fit(["--model", "llama-3-8b", "--draft", "llama-3.2-1b", "--concurrency", "8"]) == 0
     out = capsys.readouterr().out
