@@ -6,20 +6,32 @@ from __future__ import annotations
 
 import asyncio.base_events
 import base64
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY
 
 import worker.media as media
-import worker.vllm_internals.media  # noqa: F401  (registers the guarded connector)
+import worker.vllm_internals.media  # registers the guarded connector; its shared client is closed below
 from tests.helpers import ImageServer, engine_env, engine_kwargs, png
 from worker.boot.engine_args import PUBLIC_MEDIA_CONNECTOR
 from worker.config import load_settings
 from worker.media import MediaURLRefused, address_refusal
 
 PNG = png((4, 4), (200, 30, 30))
+
+
+@pytest.fixture(autouse=True)
+async def _shared_session_closed() -> AsyncIterator[None]:
+    """The connector's HTTP client is shared, as vLLM's own (``reuse_client``), and made on the
+    event loop of its first fetch; each test here has a loop of its own, so its session is closed
+    with it (left open, aiohttp warns "Unclosed client session" when it is collected)."""
+    yield
+    connection = worker.vllm_internals.media._CONNECTION
+    if connection._async_client is not None:
+        await connection._async_client.close()
+        connection._async_client = None
 
 
 @pytest.fixture
