@@ -398,6 +398,46 @@ def test_vllms_server_beside_the_worker_speculates_as_the_worker_does() -> None:
     assert not any("per-request-spec" in arg for arg in args)  # the worker's own flag, not vLLM's server's
     plain = vllm_server_args(load_settings({"MODEL_NAME": "org/m"}), model_path="/m", port=1)
     assert "--speculative-config" not in plain
+    # Under auto (a draft model's default) the worker's graph list is not a k by batch size for vLLM: static k.
+    auto = vllm_server_args(load_settings({**env, "SPECULATION_CONTROL": "auto"}), model_path="/m", port=1)
+    assert json.loads(auto[auto.index("--speculative-config") + 1]) == spec
+    # A user's schedule is vLLM's own, and kept.
+    ceiling = {**env, "SPECULATION_CONTROL": "auto", "SPECULATIVE_TOKENS_BY_BATCH": "1-4:3,5-256:1"}
+    args = vllm_server_args(load_settings(ceiling), model_path="/m", port=1)
+    assert json.loads(args[args.index("--speculative-config") + 1])["num_speculative_tokens_per_batch_size"] == [
+        [1, 4, 3],
+        [5, 256, 1],
+    ]
+
+
+def test_the_bench_runs_the_serving_path_without_speculation_unless_the_environment_sets_it() -> None:
+    from worker.config import load_settings
+    from worker.tools.bench.cli import bench_env
+    from worker.tools.bench.spec_map_config import config_env
+
+    plain = bench_env({}, max_concurrency=8)
+    assert plain == {"SPECULATIVE_METHOD": "none", "MODEL_NAME": "tiny:target", "MAX_NUM_SEQS": "8"}
+    assert bench_env({"SPECULATIVE_METHOD": "ngram"}, max_concurrency=8)["SPECULATIVE_METHOD"] == "ngram"
+    # A speculative config (the pod-spec stage's) loads as it is: before, its SPECULATIVE_METHOD=none refused it.
+    configured = bench_env(
+        {"SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 2}'}, max_concurrency=8
+    )
+    assert load_settings(configured).resolved_speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
+    # The spec and lossless parts' baseline drops whatever speculation it was given.
+    assert (
+        load_settings(config_env({**configured, "SPECULATION_CONTROL": "static"}, "none")).resolved_speculative_config
+        is None
+    )
+
+
+def test_vllms_server_beside_the_worker_loads_the_drafter_the_worker_resolves(tiny_models: TinyModels) -> None:
+    """The tiny draft by its name, as the worker's boot resolves it (built offline): a path vLLM loads."""
+    from worker.config import load_settings
+    from worker.tools.bench.servers import vllm_server_args
+
+    env = {"MODEL_NAME": "org/m", "SPECULATIVE_MODEL": "tiny:noisy", "NUM_SPECULATIVE_TOKENS": "2"}
+    args = vllm_server_args(load_settings(env), model_path="/m", port=1)
+    assert json.loads(args[args.index("--speculative-config") + 1])["model"] == str(tiny_models.path("noisy"))
 
 
 def test_a_lossy_row_on_the_cpu_build_says_why() -> None:

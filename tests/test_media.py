@@ -24,14 +24,8 @@ PNG = png((4, 4), (200, 30, 30))
 
 @pytest.fixture(autouse=True)
 async def _shared_session_closed() -> AsyncIterator[None]:
-    """The connector's HTTP client is shared, as vLLM's own (``reuse_client``), and made on the
-    event loop of its first fetch; each test here has a loop of its own, so its session is closed
-    with it (left open, aiohttp warns "Unclosed client session" when it is collected)."""
     yield
-    connection = worker.vllm_internals.media._CONNECTION
-    if connection._async_client is not None:
-        await connection._async_client.close()
-        connection._async_client = None
+    await worker.vllm_internals.media.close_shared_client()
 
 
 @pytest.fixture

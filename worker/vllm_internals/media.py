@@ -14,7 +14,7 @@ from vllm.multimodal.media import MEDIA_CONNECTOR_REGISTRY, MediaConnector
 from worker import media as guard
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 
-__all__ = ["PublicHTTPConnection", "PublicMediaConnector"]
+__all__ = ["PublicHTTPConnection", "PublicMediaConnector", "close_shared_client"]
 
 
 class PublicHTTPConnection(HTTPConnection):
@@ -42,6 +42,16 @@ class PublicHTTPConnection(HTTPConnection):
 
 
 _CONNECTION = PublicHTTPConnection()
+
+
+async def close_shared_client() -> None:
+    """Close the connectors' shared aiohttp session, if one was made. Shared as vLLM's own
+    (``reuse_client``), it is made on the event loop of its first fetch and never closed: a caller
+    whose loop ends first (a test's) closes it here, or aiohttp warns "Unclosed client session"
+    when it is collected."""
+    if _CONNECTION._async_client is not None:
+        await _CONNECTION._async_client.close()
+        _CONNECTION._async_client = None
 
 
 @MEDIA_CONNECTOR_REGISTRY.register(PUBLIC_MEDIA_CONNECTOR)

@@ -10,6 +10,7 @@ import platform
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,20 @@ def _positive_ints(text: str) -> list[int]:
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+def bench_env(environ: Mapping[str, str], *, max_concurrency: int) -> dict[str, str]:
+    """The benchmark's environment from ``environ``. Overhead and the server comparison measure
+    the serving path, so speculation is off there unless the environment configures it
+    (``SPECULATIVE_METHOD``, or ``SPECULATIVE_CONFIG``: the pod and vLLM's server with one drafter);
+    the spec and lossless parts set their own drafts over a baseline without any. The target is
+    the tiny one unless named, as the parts' drafts are the tiny models' (``--drafts``)."""
+    env = dict(environ)
+    if "SPECULATIVE_CONFIG" not in env:
+        env.setdefault("SPECULATIVE_METHOD", "none")
+    env.setdefault("MODEL_NAME", "tiny:target")
+    env.setdefault("MAX_NUM_SEQS", str(max_concurrency))
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,16 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(plan.parts) - set(ALL_PARTS)
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
-    # Overhead and the server comparison measure the serving path, so speculation is off there
-    # unless the environment configures it (SPECULATIVE_CONFIG: the pod and vLLM's server with one
-    # drafter); the spec part sets its own drafts.
-    env = dict(os.environ)
-    if "SPECULATIVE_CONFIG" not in env:
-        env.setdefault("SPECULATIVE_METHOD", "none")
-    # These parts' drafts are the tiny models' (--drafts): unnamed, the target is the tiny one, as
-    # before the default model became SmolLM2 (--real-text serves whatever MODEL_NAME says).
-    env.setdefault("MODEL_NAME", "tiny:target")
-    env.setdefault("MAX_NUM_SEQS", str(max(plan.concurrencies)))
+    env = bench_env(os.environ, max_concurrency=max(plan.concurrencies))
     command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
     # A benchmark stopped with SIGTERM (e.g. by `timeout`) must still stop the servers it started
     # (each in its own session): turn the signal into an exit that runs their clean-up.

@@ -29,6 +29,7 @@ from typing import Any
 
 from worker.config import Settings, load_settings
 from worker.tools.bench.engines import EnginePool
+from worker.tools.bench.spec_map_config import config_env
 
 __all__ = ["bench_lossless", "bootstrap_threshold", "total_variation"]
 
@@ -125,7 +126,7 @@ async def bench_lossless(
     """``configs``: name -> the speculative settings (environment variables) of each X."""
     pool = pool or EnginePool(share=False)
     rng = random.Random(1234)
-    base: Settings = load_settings({**env, "SPECULATIVE_METHOD": "none"})
+    base: Settings = load_settings(config_env(env, "none"))  # whatever speculation the environment sets, none
     plain = await pool.get(base)
     args: dict[str, Any] = {"num_samples": num_samples, "num_positions": num_positions, "sampling": sampling}
     try:

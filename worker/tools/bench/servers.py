@@ -17,7 +17,7 @@ from typing import Any
 
 from worker.boot.engine_args import build_engine_kwargs
 from worker.config import Settings, num_api_servers
-from worker.speculation.decide import decide
+from worker.speculation.decide import decide, is_graph_schedule
 from worker.tools.bench.timing import (
     PROMPT,
     ROOT,
@@ -55,14 +55,26 @@ def alive_after(pids: list[int], timeout_s: float) -> list[int]:
 
 def vllm_server_args(settings: Settings, *, model_path: str, port: int, api_server_count: int = 1) -> list[str]:
     """vLLM's own server with the engine arguments our worker builds, with ``api_server_count`` API
-    processes (the pod part gives it the pod's). Its speculation is the worker's config as the plan
-    starts it (a static k; under ``SPECULATION_CONTROL=auto`` the schedule auto starts from), so that
-    the peer decodes with the same drafter and k; the worker's per-request metrics flag is its own."""
+    processes (the pod part gives it the pod's). It speculates as the worker does: the same drafter
+    (resolved as the worker's boot resolves it) and k, static. Under ``SPECULATION_CONTROL=auto``
+    the worker's k schedule is the list of graphs its controller picks from, which vLLM alone would
+    read as a k by batch size (k = 0 from 4 sequences), so the peer runs the static k instead; a
+    user's ``SPECULATIVE_TOKENS_BY_BATCH``, vLLM's own feature, it keeps. The worker's per-request
+    metrics flag is its own."""
     # mode="pod": vLLM's own CUDA-graph defaults, not the worker's serverless ones.
     kwargs = build_engine_kwargs(settings, decide(settings, mode="pod", is_cpu=False))
     for key in ("model", "tokenizer"):  # the target, wherever the settings name it, is the given path
         if kwargs.get(key) == settings.target_ref:
             kwargs[key] = model_path
+    spec = kwargs.get("speculative_config")
+    if spec is not None:
+        from worker.boot.models import resolver
+
+        schedule = spec.get("num_speculative_tokens_per_batch_size")
+        if is_graph_schedule(schedule, spec["num_speculative_tokens"]):
+            spec.pop("num_speculative_tokens_per_batch_size")
+        if isinstance(spec.get("model"), str):
+            spec["model"] = resolver(settings)(spec["model"], spec.get("revision"))
     from worker.openai import server_flags
 
     # Several API processes are ``vllm serve``'s alone (the api_server module runs one); its CLI needs
@@ -381,6 +393,8 @@ def bench_pod(
         if is_pod_baseline
         else f"vLLM's OpenAI server with {vllm_api_servers} API process(es)",
         "api_server_count": num_api_servers(settings),
+        # What both servers speculate with (vLLM's config as the worker builds it), None: nothing.
+        "speculative_config": settings.resolved_speculative_config,
         "baseline_api_server_count": 1 if is_pod_baseline else vllm_api_servers,
         "rows": table,
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 from worker.config import Settings, load_settings
 from worker.tools.bench.engines import EnginePool
+from worker.tools.bench.spec_map_config import config_env
 from worker.tools.bench.timing import PROMPT, ratio
 
 
@@ -140,7 +141,7 @@ async def bench_spec(
     pool: EnginePool | None = None,
 ) -> dict[str, Any]:
     pool = pool or EnginePool(share=False)
-    base_env = {**env, "SPECULATIVE_METHOD": "none"}
+    base_env = config_env(env, "none")  # whatever speculation the environment sets, none
     point_args = {"num_requests": num_requests, "max_tokens": max_tokens, "rounds": rounds}
     baseline = await _spec_point(load_settings(base_env), **point_args, pool=pool)
     print(f"spec baseline: {baseline['decode_tok_s']:.1f} tok/s", flush=True)
