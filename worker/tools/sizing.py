@@ -101,7 +101,7 @@ class ModelShape:
         into_attention = 2 * h if self.eagle == 3 else h
         attention = into_attention * (self.num_heads * d + 2 * self.num_kv_heads * d) + self.num_heads * d * h
         mlp = 3 * h * self.intermediate_size  # gate, up, down (SwiGLU)
-        fc = (self.eagle if self.eagle == 3 else 2) * h * h if self.eagle else 0
+        fc = {1: 2, 3: 3}.get(self.eagle, 0) * h * h  # a head's fc folds in 2 (EAGLE) or 3 (EAGLE-3) states
         return self.num_layers * (attention + mlp) + fc
 
     @property

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.boot.engine_args import build_engine_kwargs
+from worker.boot.models import resolve_references
 from worker.config import Settings, num_api_servers
 from worker.speculation.decide import decide, is_graph_schedule
 from worker.tools.bench.timing import (
@@ -66,15 +67,12 @@ def vllm_server_args(settings: Settings, *, model_path: str, port: int, api_serv
     for key in ("model", "tokenizer"):  # the target, wherever the settings name it, is the given path
         if kwargs.get(key) == settings.target_ref:
             kwargs[key] = model_path
+    kwargs = resolve_references(settings, kwargs).engine_kwargs  # the drafter, as the worker's boot finds it
     spec = kwargs.get("speculative_config")
-    if spec is not None:
-        from worker.boot.models import resolver
-
-        schedule = spec.get("num_speculative_tokens_per_batch_size")
-        if is_graph_schedule(schedule, spec["num_speculative_tokens"]):
-            spec.pop("num_speculative_tokens_per_batch_size")
-        if isinstance(spec.get("model"), str):
-            spec["model"] = resolver(settings)(spec["model"], spec.get("revision"))
+    if spec is not None and is_graph_schedule(
+        spec.get("num_speculative_tokens_per_batch_size"), spec["num_speculative_tokens"]
+    ):
+        spec.pop("num_speculative_tokens_per_batch_size")
     from worker.openai import server_flags
 
     # Several API processes are ``vllm serve``'s alone (the api_server module runs one); its CLI needs
