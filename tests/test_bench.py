@@ -253,6 +253,10 @@ def test_smoke_run_of_the_server_parts(tmp_path: Path, subprocess_env: dict[str,
         assert row["pod"]["tokens"] == row["vllm_server"]["tokens"] == 4 * 16
         # The CPU time of each server's API process, per token.
         assert _positive(row["pod"]["api_cpu_ms_per_token"]) and _positive(row["vllm_server"]["api_cpu_ms_per_token"])
+        # Each server's engine counters over the level, scraped from its /metrics: the tokens it made.
+        for name in ("pod", "vllm_server"):
+            assert row[name]["engine"]["vllm:generation_tokens"] == row[name]["tokens"], name
+    assert results["pod"]["boot_order"] == ["pod", "vllm_server"]
     assert [r["concurrency"] for r in results["pod"]["rows"]] == [1, 2]
     cold = results["coldstart"]
     assert _positive(cold["handler"]["first_token_s"]) and "vllm_server" not in cold

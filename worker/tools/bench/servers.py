@@ -228,6 +228,39 @@ def py_spy(pid: int | None, path: Path | None) -> Iterator[None]:
             spy.wait(timeout=30)
 
 
+# vLLM's engine counters a pod row records (both servers serve them at /metrics, without a key): a
+# preemption, the drafts and acceptance, and the prefix cache say whether two servers at the same
+# load did the same work.
+ENGINE_COUNTERS = (
+    "vllm:num_preemptions",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+)
+
+
+def engine_counters(text: str) -> dict[str, float]:
+    """The :data:`ENGINE_COUNTERS` in a Prometheus page, each summed over its labels (an engine, a
+    model); a counter the page lacks is left out."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in ENGINE_COUNTERS:
+            totals[family.name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return totals
+
+
+async def _scrape(client: Any, base: str) -> dict[str, float]:
+    response = await client.get(f"{base}/metrics")
+    response.raise_for_status()
+    return engine_counters(response.text)
+
+
 async def drive_http(
     base: str,
     *,
@@ -241,7 +274,8 @@ async def drive_http(
 ) -> list[dict[str, Any]]:
     """Streams at each concurrency; with ``server_pid``, each row also has the CPU seconds the
     server's processes spent on it (``cpu_s``) and the API process's CPU milliseconds per token;
-    with ``profile_prefix`` too, its py-spy profile per concurrency (see :func:`py_spy`)."""
+    with ``profile_prefix`` too, its py-spy profile per concurrency (see :func:`py_spy`). Each row
+    has the server's engine counters over it (``engine``: :data:`ENGINE_COUNTERS`, as deltas)."""
     import httpx
 
     body = {
@@ -264,12 +298,15 @@ async def drive_http(
         await run_concurrent(make, num_requests=2, concurrency=2)  # warm-up
         for concurrency in concurrencies:
             before = cpu_seconds(server_pid) if server_pid else None
+            counted = await _scrape(client, base)
             profile = Path(f"{profile_prefix}-c{concurrency}.txt") if profile_prefix else None
             with py_spy(server_pid, profile):
                 timings, wall = await run_concurrent(
                     make, num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
                 )
             row = {"concurrency": concurrency, **summarize(timings, wall)}
+            counters = await _scrape(client, base)
+            row["engine"] = {key: counters[key] - counted[key] for key in counters if key in counted}
             if before is not None and server_pid:
                 after = cpu_seconds(server_pid)
                 row["cpu_s"] = {key: after[key] - before[key] for key in after}
@@ -296,7 +333,11 @@ def pod_table(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any
             continue
         row: dict[str, Any] = {"concurrency": concurrency, "runs": len(points["pod"])}
         for name, rows in points.items():
-            row[name] = {key: median([r[key] for r in rows]) for key in rows[0] if key not in ("concurrency", "cpu_s")}
+            skip = ("concurrency", "cpu_s", "engine")
+            row[name] = {key: median([r[key] for r in rows]) for key in rows[0] if key not in skip}
+            engine = [r["engine"] for r in rows if "engine" in r]
+            if engine:
+                row[name]["engine"] = {key: median([e.get(key, 0.0) for e in engine]) for key in engine[0]}
         row["throughput_ratio"] = ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
         row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
         row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
@@ -344,8 +385,11 @@ def bench_pod(
     bases: dict[str, str] = {}
     ready: dict[str, float] = {}
     pids: dict[str, int] = {}
+    # POD_BENCH_FIRST=vllm_server boots vLLM's server first: whether the order of the boots (the
+    # second profiles its memory beside the first) moves the comparison.
+    order = ["vllm_server", "pod"] if env.get("POD_BENCH_FIRST") == "vllm_server" else ["pod", "vllm_server"]
     with contextlib.ExitStack() as stack:
-        for name in runs:
+        for name in order:
             port = free_port()
             bases[name] = f"http://127.0.0.1:{port}"
             if name == "pod" or is_pod_baseline:
@@ -387,6 +431,7 @@ def bench_pod(
         "repeats": repeats,
         "ready_s": ready,
         "side_by_side": True,
+        "boot_order": order,
         "baseline": "pod with API_SERVER_COUNT=1"
         if is_pod_baseline
         else f"vLLM's OpenAI server with {vllm_api_servers} API process(es)",
