@@ -17,8 +17,9 @@ from worker.schema import parse_request
 from worker.tiny_models import TinyModels
 from worker.tools.bench.coldstart import boot_phases, parse_boot_log
 from worker.tools.bench.report import phase_table, render_markdown, render_saved
-from worker.tools.bench.servers import pod_table
+from worker.tools.bench.servers import engine_counters, pod_table
 from worker.tools.bench.shapes import llama3_config, llama3_tensor_shapes, write_random_weights
+from worker.tools.bench.tables import pod_section
 from worker.tools.bench.timing import RequestTiming, summarize
 from worker.tools.fit import PRESETS
 from worker.tools.sizing import ModelShape
@@ -109,6 +110,38 @@ def test_pod_table_takes_the_runs_both_servers_finished() -> None:
     assert row["pod"]["throughput_tok_s"] == 100.0 and row["throughput_ratio"] == 1.0
 
 
+def test_pod_rows_keep_each_runs_ratio_and_the_table_shows_their_range() -> None:
+    """A median of a few runs hides how far they spread: each row keeps the ratio of every repeat's
+    pair of runs, and the markdown shows their range beside the median."""
+
+    def run(tok_s: float) -> list[dict[str, float]]:
+        return [
+            {"concurrency": 64, "throughput_tok_s": tok_s, "ttft_p50_ms": 10.0, "ttft_p99_ms": 20.0, "itl_mean_ms": 5.0}
+        ]
+
+    runs = {"pod": [run(90.0), run(120.0), run(100.0)], "vllm_server": [run(100.0), run(100.0), run(100.0)]}
+    (row,) = pod_table(runs)
+    assert row["throughput_ratio_runs"] == [0.9, 1.2, 1.0] and row["throughput_ratio"] == 1.0
+    pod = {"num_requests": "auto", "max_tokens": 16, "repeats": 3, "rows": [row]}
+    (line,) = [x for x in pod_section({"pod": pod}) if x.startswith("| 64 |")]
+    assert "| 1.000 (0.90-1.20) |" in line
+
+
+def test_engine_counters_are_summed_over_their_labels() -> None:
+    """The pod stage's engine counters, read from a Prometheus page as vLLM's registry writes it (a
+    sample per engine and model); a counter the page lacks is left out, and gauges are not counted."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+    preemptions = Counter("vllm:num_preemptions", "", ["engine", "model_name"], registry=registry)
+    preemptions.labels("0", "m").inc(2)
+    preemptions.labels("1", "m").inc(3)
+    Counter("vllm:generation_tokens", "", ["engine"], registry=registry).labels("0").inc(64)
+    Gauge("vllm:num_requests_running", "", registry=registry).set(4)
+    page = generate_latest(registry).decode()
+    assert engine_counters(page) == {"vllm:num_preemptions": 5.0, "vllm:generation_tokens": 64.0}
+
+
 def test_pooled_pod_runs_take_each_levels_runs_from_every_file(tmp_path: Path) -> None:
     """Pod runs files pooled (``--render --pool``): a level's medians come from every run that
     measured it, in files that cover different levels, and a run only one server finished is left out."""
@@ -137,8 +170,9 @@ def test_pooled_pod_runs_take_each_levels_runs_from_every_file(tmp_path: Path) -
     assert text.count("####") == 1 and "median of 2-3 runs per server" in text
     lines = [line.split(" | ") for line in text.splitlines() if line[:3] in ("| 1", "| 2")]
     rows = {cells[0].lstrip("| "): cells for cells in lines}
-    assert rows["1"][1:4] == ["100.0", "100.0", "1.000"]  # the cut-short run is not in it
-    assert rows["256"][1:5] == ["1,000.0", "1,000.0", "1.000", "300.0 / 200.0"]  # medians of 1000, 1000, 2000
+    assert rows["1"][1:4] == ["100.0", "100.0", "1.000 (1.00-1.00)"]  # the cut-short run is not in it
+    # medians of 1000, 1000, 2000; the ratio run by run 1, 1 and 2
+    assert rows["256"][1:5] == ["1,000.0", "1,000.0", "1.000 (1.00-2.00)", "300.0 / 200.0"]
     assert "median of 2 runs per server" in render_saved(files[:1])  # unpooled, one file as before
 
 

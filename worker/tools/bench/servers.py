@@ -248,10 +248,13 @@ def engine_counters(text: str) -> dict[str, float]:
     model); a counter the page lacks is left out."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    wanted = {f"{name}_total": name for name in ENGINE_COUNTERS}
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name in ENGINE_COUNTERS:
-            totals[family.name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+        for sample in family.samples:  # by the sample's name: the family's depends on the page's TYPE line
+            if sample.name in wanted:
+                name = wanted[sample.name]
+                totals[name] = totals.get(name, 0.0) + sample.value
     return totals
 
 
@@ -339,6 +342,11 @@ def pod_table(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any
             if engine:
                 row[name]["engine"] = {key: median([e.get(key, 0.0) for e in engine]) for key in engine[0]}
         row["throughput_ratio"] = ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
+        # Run by run (the two servers' runs of one repeat ran back to back): how far a median of a few runs
+        # can be trusted, which at high concurrency is not far (docs/benchmarks.md, the pod with a draft).
+        row["throughput_ratio_runs"] = [
+            ratio(a["throughput_tok_s"], b["throughput_tok_s"]) for a, b in zip(points["pod"], points["vllm_server"])
+        ]
         row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
         row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
         row["itl_mean_ratio"] = ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])

@@ -278,7 +278,8 @@ def pod_section(results: dict[str, Any]) -> list[str]:
         f"### Pod server vs {baseline} (same engine arguments, same streaming client)",
         "",
         f"{p['num_requests']} requests x {p['max_tokens']} tokens, `/v1/completions` streaming, median of "
-        f"{p['repeats']} runs per server; the pod with API_SERVER_COUNT={p.get('api_server_count', 1)}.",
+        f"{p['repeats']} runs per server (the ratio's range: run by run); the pod with "
+        f"API_SERVER_COUNT={p.get('api_server_count', 1)}.",
         "",
         f"| concurrency | pod tok/s | {short} tok/s | throughput ratio | TTFT p50 ms (pod / {short}) | "
         f"TTFT p99 ms (pod / {short}) | ITL ms (pod / {short}) | API processes' CPU ms per token (pod / {short}) |",
@@ -286,9 +287,11 @@ def pod_section(results: dict[str, Any]) -> list[str]:
     ]
     for r in p["rows"]:
         a, b = r["pod"], r["vllm_server"]
+        paired = [x for x in r.get("throughput_ratio_runs", []) if x is not None]
+        spread = f" ({min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
         lines.append(
             f"| {r['concurrency']} | {fmt(a['throughput_tok_s'], 1)} | {fmt(b['throughput_tok_s'], 1)} | "
-            f"{fmt(r['throughput_ratio'], 3)} | {fmt(a['ttft_p50_ms'], 1)} / {fmt(b['ttft_p50_ms'], 1)} | "
+            f"{fmt(r['throughput_ratio'], 3)}{spread} | {fmt(a['ttft_p50_ms'], 1)} / {fmt(b['ttft_p50_ms'], 1)} | "
             f"{fmt(a['ttft_p99_ms'], 1)} / {fmt(b['ttft_p99_ms'], 1)} | "
             f"{fmt(a['itl_mean_ms'], 2)} / {fmt(b['itl_mean_ms'], 2)} | "
             f"{fmt(a.get('api_cpu_ms_per_token'), 3)} / {fmt(b.get('api_cpu_ms_per_token'), 3)} |"
