@@ -345,7 +345,9 @@ def pod_table(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any
         # Run by run (the two servers' runs of one repeat ran back to back): how far a median of a few runs
         # can be trusted, which at high concurrency is not far (docs/benchmarks.md, the pod with a draft).
         row["throughput_ratio_runs"] = [
-            ratio(a["throughput_tok_s"], b["throughput_tok_s"]) for a, b in zip(points["pod"], points["vllm_server"])
+            ratio(a["throughput_tok_s"], b["throughput_tok_s"])
+            # not strict: a last run cut short after the pod's turn at this level has no pair
+            for a, b in zip(points["pod"], points["vllm_server"], strict=False)
         ]
         row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
         row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
