@@ -19,7 +19,7 @@
 #                     each kernel alone: quant-marlin, quant-machete
 #   pod               pod server vs vLLM's OpenAI server booted side by side, concurrency
 #                     $POD_CONCURRENCY (default 1,8,64,256), $POD_REPEATS (default 3) alternating runs
-#   pod-spec          the pod stage with both servers speculating alike: $POD_SPEC (DRAFTER:K:LENGTH, default the
+#   pod-spec          the pod stage with both servers speculating alike ($POD_BENCH_FIRST=vllm_server boots vLLM first): $POD_SPEC (DRAFTER:K:LENGTH, default the
 #                     1B-shaped draft, k = 3, synthetic L = 2.5), static, at $POD_CONCURRENCY (default 1-256)
 #   pod-api-servers   the pod stage with API_SERVER_COUNT=N for N in $API_SERVERS (default "2 1"), vLLM's server
 #                     with the same --api-server-count, at $POD_CONCURRENCY (default 64,256,512), MAX_NUM_SEQS=512

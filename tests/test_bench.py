@@ -127,6 +127,19 @@ def test_pod_rows_keep_each_runs_ratio_and_the_table_shows_their_range() -> None
     assert "| 1.000 (0.90-1.20) |" in line
 
 
+def test_a_bench_of_a_configuration_that_cannot_serve_says_why_in_one_line(subprocess_env: dict[str, str]) -> None:
+    """``SPECULATION_CONTROL`` without speculation (the bench sets ``SPECULATIVE_METHOD=none``
+    unless a ``SPECULATIVE_CONFIG`` is given): the bench stops before it boots anything, with the
+    setting's error on one line and no traceback."""
+    env = {**subprocess_env, "MODEL_NAME": "tiny:target", "SPECULATION_CONTROL": "static"}
+    command = [sys.executable, "-m", "worker", "bench", "--smoke", "--parts", "pod"]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: invalid configuration: SPECULATION_CONTROL needs speculative decoding to be configured"
+    ]
+
+
 def test_engine_counters_are_summed_over_their_labels() -> None:
     """The pod stage's engine counters, read from a Prometheus page as vLLM's registry writes it (a
     sample per engine and model); a counter the page lacks is left out, and gauges are not counted."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import load_settings
+from worker.errors import ConfigError
 from worker.tools.bench.coldstart import bench_coldstart
 from worker.tools.bench.inprocess import Plan, run_in_process
 from worker.tools.bench.report import render_markdown, render_saved, write_report
@@ -303,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
     env = bench_env(os.environ, max_concurrency=max(plan.concurrencies))
+    try:
+        load_settings(env)  # a configuration that cannot serve: one line, before anything boots
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
     command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
     # A benchmark stopped with SIGTERM (e.g. by `timeout`) must still stop the servers it started
     # (each in its own session): turn the signal into an exit that runs their clean-up.
