@@ -17,7 +17,7 @@ from worker.schema import parse_request
 from worker.tiny_models import TinyModels
 from worker.tools.bench.coldstart import boot_phases, parse_boot_log
 from worker.tools.bench.report import phase_table, render_markdown, render_saved
-from worker.tools.bench.servers import engine_counters, pod_table
+from worker.tools.bench.servers import boot_order, engine_counters, pod_table
 from worker.tools.bench.shapes import llama3_config, llama3_tensor_shapes, write_random_weights
 from worker.tools.bench.tables import pod_section
 from worker.tools.bench.timing import RequestTiming, summarize
@@ -124,7 +124,7 @@ def test_pod_rows_keep_each_runs_ratio_and_the_table_shows_their_range() -> None
     assert row["throughput_ratio_runs"] == [0.9, 1.2, 1.0] and row["throughput_ratio"] == 1.0
     pod = {"num_requests": "auto", "max_tokens": 16, "repeats": 3, "rows": [row]}
     (line,) = [x for x in pod_section({"pod": pod}) if x.startswith("| 64 |")]
-    assert "| 1.000 (0.90-1.20) |" in line
+    assert "| 1.000 (0.90-1.20; 1.033 ± 0.176) |" in line  # from 3 pairs: their mean ± 2 standard errors
 
 
 def test_a_bench_of_a_configuration_that_cannot_serve_says_why_in_one_line(subprocess_env: dict[str, str]) -> None:
@@ -138,6 +138,31 @@ def test_a_bench_of_a_configuration_that_cannot_serve_says_why_in_one_line(subpr
     assert proc.stderr.strip().splitlines() == [
         "error: invalid configuration: SPECULATION_CONTROL needs speculative decoding to be configured"
     ]
+
+
+def test_the_boot_order_is_the_pods_unless_vllms_server_is_named() -> None:
+    assert boot_order({}) == ["pod", "vllm_server"]
+    assert boot_order({"POD_BENCH_FIRST": "vllm_server"}) == ["vllm_server", "pod"]
+    with pytest.raises(ValueError, match="POD_BENCH_FIRST='vllm': give pod or vllm_server"):
+        boot_order({"POD_BENCH_FIRST": "vllm"})
+
+
+def test_engine_counters_of_several_processes_page(tmp_path: Path) -> None:
+    """The page both servers serve with several API processes: prometheus_client's multiprocess
+    collector over each process's files (vLLM's engine counters written by two API processes)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    writer = (
+        "from prometheus_client import Counter; import sys; "
+        "Counter('vllm:generation_tokens', '', ['engine']).labels('0').inc(float(sys.argv[1]))"
+    )
+    for tokens in ("40", "24"):  # each in a process of its own, as an API process writes them
+        env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+        subprocess.run([sys.executable, "-c", writer, tokens], env=env, check=True, timeout=60)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(tmp_path))
+    assert engine_counters(generate_latest(registry).decode()) == {"vllm:generation_tokens": 64.0}
 
 
 def test_engine_counters_are_summed_over_their_labels() -> None:
@@ -185,7 +210,7 @@ def test_pooled_pod_runs_take_each_levels_runs_from_every_file(tmp_path: Path) -
     rows = {cells[0].lstrip("| "): cells for cells in lines}
     assert rows["1"][1:4] == ["100.0", "100.0", "1.000 (1.00-1.00)"]  # the cut-short run is not in it
     # medians of 1000, 1000, 2000; the ratio run by run 1, 1 and 2
-    assert rows["256"][1:5] == ["1,000.0", "1,000.0", "1.000 (1.00-2.00)", "300.0 / 200.0"]
+    assert rows["256"][1:5] == ["1,000.0", "1,000.0", "1.000 (1.00-2.00; 1.333 ± 0.667)", "300.0 / 200.0"]
     assert "median of 2 runs per server" in render_saved(files[:1])  # unpooled, one file as before
 
 

@@ -21,7 +21,7 @@ from worker.tools.bench.coldstart import bench_coldstart
 from worker.tools.bench.inprocess import Plan, run_in_process
 from worker.tools.bench.report import render_markdown, render_saved, write_report
 from worker.tools.bench.roofline import bench_roofline
-from worker.tools.bench.servers import bench_pod
+from worker.tools.bench.servers import bench_pod, boot_order
 from worker.tools.bench.shapes import LLAMA3_SHAPES, make_shape_model, write_random_weights
 from worker.tools.bench.stats_path import bench_stats_path
 from worker.tools.sizing import GPUS
@@ -306,8 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     env = bench_env(os.environ, max_concurrency=max(plan.concurrencies))
     try:
         load_settings(env)  # a configuration that cannot serve: one line, before anything boots
+        if "pod" in plan.parts:
+            boot_order(env)
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
     # A benchmark stopped with SIGTERM (e.g. by `timeout`) must still stop the servers it started

@@ -8,10 +8,11 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -258,9 +259,15 @@ def engine_counters(text: str) -> dict[str, float]:
     return totals
 
 
-async def _scrape(client: Any, base: str) -> dict[str, float]:
-    response = await client.get(f"{base}/metrics")
-    response.raise_for_status()
+async def _scrape(client: Any, base: str) -> dict[str, float] | None:
+    """The server's engine counters, or None (said on stderr) where its page could not be read: a
+    diagnostic that fails does not stop the measurement."""
+    try:
+        response = await client.get(f"{base}/metrics")
+        response.raise_for_status()
+    except Exception as exc:
+        print(f"pod bench: {base}/metrics unread, no engine counters for this level: {exc}", file=sys.stderr)
+        return None
     return engine_counters(response.text)
 
 
@@ -300,18 +307,22 @@ async def drive_http(
 
         await run_concurrent(make, num_requests=2, concurrency=2)  # warm-up
         for concurrency in concurrencies:
+            counted = await _scrape(client, base)  # outside the CPU window: a page's render is no request's
             before = cpu_seconds(server_pid) if server_pid else None
-            counted = await _scrape(client, base)
             profile = Path(f"{profile_prefix}-c{concurrency}.txt") if profile_prefix else None
             with py_spy(server_pid, profile):
                 timings, wall = await run_concurrent(
                     make, num_requests=requests_for(concurrency, num_requests), concurrency=concurrency
                 )
             row = {"concurrency": concurrency, **summarize(timings, wall)}
+            after = cpu_seconds(server_pid) if server_pid else None
             counters = await _scrape(client, base)
-            row["engine"] = {key: counters[key] - counted[key] for key in counters if key in counted}
-            if before is not None and server_pid:
-                after = cpu_seconds(server_pid)
+            row["engine"] = (
+                {key: counters[key] - counted[key] for key in counters if key in counted}
+                if counters is not None and counted is not None
+                else None
+            )
+            if before is not None and after is not None:
                 row["cpu_s"] = {key: after[key] - before[key] for key in after}
                 row["api_cpu_ms_per_token"] = 1000 * row["cpu_s"]["api"] / max(row["tokens"], 1)
                 row["api_cpu_busy"] = row["cpu_s"]["api"] / wall if wall > 0 else None
@@ -338,17 +349,23 @@ def pod_table(runs: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any
         for name, rows in points.items():
             skip = ("concurrency", "cpu_s", "engine")
             row[name] = {key: median([r[key] for r in rows]) for key in rows[0] if key not in skip}
-            engine = [r["engine"] for r in rows if "engine" in r]
-            if engine:
-                row[name]["engine"] = {key: median([e.get(key, 0.0) for e in engine]) for key in engine[0]}
+            engine = [r["engine"] for r in rows if r.get("engine")]
+            if engine:  # each counter's median over the runs that read it
+                keys = dict.fromkeys(key for e in engine for key in e)
+                row[name]["engine"] = {key: median([e[key] for e in engine if key in e]) for key in keys}
         row["throughput_ratio"] = ratio(row["pod"]["throughput_tok_s"], row["vllm_server"]["throughput_tok_s"])
         # Run by run (the two servers' runs of one repeat ran back to back): how far a median of a few runs
         # can be trusted, which at high concurrency is not far (docs/benchmarks.md, the pod with a draft).
-        row["throughput_ratio_runs"] = [
+        # A run is saved whole and both servers' lists are cut to the runs both finished: they pair.
+        paired = [
             ratio(a["throughput_tok_s"], b["throughput_tok_s"])
-            # not strict: a last run cut short after the pod's turn at this level has no pair
-            for a, b in zip(points["pod"], points["vllm_server"], strict=False)
+            for a, b in zip(points["pod"], points["vllm_server"], strict=True)
         ]
+        row["throughput_ratio_runs"] = paired
+        known = [x for x in paired if x is not None]
+        if len(known) >= 3:  # the pairs' mean and two standard errors of it
+            row["throughput_ratio_mean"] = statistics.fmean(known)
+            row["throughput_ratio_2se"] = 2 * statistics.stdev(known) / len(known) ** 0.5
         row["ttft_p50_ratio"] = ratio(row["pod"]["ttft_p50_ms"], row["vllm_server"]["ttft_p50_ms"])
         row["ttft_p99_ratio"] = ratio(row["pod"]["ttft_p99_ms"], row["vllm_server"]["ttft_p99_ms"])
         row["itl_mean_ratio"] = ratio(row["pod"]["itl_mean_ms"], row["vllm_server"]["itl_mean_ms"])
@@ -364,6 +381,16 @@ def pool_pod_runs(files: list[dict[str, list[list[dict[str, Any]]]]]) -> dict[st
         for name in pooled:
             pooled[name] += runs[name][:num_runs]
     return pooled
+
+
+def boot_order(env: Mapping[str, str]) -> list[str]:
+    """Which server boots first: the pod unless ``POD_BENCH_FIRST=vllm_server`` (whether the order of
+    the boots, the second profiling its memory beside the first, moves the comparison). Raises
+    ValueError, in one line, for any other value."""
+    first = env.get("POD_BENCH_FIRST", "pod")
+    if first not in ("pod", "vllm_server"):
+        raise ValueError(f"POD_BENCH_FIRST={first!r}: give pod or vllm_server")
+    return [first, "vllm_server" if first == "pod" else "pod"]
 
 
 def bench_pod(
@@ -395,9 +422,7 @@ def bench_pod(
     bases: dict[str, str] = {}
     ready: dict[str, float] = {}
     pids: dict[str, int] = {}
-    # POD_BENCH_FIRST=vllm_server boots vLLM's server first: whether the order of the boots (the
-    # second profiles its memory beside the first) moves the comparison.
-    order = ["vllm_server", "pod"] if env.get("POD_BENCH_FIRST") == "vllm_server" else ["pod", "vllm_server"]
+    order = boot_order(env)
     with contextlib.ExitStack() as stack:
         for name in order:
             port = free_port()

@@ -278,8 +278,13 @@ def pod_section(results: dict[str, Any]) -> list[str]:
         f"### Pod server vs {baseline} (same engine arguments, same streaming client)",
         "",
         f"{p['num_requests']} requests x {p['max_tokens']} tokens, `/v1/completions` streaming, median of "
-        f"{p['repeats']} runs per server (the ratio's range: run by run); the pod with "
-        f"API_SERVER_COUNT={p.get('api_server_count', 1)}.",
+        f"{p['repeats']} runs per server; beside the ratio, each repeat's pair of runs: their ratios' range, "
+        "and from 3 pairs their mean ± 2 standard errors; "
+        + (
+            f"the pod with API_SERVER_COUNT={p['api_server_count']}."
+            if "api_server_count" in p
+            else "the pod's API_SERVER_COUNT is not in a runs file."
+        ),
         "",
         f"| concurrency | pod tok/s | {short} tok/s | throughput ratio | TTFT p50 ms (pod / {short}) | "
         f"TTFT p99 ms (pod / {short}) | ITL ms (pod / {short}) | API processes' CPU ms per token (pod / {short}) |",
@@ -289,6 +294,8 @@ def pod_section(results: dict[str, Any]) -> list[str]:
         a, b = r["pod"], r["vllm_server"]
         paired = [x for x in r.get("throughput_ratio_runs", []) if x is not None]
         spread = f" ({min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
+        if r.get("throughput_ratio_mean") is not None:
+            spread = f"{spread[:-1]}; {r['throughput_ratio_mean']:.3f} ± {r['throughput_ratio_2se']:.3f})"
         lines.append(
             f"| {r['concurrency']} | {fmt(a['throughput_tok_s'], 1)} | {fmt(b['throughput_tok_s'], 1)} | "
             f"{fmt(r['throughput_ratio'], 3)}{spread} | {fmt(a['ttft_p50_ms'], 1)} / {fmt(b['ttft_p50_ms'], 1)} | "
