@@ -161,7 +161,7 @@ def test_engine_counters_of_several_processes_page(tmp_path: Path) -> None:
         env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
         subprocess.run([sys.executable, "-c", writer, tokens], env=env, check=True, timeout=60)
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(tmp_path))
+    MultiProcessCollector(registry, path=str(tmp_path))  # type: ignore[no-untyped-call]
     assert engine_counters(generate_latest(registry).decode()) == {"vllm:generation_tokens": 64.0}
 
 
