@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from worker.config import load_settings
+from worker.config import Settings, load_settings
 from worker.errors import ConfigError
 from worker.tools.bench.coldstart import bench_coldstart
 from worker.tools.bench.inprocess import Plan, run_in_process
@@ -38,9 +38,11 @@ def _machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def run(plan: Plan, *, out: Path, env: dict[str, str], gpu: str | None, command: str) -> dict[str, Any]:
+def run(
+    plan: Plan, *, out: Path, settings: Settings, env: dict[str, str], gpu: str | None, command: str
+) -> dict[str, Any]:
+    """Every part of ``plan``; ``settings``: ``env``'s, loaded (and so checked) by the caller."""
     out.mkdir(parents=True, exist_ok=True)
-    settings = load_settings(env)
     from worker.boot.launch import build_args  # checks the vLLM install early
     from worker.boot.plan import build_plan  # resolves tiny models
 
@@ -304,20 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
     env = bench_env(os.environ, max_concurrency=max(plan.concurrencies))
-    try:
-        load_settings(env)  # a configuration that cannot serve: one line, before anything boots
+    try:  # a configuration that cannot serve: one line, before anything boots
+        settings = load_settings(env)
         if "pod" in plan.parts:
             boot_order(env)
-    except ConfigError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
+    except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     command = "python -m worker bench " + " ".join(argv if argv is not None else sys.argv[1:])
     # A benchmark stopped with SIGTERM (e.g. by `timeout`) must still stop the servers it started
     # (each in its own session): turn the signal into an exit that runs their clean-up.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    results = run(plan, out=args.out, env=env, gpu=args.gpu, command=command.strip())
+    results = run(plan, out=args.out, settings=settings, env=env, gpu=args.gpu, command=command.strip())
     print(render_markdown(results))
     return 0

@@ -293,9 +293,10 @@ def pod_section(results: dict[str, Any]) -> list[str]:
     for r in p["rows"]:
         a, b = r["pod"], r["vllm_server"]
         paired = [x for x in r.get("throughput_ratio_runs", []) if x is not None]
-        spread = f" ({min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
+        notes = [f"{min(paired):.2f}-{max(paired):.2f}"] if len(paired) > 1 else []
         if r.get("throughput_ratio_mean") is not None:
-            spread = f"{spread[:-1]}; {r['throughput_ratio_mean']:.3f} ± {r['throughput_ratio_2se']:.3f})"
+            notes.append(f"{r['throughput_ratio_mean']:.3f} ± {r['throughput_ratio_2se']:.3f}")
+        spread = f" ({'; '.join(notes)})" if notes else ""
         lines.append(
             f"| {r['concurrency']} | {fmt(a['throughput_tok_s'], 1)} | {fmt(b['throughput_tok_s'], 1)} | "
             f"{fmt(r['throughput_ratio'], 3)}{spread} | {fmt(a['ttft_p50_ms'], 1)} / {fmt(b['ttft_p50_ms'], 1)} | "
