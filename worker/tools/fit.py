@@ -342,8 +342,8 @@ def main_fit(argv: list[str]) -> int:
             max_model_len=args.max_model_len,
             num_gpus=args.num_gpus,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            whose="the drafter's",
         )
-        problem = problem and problem.replace("the model's", "the drafter's")
     if problem is not None:
         parser.error(problem)
     assumed = []
@@ -384,24 +384,30 @@ def main_fit(argv: list[str]) -> int:
 
 
 def impossible_setting(
-    shape: ModelShape, *, max_model_len: int | None, num_gpus: int, gpu_memory_utilization: float
+    shape: ModelShape,
+    *,
+    max_model_len: int | None,
+    num_gpus: int,
+    gpu_memory_utilization: float,
+    whose: str = "the model's",
 ) -> str | None:
     """Why vLLM would refuse these settings before any memory arithmetic, as its own checks do:
     a utilization outside (0, 1] (``CacheConfig``), a context beyond the model's
     (``max_position_embeddings``, without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``), attention heads that
-    the tensor-parallel size does not divide (``ModelConfig.verify_with_parallel_config``)."""
+    the tensor-parallel size does not divide (``ModelConfig.verify_with_parallel_config``). ``whose``
+    names ``shape`` in the sentence (a drafter's checks are the same)."""
     if not 0 < gpu_memory_utilization <= 1:
         return f"argument --gpu-memory-utilization: must be in (0, 1], got {gpu_memory_utilization:g}"
     if max_model_len is not None and shape.max_position_embeddings and max_model_len > shape.max_position_embeddings:
         return (
-            f"argument --max-model-len: {max_model_len} exceeds the model's context of "
+            f"argument --max-model-len: {max_model_len} exceeds {whose} context of "
             f"{shape.max_position_embeddings} tokens (max_position_embeddings)"
         )
     if num_gpus < 1:
         return f"argument --num-gpus: must be a positive integer, got {num_gpus}"
     if shape.num_heads % num_gpus:
         return (
-            f"argument --num-gpus: {num_gpus} GPUs cannot split the model's {shape.num_heads} attention heads "
+            f"argument --num-gpus: {num_gpus} GPUs cannot split {whose} {shape.num_heads} attention heads "
             f"(tensor parallelism needs a divisor of {shape.num_heads})"
         )
     return None
