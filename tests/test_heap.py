@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import CACHE_DIR
 from worker.boot.heap import freeze_heap
+from worker.boot.plan import build_plan
+from worker.config import load_settings
 
 
 class _Node:
@@ -49,3 +52,36 @@ def test_the_boots_last_garbage_is_collected_before_freezing(collections: list[i
     del first, second
     freeze_heap()
     assert gone() is None
+
+
+def test_the_heap_is_frozen_before_vllm_starts_its_engine_core(
+    collections: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A serverless worker forks its engine core: the child inherits the frozen heap, so vLLM's full
+    collections during its boot skip what the parent allocated. The engine's start is replaced by a
+    recorder (a real start on the CPU build spawns, where nothing is inherited to show)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from worker.boot import launch as boot
+    from worker.errors import EngineBootError
+
+    frozen_at_start: list[int] = []
+
+    def record(  # the parameters the seam's contract checks for
+        vllm_config: Any,
+        disable_log_stats: bool = False,
+        usage_context: Any = None,
+        client_addresses: Any = None,
+        client_count: int = 1,
+        client_index: int = 0,
+        **_: Any,
+    ) -> None:
+        frozen_at_start.append(gc.get_freeze_count())
+        raise RuntimeError("the engine core's start, recorded")
+
+    monkeypatch.setattr(AsyncLLM, "from_vllm_config", record)
+    num_tracked = len(gc.get_objects())
+    settings = load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR)})
+    with pytest.raises(EngineBootError, match="recorded"):
+        boot.create_engine(build_plan(settings, mode="serverless"))
+    assert frozen_at_start and frozen_at_start[0] >= num_tracked * 0.9

@@ -11,6 +11,11 @@ first job of a cold worker waits for it (what it cost: docs/benchmarks.md, "Cold
 requests' cycles), and freezes the rest as it is. What an older generation holds of garbage is
 frozen with it and never freed: the collector runs its own full collections all through the
 imports, so that is what became garbage since the last of them, a few hundred objects.
+
+The boot freezes twice: once before vLLM starts its engine core, which a serverless worker forks
+(the child inherits the frozen heap, and vLLM's own full collections during its boot skip it:
+Python's advice for a fork without exec, in the ``gc.freeze`` docs), and once when the engine is
+ready, for what the boot allocated since.
 """
 
 from __future__ import annotations

@@ -170,6 +170,13 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
         started = time.perf_counter()
         vllm_config = build_config(plan, api_process_count=count, api_process_rank=index)
         log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)
+        # Python's advice for a process that forks without exec (the gc module's docs, gc.freeze):
+        # freeze the heap right before the fork. A forked engine core (serverless) inherits the
+        # imports' heap, and vLLM's boot runs full collections in it again and again (its memory
+        # profiler, the weight loader, the profile run); frozen, those skip what the parent
+        # allocated, and they no longer touch its pages. A spawned core (pods, the CPU build)
+        # gains nothing and loses nothing.
+        freeze_heap()
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
         spec = vllm_config.speculative_config
         if plan.speculation.is_exact_stats and spec is not None and spec.num_speculative_tokens is not None:
