@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import CACHE_DIR
-from worker.boot.heap import freeze_heap
+from worker.boot.heap import freeze_heap, imports_uncollected
 from worker.boot.plan import build_plan
 from worker.config import load_settings
 
@@ -85,3 +85,21 @@ def test_the_heap_is_frozen_before_vllm_starts_its_engine_core(
     with pytest.raises(EngineBootError, match="recorded"):
         boot.create_engine(build_plan(settings, mode="serverless"))
     assert frozen_at_start and frozen_at_start[0] >= num_tracked * 0.9
+
+
+def test_an_import_runs_without_the_collector_and_leaves_the_heap_frozen(collections: list[int]) -> None:
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first
+    gone = weakref.ref(first)
+    del first, second
+    with imports_uncollected():
+        assert not gc.isenabled()
+        grown = [_Node() for _ in range(100_000)]  # what would start collections with the collector on
+    assert collections[:2] == [0, 1] and max(collections) < 2, collections  # freeze_heap's, none before
+    assert gc.isenabled() and gone() is None and gc.get_freeze_count() >= len(grown)
+
+
+def test_a_failed_import_gives_the_collector_back(collections: list[int]) -> None:
+    with pytest.raises(ImportError), imports_uncollected():
+        import worker.no_such_module  # noqa: F401
+    assert gc.isenabled()

@@ -45,9 +45,12 @@ async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
     plan = build_plan(settings, mode=mode)
     prepare_boot(plan)
     started = time.perf_counter()
+    from worker.boot.heap import imports_uncollected
     from worker.vllm_internals.check import loud_imports
 
-    with loud_imports():  # a vLLM without what the seam imports fails here, naming what it lacks
+    # A vLLM without what the seam imports fails here, naming what it lacks; the import runs
+    # without the garbage collector, which would walk its growing heap again and again.
+    with loud_imports(), imports_uncollected():
         from worker.boot.launch import boot  # imports vLLM (once a process)
 
     # The boot's stamps (this line, the config's, vLLM's own) split the main process's time.

@@ -12,17 +12,24 @@ requests' cycles), and freezes the rest as it is. What an older generation holds
 frozen with it and never freed: the collector runs its own full collections all through the
 imports, so that is what became garbage since the last of them, a few hundred objects.
 
-The boot freezes twice: once before vLLM starts its engine core, which a serverless worker forks
-(the child inherits the frozen heap, and vLLM's own full collections during its boot skip it:
-Python's advice for a fork without exec, in the ``gc.freeze`` docs), and once when the engine is
+The boot freezes three times. Once after vLLM's import, which runs without the collector
+(``imports_uncollected``): the import grows the heap from nothing to some 600k objects, and the
+collector walks all of it each time it grows by a quarter, some nine full collections that took
+1.6-1.7 s of the main process's import on an H100 host (docs/benchmarks.md, "Cold start"); one
+young-generation collection at the end frees what the import left (17k objects here) in one walk.
+Once before vLLM starts its engine core, which a serverless worker forks: the child inherits the
+frozen heap, and vLLM's own full collections during its boot (thirteen on that host) skip it;
+Python's advice for a fork without exec, in the ``gc.freeze`` docs. And once when the engine is
 ready, for what the boot allocated since.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
-__all__ = ["freeze_heap"]
+__all__ = ["freeze_heap", "imports_uncollected"]
 
 
 def freeze_heap() -> None:
@@ -30,3 +37,17 @@ def freeze_heap() -> None:
     gc.collect(0)
     gc.collect(1)
     gc.freeze()
+
+
+@contextlib.contextmanager
+def imports_uncollected() -> Iterator[None]:
+    """The collector off while the block imports, then the heap frozen (``freeze_heap``) and the
+    collector as it was, whether the block raised or not."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        freeze_heap()
+        if was_enabled:
+            gc.enable()
