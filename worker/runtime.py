@@ -25,11 +25,12 @@ from worker.metrics import WatchdogWindow, WorkerMetrics
 from worker.schema import GenerateRequest, Served, StreamChunk
 
 if TYPE_CHECKING:
+    from worker.boot.plan import BootPlan
     from worker.engine import Engine
     from worker.openai import OpenAIServer
     from worker.speculation.stats.tracking import RequestEnd
 
-__all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine"]
+__all__ = ["EngineHolder", "EngineProtocol", "EngineState", "boot_engine", "import_boot"]
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +46,22 @@ async def boot_engine(settings: Settings, *, mode: DeploymentMode) -> Engine:
     plan = build_plan(settings, mode=mode)
     prepare_boot(plan)
     started = time.perf_counter()
-    from worker.boot.heap import imports_uncollected
-    from worker.vllm_internals.check import loud_imports
-
-    # A vLLM without what the seam imports fails here, naming what it lacks; the import runs
-    # without the garbage collector, which would walk its growing heap again and again.
-    with loud_imports(), imports_uncollected():
-        from worker.boot.launch import boot  # imports vLLM (once a process)
-
+    boot = import_boot()
     # The boot's stamps (this line, the config's, vLLM's own) split the main process's time.
     log.info("vLLM imported in %.2f s", time.perf_counter() - started)
     return await boot(plan)
+
+
+def import_boot() -> Callable[[BootPlan], Awaitable[Engine]]:
+    """``worker.boot.launch.boot``, which imports vLLM (once a process). A vLLM without what the seam
+    imports fails here, naming what it lacks; the import runs without the garbage collector, which
+    would walk its growing heap again and again (``worker.boot.heap.imports_uncollected``)."""
+    from worker.boot.heap import imports_uncollected
+    from worker.vllm_internals.check import loud_imports
+
+    with loud_imports(), imports_uncollected():
+        from worker.boot.launch import boot
+    return boot
 
 
 class EngineProtocol(Protocol):

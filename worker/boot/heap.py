@@ -1,26 +1,27 @@
-"""Moving what a boot allocated out of the garbage collector's sight, without walking it first.
+"""Moving what a boot allocated out of the garbage collector's sight, so that its collections stop
+walking it again and again.
 
 Once a process has booted (the engine in the main process, vLLM's serving layer for the pod), its
 heap is mostly what stays for the process's life: modules, the engine, the tokenizer, hundreds of
-thousands of tracked objects. vLLM's own server freezes it (``vllm.utils.gc_utils.freeze_gc_heap``)
-so that later collections do not walk it again and again; but that helper first runs a full
-collection of every generation, which walks the whole heap once, on the boot's critical path: the
-first job of a cold worker waits for it (what it cost: docs/benchmarks.md, "Cold start").
+thousands of tracked objects. Every full collection walks all of them, and a boot runs many
+(docs/benchmarks.md, "Cold start", has each one timed on a GPU host). vLLM's own server freezes the
+heap once it has started (``vllm.utils.gc_utils.freeze_gc_heap``), but only after a full collection
+of every generation, which the first job of a cold worker would wait for.
 
-``freeze_heap`` collects only the young generations, where the boot's last garbage is (the warm-up
-requests' cycles), and freezes the rest as it is. What an older generation holds of garbage is
-frozen with it and never freed: the collector runs its own full collections all through the
-imports, so that is what became garbage since the last of them, a few hundred objects.
+``freeze_heap`` collects only the young generations, where the boot's last garbage is, in one walk
+(``gc.collect(1)`` takes generation 0 with it), and freezes the rest as it is. Garbage in the
+oldest generation is frozen with it and never freed; so is what a frozen object drops later into a
+reference cycle. The boot's three freezes, each where a walk of the whole heap would otherwise
+repeat:
 
-The boot freezes three times. Once after vLLM's import, which runs without the collector
-(``imports_uncollected``): the import grows the heap from nothing to some 600k objects, and the
-collector walks all of it each time it grows by a quarter, some nine full collections that took
-1.6-1.7 s of the main process's import on an H100 host (docs/benchmarks.md, "Cold start"); one
-young-generation collection at the end frees what the import left (17k objects here) in one walk.
-Once before vLLM starts its engine core, which a serverless worker forks: the child inherits the
-frozen heap, and vLLM's own full collections during its boot (thirteen on that host) skip it;
-Python's advice for a fork without exec, in the ``gc.freeze`` docs. And once when the engine is
-ready, for what the boot allocated since.
+- after vLLM's import (``imports_uncollected``), which runs with the collector off: the import grows
+  the heap from nothing, and the collector would walk all of it each time it grew by a quarter. The
+  collector is off for the whole process meanwhile (the weights' prefetch thread included); what
+  the import leaves as garbage waits for the one collection at its end;
+- right before vLLM starts its engine core, which a serverless worker forks (Python's advice for a
+  fork without exec, in the ``gc.freeze`` docs): the core inherits the frozen heap, and the full
+  collections vLLM runs while it boots skip it, until its CUDA-graph capture unfreezes the heap;
+- when the engine is ready, for what the boot allocated since.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ __all__ = ["freeze_heap", "imports_uncollected"]
 
 def freeze_heap() -> None:
     """Collect the young generations, then freeze every tracked object (``gc.freeze``)."""
-    gc.collect(0)
     gc.collect(1)
     gc.freeze()
 

@@ -172,10 +172,10 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
         log.info("engine config built in %.2f s; starting the engine core", time.perf_counter() - started)
         # Python's advice for a process that forks without exec (the gc module's docs, gc.freeze):
         # freeze the heap right before the fork. A forked engine core (serverless) inherits the
-        # imports' heap, and vLLM's boot runs full collections in it again and again (its memory
-        # profiler, the weight loader, the profile run); frozen, those skip what the parent
-        # allocated, and they no longer touch its pages. A spawned core (pods, the CPU build)
-        # gains nothing and loses nothing.
+        # main process's heap, and vLLM's boot runs full collections in it again and again (its
+        # memory profiler, the weight loader, the profile run); frozen, those skip what the parent
+        # allocated, until vLLM's CUDA-graph capture unfreezes it. A spawned core (a pod's, by
+        # default) inherits nothing; the freeze then spares only this process's collections.
         freeze_heap()
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
         spec = vllm_config.speculative_config
