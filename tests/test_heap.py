@@ -115,6 +115,7 @@ def test_a_failed_import_gives_the_collector_back(collections: list[int]) -> Non
     assert gc.isenabled()
 
 
+@pytest.mark.slow  # imports vLLM in a process of its own
 def test_the_boot_imports_vllm_without_a_full_collection() -> None:
     """In a process of its own, where vLLM is not imported yet: the boot's import of vLLM
     (``worker.runtime.import_boot``) runs no full collection and leaves the heap frozen."""
