@@ -23,6 +23,14 @@ class _Node:
         self.other: _Node | None = None
 
 
+def _garbage_cycle() -> weakref.ref[_Node]:
+    """A reference cycle, unreachable once this returns: only the collector frees it, and the weak
+    reference says whether it did."""
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first
+    return weakref.ref(first)
+
+
 @pytest.fixture
 def collections() -> Iterator[list[int]]:
     """The generations the collector collects while the test runs; the heap unfrozen before and after
@@ -51,10 +59,7 @@ def test_the_heap_is_frozen_after_young_collections_only(collections: list[int])
 
 
 def test_the_boots_last_garbage_is_collected_before_freezing(collections: list[int]) -> None:
-    first, second = _Node(), _Node()
-    first.other, second.other = second, first  # a cycle: only the collector frees it
-    gone = weakref.ref(first)
-    del first, second
+    gone = _garbage_cycle()
     freeze_heap()
     assert gone() is None
 
@@ -88,10 +93,7 @@ def test_the_heap_is_frozen_before_vllm_starts_its_engine_core(
 
 
 def test_an_import_runs_without_the_collector_and_leaves_the_heap_frozen(collections: list[int]) -> None:
-    first, second = _Node(), _Node()
-    first.other, second.other = second, first
-    gone = weakref.ref(first)
-    del first, second
+    gone = _garbage_cycle()
     with imports_uncollected():
         assert not gc.isenabled()
         grown = [_Node() for _ in range(100_000)]  # what would start collections with the collector on
