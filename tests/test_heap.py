@@ -120,7 +120,9 @@ def test_a_failed_import_gives_the_collector_back(collections: list[int]) -> Non
 @pytest.mark.slow  # imports vLLM in a process of its own
 def test_the_boot_imports_vllm_without_a_full_collection() -> None:
     """In a process of its own, where vLLM is not imported yet: the boot's import of vLLM
-    (``worker.runtime.import_boot``) runs no full collection and leaves the heap frozen."""
+    (``worker.runtime.import_boot``) runs no full collection and leaves the heap frozen. And the
+    worker's plugin, as vLLM's engine core registers it before it imports its model runner, has the
+    runner capture with the worker's context (``worker.vllm_internals.capture_heap``)."""
     script = (
         "import gc, json, sys\n"
         "import worker.runtime as runtime\n"
@@ -128,8 +130,60 @@ def test_the_boot_imports_vllm_without_a_full_collection() -> None:
         "full = []\n"
         "gc.callbacks.append(lambda phase, info: phase == 'start' and info['generation'] == 2 and full.append(1))\n"
         "runtime.import_boot()\n"
-        "print(json.dumps({'full': len(full), 'frozen': gc.get_freeze_count(), 'vllm': 'vllm' in sys.modules}))\n"
+        "result = {'full': len(full), 'frozen': gc.get_freeze_count(), 'vllm': 'vllm' in sys.modules}\n"
+        "from worker.vllm_internals.plugin import register\n"
+        "register()\n"
+        "from vllm.utils import gc_utils\n"
+        "import vllm.v1.worker.gpu.model_runner as runner\n"
+        "result['runner_binds'] = runner.freeze_gc_for_cudagraph_capture is gc_utils.freeze_gc_for_cudagraph_capture\n"
+        "result['replaced'] = gc_utils.freeze_gc_for_cudagraph_capture.__module__\n"
+        "print(json.dumps(result))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["vllm"] and result["full"] == 0 and result["frozen"] > 100_000, result
+    assert result["runner_binds"] and result["replaced"] == "worker.vllm_internals.capture_heap", result
+
+
+def _vllms_capture_context() -> Any:
+    """vLLM's capture context as its V2 model runner calls it, with the worker's replacement in place
+    (``keep_heap_frozen_through_capture``, as the worker's plugin calls it in each process)."""
+    from vllm.utils import gc_utils
+
+    from worker.vllm_internals.capture_heap import keep_heap_frozen_through_capture
+
+    keep_heap_frozen_through_capture()
+    return gc_utils.freeze_gc_for_cudagraph_capture()
+
+
+def test_the_heap_frozen_before_a_graph_capture_stays_frozen_after_it(collections: list[int]) -> None:
+    """vLLM's own context unfreezes the whole heap after the capture and walks it; the worker's
+    collects what the capture left and keeps the rest frozen."""
+    capture = _vllms_capture_context()
+    freeze_heap()
+    frozen = gc.get_freeze_count()
+    collections.clear()
+    with capture:
+        assert not gc.isenabled()  # no collection during a capture
+        gone = _garbage_cycle()
+    assert gc.isenabled() and gone() is None
+    assert gc.get_freeze_count() >= frozen
+    assert collections.count(2) == 2, collections  # one before the capture, one after: vLLM's two
+
+
+def test_a_capture_that_raises_gives_the_collector_back(collections: list[int]) -> None:
+    with pytest.raises(RuntimeError, match="capture failed"), _vllms_capture_context():
+        raise RuntimeError("capture failed")
+    assert gc.isenabled()
+
+
+def test_vllms_opt_out_of_the_capture_freeze_gets_vllms_own_context(
+    collections: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vllm.envs as envs
+
+    monkeypatch.setattr(envs, "VLLM_ENABLE_CUDAGRAPH_GC", True, raising=False)
+    freeze_heap()
+    with _vllms_capture_context():
+        assert gc.isenabled()  # vLLM's opt-out: the collector runs during the capture
+    assert gc.get_freeze_count() > 0  # vLLM's opt-out freezes nothing and unfreezes nothing

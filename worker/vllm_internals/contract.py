@@ -188,6 +188,11 @@ _TABLE: dict[str, tuple[str, ...]] = {
         " uniform_token_count, max_query_len, num_ubatches}",
         "vllm.plugins:DEFAULT_PLUGINS_GROUP",
     ),
+    "worker/vllm_internals/capture_heap.py": (
+        "vllm.utils.gc_utils:freeze_gc_for_cudagraph_capture()",
+        "vllm.v1.worker.gpu.model_runner:freeze_gc_for_cudagraph_capture",
+        "vllm.envs:VLLM_ENABLE_CUDAGRAPH_GC",
+    ),
     "worker/openai.py": (
         "vllm.v1.engine.async_llm:AsyncLLM{generate, vllm_config, model_config, get_supported_tasks}",
         "vllm.entrypoints.launchers.app:build_app(args, supported_tasks, model_config)",

@@ -32,6 +32,9 @@ pairs FULL decode graphs with piecewise or no mixed ones), hence here. What they
 (capture time, memory, decode speed with speculation switched off):
 docs/benchmarks.md, "FULL's decode graphs".
 
+And it keeps the heap frozen through vLLM's CUDA-graph capture, so that the full collections after it
+skip what the boot froze (``worker.vllm_internals.capture_heap``).
+
 Every vLLM name this module touches is in the seam's contract (``worker.vllm_internals.contract``).
 """
 
@@ -41,6 +44,8 @@ import functools
 import logging
 import os
 from typing import Any
+
+from worker.vllm_internals.capture_heap import keep_heap_frozen_through_capture
 
 __all__ = ["FULL_GRAPHS_ENV", "apply_full_graph_choices", "is_wrapped", "register"]
 
@@ -58,6 +63,7 @@ def is_wrapped(method: Any) -> bool:
 
 def register() -> None:
     apply_full_graph_choices()
+    keep_heap_frozen_through_capture()
     _request_amx_tiles()
 
 
