@@ -171,6 +171,32 @@ def test_the_heap_frozen_before_a_graph_capture_stays_frozen_after_it(collection
     assert collections.count(2) == 2, collections  # one before the capture, one after: vLLM's two
 
 
+def test_what_lives_at_a_captures_start_stays_collectable(collections: list[int]) -> None:
+    """vLLM's CUDA-graph memory profiling builds a throwaway KV cache and graph pool before a capture
+    and frees them after it with a collection: the capture must not freeze them for good."""
+    capture = _vllms_capture_context()
+    freeze_heap()
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first
+    profiled = weakref.ref(first)
+    with capture:
+        pass
+    del first, second
+    gc.collect()
+    assert profiled() is None
+
+
+def test_a_collector_that_was_off_stays_off_through_a_capture(collections: list[int]) -> None:
+    capture = _vllms_capture_context()
+    gc.disable()
+    try:
+        with capture:
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_a_capture_that_raises_gives_the_collector_back(collections: list[int]) -> None:
     with pytest.raises(RuntimeError, match="capture failed"), _vllms_capture_context():
         raise RuntimeError("capture failed")

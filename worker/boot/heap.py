@@ -20,8 +20,8 @@ repeat:
   the import leaves as garbage waits for the one collection at its end;
 - right before vLLM starts its engine core, which a serverless worker forks (Python's advice for a
   fork without exec, in the ``gc.freeze`` docs): the core inherits the frozen heap, and the full
-  collections vLLM runs while it boots skip it, through its CUDA-graph capture too (which would
-  unfreeze it: the seam keeps it frozen there, ``worker.vllm_internals.capture_heap``);
+  collections vLLM runs while it boots skip it, after its CUDA-graph capture too (vLLM's capture
+  context would unfreeze it; the seam's does not: ``worker.vllm_internals.capture_heap``);
 - when the engine is ready, for what the boot allocated since.
 """
 

@@ -173,9 +173,10 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
         # Python's advice for a process that forks without exec (the gc module's docs, gc.freeze):
         # freeze the heap right before the fork. A forked engine core (serverless) inherits the
         # main process's heap, and vLLM's boot runs full collections in it again and again (its
-        # memory profiler, the weight loader, the profile run); frozen, those skip what the parent
-        # allocated, until vLLM's CUDA-graph capture unfreezes it. A spawned core (a pod's, by
-        # default) inherits nothing; the freeze then spares only this process's collections.
+        # memory profiler, the weight loader, the profile run, the CUDA-graph capture: the seam keeps
+        # the heap frozen there, worker.vllm_internals.capture_heap); frozen, those skip what the
+        # parent allocated. A spawned core (a pod's, by default) inherits nothing; the freeze then
+        # spares only this process's collections.
         freeze_heap()
         llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
         spec = vllm_config.speculative_config
