@@ -12,13 +12,17 @@ hosts on 0.34).
 :func:`keep_heap_frozen_through_capture` puts a context manager of the same contract in its place:
 the same collection before the capture and the same collector off during it, and the same
 collection after it, with nothing frozen or unfrozen. What was frozen before the capture stays
-frozen (a reference cycle among it that dies later is never freed; the engine core's shutdown
-unfreezes it), and what was not stays collectable: vLLM's CUDA-graph memory profiling builds a
-throwaway KV cache and graph pool before a capture and relies on a collection after it to free
-them, which a freeze at the capture's start would keep for the process's life. With the collector
-off, the freeze vLLM makes during the capture guards only against a ``gc.collect()`` inside it,
-which vLLM's capture code does not call. ``VLLM_ENABLE_CUDAGRAPH_GC=1`` (vLLM's opt-out of its
-freeze) gets vLLM's own function.
+frozen: the worker freezes before vLLM starts its engine core, so before CUDA is initialised in
+that process, and nothing frozen holds GPU memory (a reference cycle among it that dies later is
+never freed; the engine core's shutdown unfreezes it). What was not frozen stays collectable,
+which is why this context freezes nothing itself: vLLM collects after a capture because objects
+frozen through it kept GPU memory that the KV cache then lacked (vLLM's PR 24128: a throughput
+regression), and its CUDA-graph memory profiling builds a throwaway KV cache and graph pool before
+a capture and frees them with a collection after it. With the collector off, vLLM's freeze during
+the capture guards only against a ``gc.collect()`` inside it, which vLLM's capture code skips
+while the collector is off (``breakable_cudagraph``) and PyTorch's ``torch.cuda.graph`` no longer
+calls by default. ``VLLM_ENABLE_CUDAGRAPH_GC=1`` (vLLM's opt-out of its freeze) gets vLLM's own
+function.
 
 A replacement by name, since vLLM has no hook for it: the V2 runner binds the function at its import
 (``from vllm.utils.gc_utils import ...``), which comes after the worker's plugin has run in that
