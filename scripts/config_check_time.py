@@ -1,7 +1,8 @@
 """Times the boot's build of vLLM's config (``worker.boot.launch.build_config``, the serverless
 default over the tiny target) in this process, with the seam's contract check as the boot runs it:
 ``checked`` (no stamp: the check reads vLLM's class sources) or ``stamped`` (the image's stamp,
-``python -m worker vllm-contract --stamp``, written first). Run each in a fresh process, alternating:
+written first by ``python -m worker vllm-contract --stamp`` in a process of its own, as the image's
+build does). Run each in a fresh process, alternating:
 
     for i in 1 2 3 4 5; do for m in checked stamped; do python scripts/config_check_time.py $m; done; done
 
@@ -11,6 +12,7 @@ Prints one JSON line: the config's seconds. Leaves no stamp behind.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from typing import Any
@@ -23,14 +25,16 @@ from worker.vllm_internals import check
 
 
 def main(mode: str) -> dict[str, Any]:
+    if check.STAMP.exists():
+        sys.exit(f"{check.STAMP} exists: remove it (this script writes, and removes, its own)")
+    if mode == "stamped":  # as the image's build does, in a process of its own
+        subprocess.run([sys.executable, "-m", "worker", "vllm-contract", "--stamp"], check=True, capture_output=True)
     import_boot()
     from worker.boot.launch import build_config
 
     settings = load_settings({"MODEL_NAME": "tiny:target"})
     ensure_tiny_models(settings.worker_cache_dir)
     plan = build_plan(settings, mode="serverless")
-    if mode == "stamped" and check.write_stamp():
-        sys.exit("the installed vLLM breaks the contract: no stamp")
     try:
         started = time.perf_counter()
         build_config(plan)

@@ -189,3 +189,19 @@ def test_the_image_drops_what_the_boot_imports_and_nothing_serves() -> None:
     vllm_requires = importlib.metadata.requires(distribution) or []
     required = {re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0].lower() for r in vllm_requires if "extra ==" not in r}
     assert not required & set(packages), required & set(packages)
+
+
+def test_the_image_stamps_the_seams_contract_after_every_install() -> None:
+    """The image checks the seam's contract once, at build, and stamps what held
+    (worker/vllm_internals/check.py): after the worker is copied and after the last package install
+    or uninstall (a later one would change what the stamp vouches for, and its boots would check
+    again), with the Python its CMD runs, and with no developer's stamp copied in."""
+    instructions = _instructions()
+    cmd = next(line for line in reversed(instructions) if line.startswith("CMD"))
+    python = json.loads(cmd.removeprefix("CMD").strip())[0]
+    stamps = [i for i, line in enumerate(instructions) if line == f"RUN {python} -m worker vllm-contract --stamp"]
+    installs = [i for i, line in enumerate(instructions) if re.search(r"\bpip (install|uninstall)\b", line)]
+    copies = [i for i, line in enumerate(instructions) if re.match(r"COPY worker\b", line)]
+    assert stamps, f"no RUN {python} -m worker vllm-contract --stamp in the Dockerfile"
+    assert copies and max(copies) < stamps[-1] and max(installs) < stamps[-1], "the stamp comes too early"
+    assert "worker/vllm_internals/contract-checked.json" in (ROOT / ".dockerignore").read_text().split()

@@ -13,6 +13,7 @@ import inspect
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from worker.errors import UnsupportedVllm, VllmInternalsMissing, to_error_payloa
 from worker.vllm_internals import check
 from worker.vllm_internals.contract import CONTRACT, Internal, entries_for, parse
 from worker.vllm_internals.public import PUBLIC_SURFACE
-from worker.vllm_internals.release import SUPPORTED, installed_release, release_of
+from worker.vllm_internals.release import SUPPORTED, installed_distribution, installed_release, release_of
 
 SEAM = Path(__file__).resolve().parent.parent / "worker" / "vllm_internals"
 
@@ -86,18 +87,57 @@ def test_a_stamp_for_this_vllm_spares_the_boot_the_check(monkeypatch: pytest.Mon
     check.require_internals()
 
 
-def test_a_stamp_for_other_files_or_entries_is_not_trusted(monkeypatch: pytest.MonkeyPatch, no_stamp: Path) -> None:
-    assert check.write_stamp() == []
+def test_a_stamp_for_other_entries_is_not_trusted(monkeypatch: pytest.MonkeyPatch, no_stamp: Path) -> None:
+    assert check.write_stamp() == [] and no_stamp.exists()
     importlib.import_module("vllm.v1.core.sched.scheduler")
     broken = Internal("vllm.v1.core.sched.scheduler", "Scheduler._free_requests", "callable", (), "seam.py")
     installed = check.installed_entries()
-    monkeypatch.setattr(check, "installed_entries", lambda: (*installed, broken))  # other entries: another key
+    monkeypatch.setattr(check, "installed_entries", lambda: (*installed, broken))
     with pytest.raises(VllmInternalsMissing, match=r"Scheduler\._free_requests"):
         check.require_internals()
-    monkeypatch.setattr(check, "installed_entries", lambda: installed)
-    no_stamp.write_text(json.dumps({"vllm": check.installed_version(), "key": "of another vLLM's files"}))
+
+
+class _OtherRecord:
+    """Stands for the installed vLLM's distribution with other metadata, which a real install cannot
+    produce on demand: ``files`` for its RECORD, ``direct_url`` for how it was installed."""
+
+    def __init__(self, real: Any, record: str | None, direct_url: str | None = None) -> None:
+        self.real, self.record, self.direct_url = real, record, direct_url
+
+    def read_text(self, name: str) -> str | None:
+        return {"RECORD": self.record, "direct_url.json": self.direct_url}.get(name)
+
+    def locate_file(self, path: str) -> Any:
+        return self.real.locate_file(path)
+
+
+@pytest.mark.parametrize(
+    ("record", "direct_url"),
+    [
+        pytest.param("vllm/__init__.py,sha256=other,1\n", None, id="other files"),
+        pytest.param(None, None, id="no record"),
+        pytest.param(None, '{"dir_info": {"editable": true}}', id="editable"),
+    ],
+)
+def test_a_stamp_is_trusted_for_the_record_it_was_written_for_only(
+    monkeypatch: pytest.MonkeyPatch, no_stamp: Path, record: str | None, direct_url: str | None
+) -> None:
+    assert check.write_stamp() == [] and no_stamp.exists()
+    real = installed_distribution()
+    if record is None:
+        record = real.read_text("RECORD") if direct_url else None
+    monkeypatch.setattr(check, "installed_distribution", lambda: _OtherRecord(real, record, direct_url))
     check._is_stamped.cache_clear()
     assert not check._is_stamped()
+    # Stamped again: for other files, a stamp of their own; where none can vouch, none is left.
+    assert check.write_stamp() == [] and no_stamp.exists() == (record is not None and direct_url is None)
+
+
+def test_an_unreadable_stamp_is_not_trusted(no_stamp: Path) -> None:
+    for text in ("not json", "[1, 2]", '{"vllm": "0.32.0"}'):
+        no_stamp.write_text(text)
+        check._is_stamped.cache_clear()
+        assert not check._is_stamped(), text
 
 
 def _seam_trees() -> dict[str, ast.Module]:

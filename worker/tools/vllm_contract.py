@@ -1,4 +1,5 @@
-"""``python -m worker vllm-contract``: the seam's contract against a vLLM that is not installed.
+"""``python -m worker vllm-contract``: the seam's contract against a vLLM that is not installed (and,
+with ``--stamp``, against the installed one, imported, for the image's stamp).
 
     python -m worker vllm-contract --wheel vllm==0.33.0   # downloads the wheel (no dependencies), cached
     python -m worker vllm-contract --source PATH          # a .whl file, or a folder holding vllm/
@@ -319,7 +320,7 @@ def _stamp() -> int:
     for problem in found:
         print(f"  BROKEN {problem}")
     if not found:
-        print(f"stamp written: {check.STAMP}")
+        print(f"stamp written: {check.STAMP}" if check.STAMP.exists() else "no stamp: none can vouch for this vLLM")
     return 1 if found else 0
 
 

@@ -12,12 +12,17 @@ failing later in an engine step. It checks only what the process has already imp
 has imported what it uses by then; nothing is imported for the check's sake), each entry once a
 process; ``tests/test_vllm_contract.py`` checks every entry.
 
-The check reads the source of vLLM's classes for the attributes their methods assign, which took
-0.39 of the 0.51 s the boot spent building vLLM's config on a 2-core CPU machine. The image runs it
-once, at build (``python -m worker vllm-contract --stamp``): every entry checked, and where all
-hold, a stamp (:data:`STAMP`) naming what held: the installed vLLM's files, by its distribution's
-``RECORD`` (every file with its hash), and this release's entries. A boot that finds the stamp
-for the same files and entries skips the check; any other boot runs it.
+The check reads the source of vLLM's classes for the attributes their methods assign: most of the
+time the boot spends building vLLM's config (docs/vllm-contract.md has it timed). So the image runs
+it once, at build (``python -m worker vllm-contract --stamp``): every entry checked, and where all
+hold, a stamp (:data:`STAMP`) naming what held, by a hash of the installed vLLM distribution's
+``RECORD`` (its list of the files it installed, each with its hash, as pip wrote it) and of this
+release's entries. A boot that finds the stamp for the same record and entries skips the check;
+any other boot runs it. What the stamp cannot vouch for gets none and is checked at every boot: a
+vLLM without a record, one installed editable (its record lists no source file), or a ``vllm``
+imported from elsewhere than that distribution. The build checks without a GPU, and the boot runs
+on one: an internal that exists on one platform only would pass the one and not the other, which
+the contract has none of.
 """
 
 from __future__ import annotations
@@ -48,7 +53,6 @@ __all__ = [
     "problem",
     "problems",
     "require_internals",
-    "stamp_key",
     "write_stamp",
 ]
 
@@ -99,19 +103,29 @@ def require_internals() -> None:
     _checked.update(pending)
 
 
-def stamp_key() -> str:
-    """What a stamp vouches for: the installed vLLM's files (its distribution's ``RECORD``) and the
-    contract's entries for its release."""
-    record = installed_distribution().read_text("RECORD") or ""
+def _stamp_key() -> str | None:
+    """What a stamp vouches for: the installed vLLM's record and the contract's entries for its
+    release; None where no stamp can vouch for the installed vLLM (module docstring)."""
+    import vllm
+
+    dist = installed_distribution()
+    record = dist.read_text("RECORD")
+    editable = json.loads(dist.read_text("direct_url.json") or "{}").get("dir_info", {}).get("editable", False)
+    imported = Path(vllm.__file__).resolve() == Path(str(dist.locate_file("vllm/__init__.py"))).resolve()
+    if not record or editable or not imported:
+        return None
     return hashlib.sha256(f"{record}\n{installed_entries()!r}".encode()).hexdigest()
 
 
 def write_stamp() -> list[str]:
     """Check every entry against the installed vLLM (importing each module it names); where all
-    hold, write :data:`STAMP`. The problems found (none: the stamp is written)."""
+    hold and a stamp can vouch for it, write :data:`STAMP`, else remove any. The problems found."""
     found = problems()
-    if not found:
-        STAMP.write_text(json.dumps({"vllm": installed_version(), "key": stamp_key()}) + "\n")
+    key = None if found else _stamp_key()
+    if key is None:
+        STAMP.unlink(missing_ok=True)
+    else:
+        STAMP.write_text(json.dumps({"vllm": installed_version(), "key": key}) + "\n")
     return found
 
 
@@ -121,7 +135,8 @@ def _is_stamped() -> bool:
         stamp = json.loads(STAMP.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(stamp, dict) and stamp.get("key") == stamp_key()
+    key = _stamp_key()
+    return key is not None and isinstance(stamp, dict) and stamp.get("key") == key
 
 
 @contextlib.contextmanager
