@@ -56,8 +56,10 @@ RUN python3 -m pip uninstall -y -r /tmp/image_trim.txt && rm /tmp/image_trim.txt
 
 # The seam's contract checked once, here, against the vLLM the image ships: where every entry
 # holds, a stamp that spares each boot the check (worker/vllm_internals/check.py says what it
-# vouches for). A vLLM that breaks the contract fails the build, naming what it lacks.
-RUN python3 -m worker vllm-contract --stamp
+# vouches for). Where it cannot be written (an entry broken, or a module that will not import on a
+# builder without a GPU), the build goes on without it, the step's output says why, and every boot
+# runs the check itself: a vLLM that breaks the contract then fails the boot, naming what it lacks.
+RUN python3 -m worker vllm-contract --stamp || echo "no contract stamp: each boot checks the contract itself"
 
 # Bytecode for every package of the image's Python and the app: the base image's packages come
 # without it (uv writes none unless asked), and every RunPod cold start is a fresh container that

@@ -19,11 +19,11 @@ internal, what the seam calls it with or reads of it, the seam module that needs
 release it holds for where only one has it. It is checked five ways, each on its release's
 entries: against the installed vLLM by ``tests/test_vllm_contract.py`` (fast lane), against the
 image's pinned wheel, parsed, by ``tests/test_vllm_wheel_contract.py`` (fast lane), at the image's
-build (``python -m worker vllm-contract --stamp``: a broken entry fails the build; where all hold, a
-stamp spares that image's boots the next check), at boot before the engine starts
-(:func:`worker.vllm_internals.check.require_internals`: a missing internal fails the boot with a
-sentence naming it, never a silent fallback), and against another vLLM's wheel without importing it
-(``python -m worker vllm-contract --wheel vllm==X``; docs/vllm-contract.md).
+build (``python -m worker vllm-contract --stamp``: where all hold, a stamp spares that image's boots
+the next check; where not, the step names what broke and each boot checks), at boot before the
+engine starts (:func:`worker.vllm_internals.check.require_internals`: a missing internal fails the
+boot with a sentence naming it, never a silent fallback), and against another vLLM's wheel without
+importing it (``python -m worker vllm-contract --wheel vllm==X``; docs/vllm-contract.md).
 
 Imports nothing on purpose: the modules that import vLLM are loaded only where they are used.
 """
