@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 from worker.boot.preflight import check_at_start
 from worker.config import is_on_runpod, local_run_environment, sdk_environment
 from worker.errors import ConfigError
+from worker.sdk import import_runpod
 from worker.serverless import Job, JobItem, ServerlessWorker, local_arg_parser, main_local
 
 _worker = ServerlessWorker()
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
         return 2
     if args.rp_serve_api or is_on_runpod():
         os.environ.update(sdk_environment())  # before the SDK reads its log level
-        import runpod  # reads its own --rp_* flags from sys.argv
+        runpod = import_runpod()  # reads its own --rp_* flags from sys.argv
 
         _worker.serve_metrics_page()
 

@@ -1,0 +1,80 @@
+"""The RunPod SDK's import without py-cpuinfo's subprocess (``worker/sdk.py``), on the real SDK."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from worker.sdk import cpu_brand
+
+# Run in a fresh interpreter each: whether the SDK's import starts py-cpuinfo's subprocess, seen
+# through subprocess.Popen (py-cpuinfo runs `python -m cpuinfo --json` with it).
+PROBE = """
+import json, subprocess, sys
+spawned = []
+popen_init = subprocess.Popen.__init__
+def recording_init(self, args, *rest, **kwargs):
+    spawned.append(" ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args))
+    popen_init(self, args, *rest, **kwargs)
+subprocess.Popen.__init__ = recording_init
+if sys.argv[1] == "worker":
+    from worker.sdk import import_runpod
+    runpod = import_runpod()
+else:
+    import runpod
+import cpuinfo
+from runpod.serverless.utils import rp_debugger
+print(json.dumps({
+    "cpuinfo_spawned": [s for s in spawned if "cpuinfo" in s],
+    "processor": rp_debugger.PROCESSOR,
+    "get_cpu_info": cpuinfo.get_cpu_info.__module__ + "." + cpuinfo.get_cpu_info.__qualname__,
+}))
+"""
+
+
+def probe(how: str) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-c", PROBE, how], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_sdk_imported_by_the_worker_starts_no_cpuinfo_subprocess_and_puts_py_cpuinfo_back() -> None:
+    plain, worker = probe("plain"), probe("worker")
+    # The control: the SDK's own import does start py-cpuinfo's subprocess, so the probe can see it.
+    assert plain["cpuinfo_spawned"], "the plain import started no py-cpuinfo subprocess: the probe sees nothing"
+    assert worker["cpuinfo_spawned"] == []
+    assert worker["get_cpu_info"] == plain["get_cpu_info"] == "cpuinfo.cpuinfo.get_cpu_info"
+    try:
+        expected = cpu_brand(open("/proc/cpuinfo").read())
+    except OSError:
+        pytest.skip("no /proc/cpuinfo here")
+    assert worker["processor"] == expected
+    if "model name" in open("/proc/cpuinfo").read():  # x86: py-cpuinfo's answer is the same name
+        assert plain["processor"] == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n",
+            "AMD EPYC 9654 96-Core Processor",
+        ),
+        (
+            "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n\nprocessor\t: 1\nmodel name\t: other\n",
+            "Intel(R) Xeon(R) Platinum 8480+",
+        ),
+    ],
+)
+def test_cpu_brand_is_the_first_model_name(text: str, expected: str) -> None:
+    assert cpu_brand(text) == expected
+
+
+def test_cpu_brand_without_a_model_name_falls_back_to_platform() -> None:
+    arm = "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n"
+    brand = cpu_brand(arm)
+    assert brand and "BogoMIPS" not in brand and ":" not in brand
