@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import cpuinfo
 import pytest
 
+from worker import sdk
 from worker.sdk import cpu_brand
 
 # Run in a fresh interpreter each: whether the SDK's import starts py-cpuinfo's subprocess, seen
-# through subprocess.Popen (py-cpuinfo runs `python -m cpuinfo --json` with it).
+# through subprocess.Popen (py-cpuinfo runs its own cpuinfo.py with --json in a new Python).
 PROBE = """
 import json, subprocess, sys
 spawned = []
@@ -48,13 +51,18 @@ def test_the_sdk_imported_by_the_worker_starts_no_cpuinfo_subprocess_and_puts_py
     assert plain["cpuinfo_spawned"], "the plain import started no py-cpuinfo subprocess: the probe sees nothing"
     assert worker["cpuinfo_spawned"] == []
     assert worker["get_cpu_info"] == plain["get_cpu_info"] == "cpuinfo.cpuinfo.get_cpu_info"
-    try:
-        expected = cpu_brand(open("/proc/cpuinfo").read())
-    except OSError:
-        pytest.skip("no /proc/cpuinfo here")
-    assert worker["processor"] == expected
-    if "model name" in open("/proc/cpuinfo").read():  # x86: py-cpuinfo's answer is the same name
-        assert plain["processor"] == expected
+    assert worker["processor"] == sdk._brand_only()["brand_raw"]
+    proc = Path("/proc/cpuinfo")
+    if proc.exists() and "model name" in proc.read_text():  # x86: py-cpuinfo's own answer is the same name
+        assert plain["processor"] == worker["processor"]
+
+
+def test_py_cpuinfo_is_put_back_when_the_import_fails() -> None:
+    original = cpuinfo.get_cpu_info
+    with pytest.raises(ImportError), sdk._cpu_brand_in_process():
+        assert cpuinfo.get_cpu_info is sdk._brand_only
+        raise ImportError("the SDK failed to import")
+    assert cpuinfo.get_cpu_info is original
 
 
 @pytest.mark.parametrize(
@@ -74,7 +82,9 @@ def test_cpu_brand_is_the_first_model_name(text: str, expected: str) -> None:
     assert cpu_brand(text) == expected
 
 
-def test_cpu_brand_without_a_model_name_falls_back_to_platform() -> None:
+def test_cpu_brand_without_a_model_name_is_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     arm = "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n"
-    brand = cpu_brand(arm)
-    assert brand and "BogoMIPS" not in brand and ":" not in brand
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    assert cpu_brand(arm) == "aarch64"
+    monkeypatch.setattr("platform.machine", lambda: "")
+    assert cpu_brand("") == "unknown"

@@ -6,15 +6,14 @@ answers from a new Python subprocess which, on x86, also times the clock by slee
 worker waited that long before it could fetch its first job (docs/benchmarks.md, "The levers").
 Neither the SDK nor py-cpuinfo has a switch for it, so it is done here by hand: while the SDK is
 imported, py-cpuinfo's ``get_cpu_info`` answers the brand from ``/proc/cpuinfo`` in this process,
-and it is put back right after, so anything that asks py-cpuinfo later (vLLM's CPU platform reads
-its ISA flags) gets py-cpuinfo's full answer.
+and it is put back right after, so anything that asks py-cpuinfo later (vLLM's usage report reads
+the CPU's family, model and count) gets py-cpuinfo's full answer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import platform
-import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,13 +24,15 @@ PROC_CPUINFO = Path("/proc/cpuinfo")
 
 
 def cpu_brand(cpuinfo_text: str) -> str:
-    """The CPU's name as py-cpuinfo's ``brand_raw`` gives it on Linux: the first ``model name`` of
-    ``/proc/cpuinfo`` (x86; ARM's has none), else what ``platform`` knows."""
+    """The CPU's name for the SDK's debugger report: the first ``model name`` of ``/proc/cpuinfo``,
+    as py-cpuinfo's ``brand_raw`` gives it on x86. ARM's ``/proc/cpuinfo`` has none (py-cpuinfo then
+    asks lscpu, a subprocess): the machine's architecture instead (``platform.machine``, no
+    subprocess, unlike ``platform.processor``)."""
     for line in cpuinfo_text.splitlines():
         key, is_pair, value = line.partition(":")
         if is_pair and key.strip() == "model name" and value.strip():
             return value.strip()
-    return platform.processor() or platform.machine() or "unknown"
+    return platform.machine() or "unknown"
 
 
 def _brand_only() -> dict[str, str]:
@@ -56,8 +57,7 @@ def _cpu_brand_in_process() -> Iterator[None]:
 
 def import_runpod() -> types.ModuleType:
     """``import runpod``, its CPU probe answered in this process (the module docstring says why)."""
-    if "runpod" in sys.modules:
-        return sys.modules["runpod"]
     with _cpu_brand_in_process():
-        import runpod  # noqa: F401
-    return sys.modules["runpod"]
+        import runpod
+    module: types.ModuleType = runpod
+    return module
