@@ -68,21 +68,20 @@ def test_the_heap_is_frozen_before_vllm_starts_its_engine_core(
     collections: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A serverless worker forks its engine core: the child inherits the frozen heap, so vLLM's full
-    collections during its boot skip what the parent allocated. A recorder stands for vLLM's engine
-    (named as the boot names it): what matters is the heap at the moment vLLM starts its core, which
-    a real start does not report."""
+    collections during its boot skip what the parent allocated. A recorder stands for the start of
+    vLLM's engine core (``core_first.start_core``, which forks it, named as the boot names it): what
+    matters is the heap at the moment the core starts, which a real start does not report."""
     from worker.boot import launch as boot
     from worker.errors import EngineBootError
+    from worker.vllm_internals import core_first
 
     frozen_at_start: list[int] = []
 
-    class RecordingAsyncLLM:
-        @staticmethod
-        def from_vllm_config(*_: Any, **__: Any) -> None:
-            frozen_at_start.append(gc.get_freeze_count())
-            raise RuntimeError("the engine core's start, recorded")
+    def recording_start(*_: Any, **__: Any) -> None:
+        frozen_at_start.append(gc.get_freeze_count())
+        raise RuntimeError("the engine core's start, recorded")
 
-    monkeypatch.setattr(boot, "AsyncLLM", RecordingAsyncLLM)
+    monkeypatch.setattr(core_first, "start_core", recording_start)
     settings = load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR)})
     plan = build_plan(settings, mode="serverless")
     num_tracked = len(gc.get_objects())

@@ -51,7 +51,7 @@ from worker.errors import (
 )
 from worker.schema import parse_request
 from worker.speculation.stats.tracking import RequestEnd
-from worker.vllm_internals import async_llm, scheduler
+from worker.vllm_internals import async_llm, core_first, scheduler
 from worker.vllm_internals import frontend as spec_frontend
 from worker.vllm_internals.check import require_internals
 from worker.vllm_internals.plugin import apply_full_graph_choices
@@ -178,7 +178,11 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
         # parent allocated. A spawned core (a pod's, by default) inherits nothing; the freeze then
         # spares only this process's collections.
         freeze_heap()
-        llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
+        if api_process is None and vllm_config.parallel_config.data_parallel_size == 1:
+            # The core forked first, the frontend's renderer built while it starts (core_first's docstring).
+            llm = core_first.start_core(vllm_config).build_frontend(disable_log_stats=False)
+        else:
+            llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
         spec = vllm_config.speculative_config
         if plan.speculation.is_exact_stats and spec is not None and spec.num_speculative_tokens is not None:
             # The frontend half: a stop string's final output waits for the core's exact counts.

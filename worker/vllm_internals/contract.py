@@ -188,6 +188,23 @@ _TABLE: dict[str, tuple[str, ...]] = {
         " uniform_token_count, max_query_len, num_ubatches}",
         "vllm.plugins:DEFAULT_PLUGINS_GROUP",
     ),
+    "worker/vllm_internals/core_first.py": (
+        "vllm.v1.engine.utils:bind_engine_zmq_listeners(vllm_config, num_api_servers)",
+        "vllm.v1.engine.utils:EngineZmqListeners{addresses, cleanup, inputs, outputs}",
+        "vllm.utils.network_utils:ZmqListener{address, socket}",
+        "vllm.v1.engine.utils:launch_core_engines(vllm_config, executor_class, log_stats, addresses)",
+        "vllm.v1.engine.utils:CoreEngineLaunch{engine_manager, tensor_queue}",
+        "vllm.v1.engine.utils:CoreEngineProcManager{processes, shutdown}",
+        "vllm.v1.executor.abstract:Executor.get_class(vllm_config)",
+        "vllm.renderers:renderer_from_config(config)",
+        "vllm.v1.engine.async_llm:renderer_from_config",
+        "vllm.v1.engine.async_llm:AsyncLLM.from_vllm_config(vllm_config, usage_context, client_addresses,"
+        " client_count, client_index)",
+        "vllm.v1.engine.async_llm:AsyncLLM{engine_core}",
+        "vllm.v1.engine.core_client:MPClient{resources, start_engine_core_monitor}",
+        "vllm.v1.engine.core_client:BackgroundResources{engine_manager}",
+        "vllm.usage.usage_lib:UsageContext.ENGINE_CONTEXT",
+    ),
     "worker/vllm_internals/capture_heap.py": (
         "vllm.utils.gc_utils:freeze_gc_for_cudagraph_capture()",
         "vllm.v1.worker.gpu.model_runner:freeze_gc_for_cudagraph_capture",
