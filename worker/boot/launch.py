@@ -180,7 +180,7 @@ def create_engine(plan: BootPlan, *, api_process: ApiProcess | None = None) -> E
         freeze_heap()
         if api_process is None and vllm_config.parallel_config.data_parallel_size == 1:
             # The core forked first, the frontend's renderer built while it starts (core_first's docstring).
-            llm = core_first.start_core(vllm_config).build_frontend(disable_log_stats=False)
+            llm = core_first.start_core(vllm_config, log_stats=True).build_frontend(disable_log_stats=False)
         else:
             llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=False, **client)
         spec = vllm_config.speculative_config

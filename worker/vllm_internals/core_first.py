@@ -10,7 +10,8 @@ path in one process:
 
 1. :func:`start_core` binds the engine's listeners and forks the core through ``launch_core_engines``;
 2. :meth:`CoreFirst.build_frontend` builds the renderer in a thread while this thread waits for the
-   core's startup handshake, which raises, as it does inside ``AsyncLLM``, if the core dies first;
+   core's startup handshake, which raises, as it does inside ``AsyncLLM``, if the core dies first (a
+   renderer that fails stops the core, so the boot fails at once, naming the renderer);
 3. then builds ``AsyncLLM`` as a client of that core, over the listeners, with the renderer already
    built (the one name ``AsyncLLM.__init__`` calls for it answers with it, during this call only);
 4. and hands the client the engine manager, so that vLLM's own monitor watches the core and the
@@ -23,7 +24,9 @@ would have held a failed boot that long.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
 from typing import Any
 
 import vllm.v1.engine.async_llm as async_llm_module
@@ -34,18 +37,20 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
 from vllm.v1.executor import Executor
 
+from worker.errors import EngineBootError, one_line
+
 __all__ = ["CoreFirst", "start_core"]
 
 
 class CoreFirst:
     """An engine core forked before its frontend exists; :meth:`build_frontend` builds the frontend."""
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig, *, log_stats: bool) -> None:
         self._vllm_config = vllm_config
+        executor = Executor.get_class(vllm_config)
         self._bound_listeners = bind_engine_zmq_listeners(vllm_config, 1)
-        self._launch_context = launch_core_engines(
-            vllm_config, Executor.get_class(vllm_config), True, self._bound_listeners.addresses
-        )
+        self._launch_context = launch_core_engines(vllm_config, executor, log_stats, self._bound_listeners.addresses)
+        self._is_handshake_over = False
         try:
             self._launch = self._launch_context.__enter__()  # forks the engine core
         except BaseException:
@@ -54,24 +59,29 @@ class CoreFirst:
 
     def build_frontend(self, **kwargs: Any) -> AsyncLLM:
         """``AsyncLLM.from_vllm_config(vllm_config, **kwargs)`` as the core's client; on any failure
-        the core is stopped and the listeners closed before the exception goes on."""
+        the core is stopped and the listeners closed before the exception goes on. A renderer that
+        cannot be built fails the boot with :class:`EngineBootError` naming it, at once (the core is
+        stopped, which ends the handshake), not after the core's whole start."""
         built: dict[str, Any] = {}
 
         def build_renderer() -> None:
             try:
                 built["renderer"] = renderer_from_config(self._vllm_config)
-            except BaseException as exc:  # raised again below, on the boot's thread
+            except BaseException as exc:  # raised again on the boot's thread
                 built["error"] = exc
+                self._shut_down_core()
 
         renderer_thread = threading.Thread(target=build_renderer, name="worker-renderer", daemon=True)
-        renderer_thread.start()
         try:
+            renderer_thread.start()
             try:
                 self._launch_context.__exit__(None, None, None)  # the core's startup handshake
+                self._is_handshake_over = True
             finally:
                 renderer_thread.join()
-            if "error" in built:
-                raise built["error"]
+                if "error" in built:  # the cause, ahead of the handshake's report of the core it stopped
+                    error = built["error"]
+                    raise EngineBootError(f"vLLM's renderer (tokenizer) failed: {one_line(error)}") from error
             llm = self._client(built["renderer"], **kwargs)
         except BaseException:
             self._stop()
@@ -80,8 +90,10 @@ class CoreFirst:
         # the client's shutdown stops it (BackgroundResources), as for a core AsyncLLM started.
         llm.engine_core.resources.engine_manager = self._launch.engine_manager
         llm.engine_core.start_engine_core_monitor()
-        # The client's sockets adopted the listeners' descriptors; what is left is their paths.
-        self._bound_listeners.cleanup()
+        # The listeners' paths stay until the client goes: the core may still connect its output
+        # socket after its ready message (its own thread), and vLLM's listeners unlink their paths
+        # when collected. vLLM's own launcher holds them for the processes' life too.
+        weakref.finalize(llm.engine_core, self._bound_listeners.cleanup)
         return llm
 
     def _client(self, renderer: Any, **kwargs: Any) -> AsyncLLM:
@@ -93,13 +105,18 @@ class CoreFirst:
             "output_listener": listeners.outputs[0].socket,
             "tensor_queue": self._launch.tensor_queue,
         }
-        # AsyncLLM.__init__ asks this name for its renderer; the one built beside the core answers,
-        # for this call only (the boot's thread is the only one building an AsyncLLM here).
+        # AsyncLLM.__init__ asks this name for its renderer; during this call the one built beside
+        # the core answers for this config (anything else still gets vLLM's own).
         own = async_llm_module.__dict__["renderer_from_config"]
-        setattr(async_llm_module, "renderer_from_config", lambda *_args, **_kwargs: renderer)  # noqa: B010
+        config = self._vllm_config
+
+        def prebuilt(asked: Any, *args: Any, **options: Any) -> Any:
+            return renderer if asked is config and not args and not options else own(asked, *args, **options)
+
+        setattr(async_llm_module, "renderer_from_config", prebuilt)  # noqa: B010
         try:
             return AsyncLLM.from_vllm_config(
-                self._vllm_config,
+                config,
                 usage_context=UsageContext.ENGINE_CONTEXT,
                 client_addresses=addresses,
                 client_count=1,
@@ -109,12 +126,18 @@ class CoreFirst:
         finally:
             setattr(async_llm_module, "renderer_from_config", own)  # noqa: B010
 
-    def _stop(self) -> None:
+    def _shut_down_core(self) -> None:
         if self._launch.engine_manager is not None:
             self._launch.engine_manager.shutdown()
+
+    def _stop(self) -> None:
+        self._shut_down_core()
+        if not self._is_handshake_over:  # close vLLM's launch (its handshake socket) without waiting
+            with contextlib.suppress(BaseException):
+                self._launch_context.__exit__(EngineBootError, EngineBootError("boot stopped"), None)
         self._bound_listeners.cleanup()
 
 
-def start_core(vllm_config: VllmConfig) -> CoreFirst:
+def start_core(vllm_config: VllmConfig, *, log_stats: bool) -> CoreFirst:
     """Fork the engine core of ``vllm_config`` now (``launch_core_engines``, one core, no DP)."""
-    return CoreFirst(vllm_config)
+    return CoreFirst(vllm_config, log_stats=log_stats)
