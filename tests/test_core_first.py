@@ -3,8 +3,10 @@ real CPU engine: the client owns the core it did not start, and a failure after 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -17,6 +19,11 @@ from worker.errors import EngineBootError
 from worker.vllm_internals import core_first
 
 pytestmark = pytest.mark.slow  # every test here boots an engine core
+
+# vLLM's client stops its core within its 5 s grace, and the tiny engine boots in 10-40 s here; both
+# bounds allow for a loaded machine.
+SHUTDOWN_S = 30.0
+BOOT_S = 180.0
 
 
 def stop_leftover_cores(before: set[int], *, wait_s: float = 30.0) -> set[int]:
@@ -35,7 +42,17 @@ def stop_leftover_cores(before: set[int], *, wait_s: float = 30.0) -> set[int]:
 
 async def test_the_client_owns_the_core_it_did_not_start(tiny_models: Any) -> None:
     before = set(descendants(os.getpid()))
-    engine = await boot_engine(tiny_models, MODEL_NAME="tiny:target", SPECULATIVE_METHOD="none")
+    try:
+        # A core nobody owns is stopped when its launch's manager is collected, and without vLLM's monitor
+        # the boot's warm-up request then waits on it for ever: bounded, as the shutdown below.
+        engine = await asyncio.wait_for(
+            boot_engine(tiny_models, MODEL_NAME="tiny:target", SPECULATIVE_METHOD="none"), BOOT_S
+        )
+    except TimeoutError:
+        stop_leftover_cores(before, wait_s=0)
+        pytest.fail(
+            f"the boot did not end within {BOOT_S:.0f} s (an engine core stopped under a client that does not own it?)"
+        )
     try:
         resources = engine._llm.engine_core.resources
         # vLLM's monitor and the client's shutdown act on the core only through this manager.
@@ -46,8 +63,13 @@ async def test_the_client_owns_the_core_it_did_not_start(tiny_models: Any) -> No
         # A renderer built beside the core is the one the frontend uses.
         assert engine._llm.renderer.tokenizer is not None
     finally:
-        engine.shutdown()
+        # A client that does not own the core can wait on it for ever at shutdown: bounded here, so that
+        # this test fails in about a minute instead of at the suite's timeout.
+        stopper = threading.Thread(target=engine.shutdown, name="engine-shutdown", daemon=True)
+        stopper.start()
+        stopper.join(SHUTDOWN_S)
         left = stop_leftover_cores(before)
+    assert not stopper.is_alive(), f"the client's shutdown did not return within {SHUTDOWN_S:.0f} s"
     assert not left, "the client's shutdown left the engine core running"
 
 
