@@ -203,10 +203,15 @@ async def kill_while_jobs_stream(
     return list(results), time.perf_counter() - killed_at
 
 
+def engine_cores_of(pid: int) -> list[int]:
+    """The engine-core processes below ``pid``."""
+    return [child for child in descendants(pid) if "EngineCore" in cmdline(child)]
+
+
 def engine_core_of(pid: int, *, among: set[int] | None = None) -> int:
     """The engine-core process below ``pid`` (``among``: only these pids)."""
-    for child in descendants(pid):
-        if (among is None or child in among) and "EngineCore" in cmdline(child):
+    for child in engine_cores_of(pid):
+        if among is None or child in among:
             return child
     raise AssertionError("no engine-core process found")
 

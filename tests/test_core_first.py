@@ -14,7 +14,7 @@ import pytest
 import vllm.renderers
 import vllm.v1.engine.async_llm as async_llm_module
 
-from tests.helpers import boot_engine, cmdline, descendants
+from tests.helpers import boot_engine, descendants, engine_cores_of
 from worker.errors import EngineBootError
 from worker.vllm_internals import core_first
 
@@ -31,7 +31,7 @@ def stop_leftover_cores(before: set[int], *, wait_s: float = 30.0) -> set[int]:
     stops within vLLM's 5 s grace), killed: else this process would wait for them at its exit."""
     deadline = time.monotonic() + wait_s
     while True:
-        left = {pid for pid in set(descendants(os.getpid())) - before if "EngineCore" in cmdline(pid)}
+        left = set(engine_cores_of(os.getpid())) - before
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)

@@ -88,11 +88,18 @@ def set_api_process(args: AsyncEngineArgs | Namespace, *, count: int, rank: int)
     args._api_process_count, args._api_process_rank = count, rank
 
 
-def client_kwargs(addresses: Mapping[str, Any], *, count: int, index: int) -> dict[str, Any]:
-    """``AsyncLLM.from_vllm_config``'s arguments for a client of an engine core another process
-    started (what vLLM's API server processes pass)."""
+def client_kwargs(
+    addresses: Mapping[str, Any],
+    *,
+    count: int,
+    index: int,
+    usage_context: UsageContext = UsageContext.OPENAI_API_SERVER,
+) -> dict[str, Any]:
+    """``AsyncLLM.from_vllm_config``'s arguments for a client of an engine core started apart from it
+    (what vLLM's API server processes pass; the serverless engine's own client, ``core_first``, names
+    its engine context)."""
     return {
-        "usage_context": UsageContext.OPENAI_API_SERVER,
+        "usage_context": usage_context,
         "client_addresses": dict(addresses),
         "client_count": count,
         "client_index": index,

@@ -38,6 +38,7 @@ from vllm.v1.engine.utils import bind_engine_zmq_listeners, launch_core_engines
 from vllm.v1.executor import Executor
 
 from worker.errors import EngineBootError, one_line
+from worker.vllm_internals.async_llm import client_kwargs
 
 __all__ = ["CoreFirst", "start_core"]
 
@@ -115,14 +116,8 @@ class CoreFirst:
 
         setattr(async_llm_module, "renderer_from_config", prebuilt)  # noqa: B010
         try:
-            return AsyncLLM.from_vllm_config(
-                config,
-                usage_context=UsageContext.ENGINE_CONTEXT,
-                client_addresses=addresses,
-                client_count=1,
-                client_index=0,
-                **kwargs,
-            )
+            client = client_kwargs(addresses, count=1, index=0, usage_context=UsageContext.ENGINE_CONTEXT)
+            return AsyncLLM.from_vllm_config(config, **client, **kwargs)
         finally:
             setattr(async_llm_module, "renderer_from_config", own)  # noqa: B010
 
