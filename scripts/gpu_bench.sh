@@ -12,6 +12,8 @@
 #
 # Stages:
 #   overhead          handler path vs raw AsyncLLM, bf16, concurrency 1, 8, 64, 256 (3 alternating runs)
+#   ceiling           the same with MAX_NUM_SEQS=512 at $CEILING_CONCURRENCY (default 256,512): raw AsyncLLM is the
+#                     engine's own ceiling for the pod-against-vLLM's-server stages at those loads
 #   overhead-ids      the same at 64 and 256, AsyncLLM given token ids made once (tokenization charged to the handler)
 #   fp8               the same for fp8 at concurrency 1, 64 and 256 (3 alternating runs)
 #   fp8-si8           fp8 again with STREAM_INTERVAL=8 (an engine output per 8 tokens) for both paths
@@ -214,6 +216,8 @@ lever_boots() {  # label prefix: warm boots with fewer CUDA-graph sizes, then wi
 for stage in "$@"; do
   case $stage in
     overhead) run bf16 --parts overhead,roofline --concurrency 1,8,64,256 --repeats 3 ;;
+    ceiling) MAX_NUM_SEQS=512 MAX_QUEUE_DEPTH=512 run ceiling --parts overhead,roofline \
+      --concurrency "${CEILING_CONCURRENCY:-256,512}" --repeats 3 ;;
     overhead-ids) run bf16-ids --parts overhead --concurrency 64,256 --repeats 3 --raw-input ids ;;
     fp8) QUANTIZATION=fp8 run fp8 --parts overhead,roofline --concurrency 1,64,256 --repeats 3 ;;
     fp8-si8) QUANTIZATION=fp8 STREAM_INTERVAL=8 run fp8-si8 --parts overhead --concurrency 1,64,256 --repeats 3 ;;
