@@ -1,4 +1,5 @@
-# A fake OpenAI completions SSE server: 256 events a request, as fast as the socket takes them (raw asyncio, cheap).
+# A stand-in (fake) OpenAI completions SSE server: 256 events a request, one every STEP seconds a stream
+# (python standin_paced.py PORT STEP; 0.010 for 256 streams, 0.017 for 512: the GPU's step there).
 import asyncio, json, sys
 N = 256
 STEP = float(sys.argv[2])

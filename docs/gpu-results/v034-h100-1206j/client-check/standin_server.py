@@ -1,4 +1,4 @@
-# A fake OpenAI completions SSE server: 256 events a request, as fast as the socket takes them (raw asyncio, cheap).
+# A stand-in (fake) OpenAI completions SSE server (python standin_server.py PORT): 256 events a request, as fast as the socket takes them (raw asyncio, cheap).
 import asyncio, json, sys
 N = 256
 ev = 'data: ' + json.dumps({"id": "cmpl-x", "object": "text_completion", "created": 1, "model": "m", "choices": [{"index": 0, "text": " w1", "logprobs": None, "finish_reason": None, "stop_reason": None}], "usage": None}) + '\n\n'
