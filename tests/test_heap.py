@@ -166,7 +166,10 @@ def test_the_heap_frozen_before_a_graph_capture_stays_frozen_after_it(collection
         assert not gc.isenabled()  # no collection during a capture
         gone = _garbage_cycle()
     assert gc.isenabled() and gone() is None
-    assert gc.get_freeze_count() >= frozen
+    # vLLM's own context leaves nothing frozen. Not ">= frozen": other threads of this process (a
+    # session's engines, in the same test worker) may free a few frozen objects meanwhile (a run
+    # lost 12 of 795,268).
+    assert gc.get_freeze_count() >= 0.99 * frozen, (gc.get_freeze_count(), frozen)
     assert collections.count(2) == 2, collections  # one before the capture, one after: vLLM's two
 
 
