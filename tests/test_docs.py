@@ -10,8 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
-# 25,000 until the README showed the first command's output on the default model (SmolLM2, issue 76).
-README_MAX_BYTES = 26_500
+# 25,000 until the README showed the first command's output on the default model (SmolLM2, issue 76);
+# 26,500 until it said which disk its cold start was measured on and showed spec_decode's cases (issue 92).
+README_MAX_BYTES = 27_000
 # [text](target), outside code spans; images too.
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)

@@ -356,7 +356,7 @@ def test_the_docs_decision_table_is_what_decide_answers() -> None:
     compiled = {True: "on", False: "off", None: "vLLM's"}
     for settings, mode_cell, device, *shown, _why in rows:
         mode: DeploymentMode = "pod" if mode_cell == "pod" else "serverless"
-        env = {} if "tiny default" in settings else dict(REAL)
+        env = {} if "no `MODEL_NAME`" in settings else dict(REAL)
         env |= dict(re.findall(r"`([A-Z0-9_]+)=([^`]*)`", settings))
         assert mode_cell in ("pod", "serverless") and device in ("GPU", "CPU"), settings
         plan = decide(load_settings(env), mode=mode, is_cpu=device == "CPU")
