@@ -13,7 +13,7 @@ from typing import Any, Literal
 from worker.config import DeploymentMode, Settings
 from worker.config.settings import PUBLIC_MEDIA_CONNECTOR
 from worker.speculation.decide import SpeculationPlan
-from worker.vllm_internals.plugin import FULL_GRAPHS_ENV
+from worker.vllm_internals.plugin import DRAFT_SKIP_ENV, FULL_GRAPHS_ENV
 from worker.vllm_internals.runner import runner_environment
 
 __all__ = [
@@ -133,6 +133,8 @@ def engine_environment(
         **runner_environment(is_cpu=speculation.model_runner == "cpu"),
         # FULL chosen by default: the worker's vLLM plugin keeps vLLM's fallback for backends without full graphs.
         FULL_GRAPHS_ENV: "1" if speculation.is_worker_full_graphs else None,
+        # A draft model skips its pass at k = 0 (worker.vllm_internals.draft_skip), in the engine core.
+        DRAFT_SKIP_ENV: "1" if speculation.skips_draft_pass else None,
         "VLLM_WORKER_MULTIPROC_METHOD": start_method(settings, mode=mode),
         "TRITON_CACHE_DIR": _triton_cache_dir(settings),
         # vLLM's startup plan (off in vLLM, on here): a boot keeps the memory profile's result under

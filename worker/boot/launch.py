@@ -54,7 +54,7 @@ from worker.speculation.stats.tracking import RequestEnd
 from worker.vllm_internals import async_llm, core_first, scheduler
 from worker.vllm_internals import frontend as spec_frontend
 from worker.vllm_internals.check import require_internals
-from worker.vllm_internals.plugin import apply_full_graph_choices
+from worker.vllm_internals.plugin import apply_draft_skip, apply_full_graph_choices
 
 __all__ = [
     "WARMUP_SAMPLING_FEATURES",
@@ -151,6 +151,7 @@ def build_config(plan: BootPlan, *, api_process_count: int = 1, api_process_rank
     plan.apply_environment(os.environ)
     # The worker's vLLM plugin, for an engine core forked from this process (vllm_plugin's docstring).
     apply_full_graph_choices()
+    apply_draft_skip()
     if plan.speculation.is_exact_stats:
         scheduler.install(vllm_config, is_auto=plan.speculation.control == "auto")
     return vllm_config

@@ -45,6 +45,8 @@ from worker.speculation.cost import StepCost, best_k, expected_tokens, steady_fa
 from worker.speculation.measure import Acceptance, StepTimes, geometric_rate, geometric_table
 
 __all__ = [
+    "PROBE_CATCH_UP_BUDGET",
+    "PROBE_EVERY_MAX_STEPS",
     "PROBE_EVERY_STEPS",
     "REVIEW_EVERY_STEPS",
     "SpeculationController",
@@ -57,6 +59,11 @@ log = logging.getLogger("vllm.worker.speculation.controller")
 # Steps at k = 0 between probes: a probe at 0% acceptance costs one draft pass and one verified
 # token per sequence, 1/32 of that per step.
 PROBE_EVERY_STEPS = 32
+# Where the drafter skips its pass at k = 0 (a draft model on V2: worker.vllm_internals.draft_skip), a
+# probe first catches each sequence's draft KV up over the steps it was off: the share of the time off
+# those catch-ups may take, and the longest interval between probes that keeps them within it.
+PROBE_CATCH_UP_BUDGET = 0.01
+PROBE_EVERY_MAX_STEPS = 1024
 # Steps between reviews of each request's own acceptance (the per-request caps).
 REVIEW_EVERY_STEPS = 64
 # Sequences of a step whose outcome the controller reads (the batch's first ones).
@@ -161,7 +168,7 @@ class SpeculationController:
             log.info("speculation %s at batch %d: %s", "off" if is_off else "on", batch_size, self.report())
         if is_off:
             self._off_streak += 1
-            if self._off_streak >= self.probe_every:
+            if self._off_streak >= self.probe_every_at(batch_size):
                 self._off_streak = 0
                 self._joined_share = 0.0
                 self.num_probes += 1
@@ -171,6 +178,18 @@ class SpeculationController:
         self.steps_by_k[k] += 1
         self._last_k = k
         return k
+
+    def probe_every_at(self, batch_size: int) -> int:
+        """Steps off between probes at ``batch_size``: ``probe_every``, or where a probe pays a
+        catch-up (``cost.catch_up_per_token_ms``) more, so that catching up stays within
+        :data:`PROBE_CATCH_UP_BUDGET` of the time off. Every step off leaves each sequence a token
+        to catch up, so the catch-up's share of the time off is the same at any interval while the
+        requests live; a longer one lets more of them end first, their tokens never caught up."""
+        per_token = self.cost.catch_up_per_token_ms
+        if not per_token:
+            return self.probe_every
+        share = batch_size * per_token / (PROBE_CATCH_UP_BUDGET * step_ms(self.cost, batch_size=batch_size, k=0))
+        return min(PROBE_EVERY_MAX_STEPS, max(self.probe_every, round(self.probe_every * share)))
 
     def observe(
         self,
@@ -228,7 +247,9 @@ class SpeculationController:
         judged for ``probe_every`` steps by the ones before it. (With async scheduling vLLM chooses a
         step's k before the outcome of the step before is in: a probe follows its evidence by two.)"""
         self._joined_share += min(1.0, joined / max(1, num_sequences))
-        if self._joined_share >= JOINED_SHARE_PROBE:
+        # Not where probes are spaced out for their catch-up: the new requests' sequences would be
+        # tried at the price of every old one's.
+        if self._joined_share >= JOINED_SHARE_PROBE and self.probe_every_at(num_sequences) == self.probe_every:
             self._off_streak = self.probe_every - 1
             self._probing = True
             self._probed = 0

@@ -18,7 +18,10 @@ Parameters are per GPU, model and drafter (:data:`STEP_COSTS`), for an 8B bf16 t
   pass per drafted position and, like a draft model, one at ``k = 0``;
 - a draft model: provisional, read off the single-stream points and a roofline for the compute
   knee. vLLM 0.32 runs such a draft's passes without full CUDA graphs, so that its cost is host
-  time (the draft-step run).
+  time (the draft-step run). ``draft_model_skip``: the same draft where the worker skips its pass
+  at k = 0 (``worker.vllm_internals.draft_skip``): k = 0 costs the target alone, and the step that
+  resumes drafting pays a catch-up prefill of the tokens decoded while off
+  (``catch_up_per_token_ms``, provisional: a 1B draft's prefill FLOPs per token on an H100).
 
 Each constant's runs are beside it; how well the fits hold: docs/speculation.md, "How auto runs".
 """
@@ -48,7 +51,9 @@ class StepCost:
     verifying (the rejection sampler, the extra logits). The drafter: ``draft_pass_ms`` plus
     ``draft_per_seq_ms`` per sequence for each pass; a draft model makes ``max(k, 1)`` passes
     (``is_synced_at_zero``: its KV-sync pass at k = 0), n-gram none (its matching is in
-    ``draft_per_seq_ms`` per drafted step)."""
+    ``draft_per_seq_ms`` per drafted step). ``catch_up_per_token_ms``: where the drafter skips its
+    pass at k = 0, what catching its KV up costs per token skipped, paid when drafting resumes (0:
+    nothing to catch up)."""
 
     base_ms: float
     per_seq_ms: float
@@ -58,6 +63,7 @@ class StepCost:
     draft_pass_ms: float
     draft_per_seq_ms: float
     is_synced_at_zero: bool
+    catch_up_per_token_ms: float = 0.0
 
 
 # 8B bf16 target on one H200 (module docstring).
@@ -72,6 +78,18 @@ STEP_COSTS: dict[str, StepCost] = {
         draft_pass_ms=2.0,
         draft_per_seq_ms=0.004,
         is_synced_at_zero=True,
+    ),
+    # The draft above, its pass at k = 0 skipped: ~2.4 GFLOP a token for a 1B draft at ~400 TFLOPS.
+    "draft_model_skip": StepCost(
+        base_ms=4.85,
+        per_seq_ms=0.03,
+        per_token_ms=0.025,
+        knee_tokens=512,
+        verify_ms=0.4,
+        draft_pass_ms=2.0,
+        draft_per_seq_ms=0.004,
+        is_synced_at_zero=False,
+        catch_up_per_token_ms=0.006,
     ),
     # Fitted to the sixth run's V2 steps at k = 0 (1-256 streams), static k = 2 (1-128) and auto
     # (k = 2-3, 1-64): 4.85 / 5.04 / 5.51 / 6.10 / 7.14 / 10.60 ms at k = 0, 5.03 / 5.72 / 6.67 /
@@ -133,7 +151,7 @@ def step_ms(
         target += cost.verify_ms
     passes = max(k, 1) if cost.is_synced_at_zero else k
     draft = passes * (cost.draft_pass_ms + cost.draft_per_seq_ms * batch_size)
-    if not cost.is_synced_at_zero and k:
+    if not cost.draft_pass_ms and k:  # n-gram: its matching, once a drafted step
         draft += cost.draft_per_seq_ms * batch_size
     return target + draft
 

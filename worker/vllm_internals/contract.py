@@ -265,7 +265,35 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "0.32 only: vllm.v1.core.sched.scheduler:Scheduler{use_v2_model_runner}",
         "0.32 only: vllm.entrypoints.launchers.cli_args:make_arg_parser(parser)",
         "0.34 only: vllm.entrypoints.common.cli_args:make_arg_parser(parser)",
+        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.config:StandaloneARSpeculatorConfig{speculator_class}",
+        "vllm.platforms:current_platform",
         "vllm.utils.argparse_utils:FlexibleArgumentParser()",
+    ),
+    "worker/vllm_internals/draft_skip.py": (
+        # The draft model's pass skipped at k = 0 and its KV caught up (vLLM 0.34's V2 speculator).
+        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator{max_num_reqs,"
+        " max_num_tokens, dp_size, dcp_size, draft_tokens, block_tables, attn_groups, kv_cache_config, device}",
+        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator(vllm_config, device)",
+        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator.propose(input_batch,"
+        " num_speculative_tokens, dummy_run, is_profile)",
+        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator.add_request(req_index)",
+        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator._run_model(input_ids,"
+        " positions, attn_metadata, slot_mappings, num_tokens_across_dp, cudagraph_runtime_mode)",
+        "0.34 only: vllm.v1.worker.gpu.spec_decode:init_speculator(vllm_config, device, req_states)",
+        "0.34 only: vllm.v1.worker.gpu.states:RequestState{all_token_ids}",
+        "0.34 only: vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor{gpu}",
+        "0.34 only: vllm.v1.worker.gpu.block_table:BlockTables{block_tables, num_kv_cache_groups}",
+        "0.34 only: vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings(idx_mapping, query_start_loc,"
+        " positions, num_tokens_padded, out)",
+        "0.34 only: vllm.v1.worker.gpu.attn_utils:build_attn_metadata(attn_groups, num_reqs, num_tokens,"
+        " query_start_loc_gpu, query_start_loc_cpu, max_query_len, seq_lens, max_seq_len, block_tables,"
+        " slot_mappings, kv_cache_config, seq_lens_cpu_upper_bound, positions, is_prefilling)",
+        "0.34 only: vllm.v1.worker.gpu.attn_utils:build_slot_mappings_by_layer(slot_mappings, kv_cache_config)",
+        "0.34 only: vllm.v1.worker.gpu.input_batch:InputBatch{num_reqs, idx_mapping, idx_mapping_np, positions,"
+        " query_start_loc}",
+        "vllm.config.compilation:CUDAGraphMode.NONE",
+        "vllm.config.cache:CacheConfig{enable_prefix_caching}",
+        "vllm.config:VllmConfig{cache_config}",
     ),
     "worker/vllm_internals/modelinfo.py": (
         "vllm.model_executor.models.registry:ModelRegistry",
@@ -279,6 +307,18 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.model_executor.models.registry:_ModelInfo.from_model_cls(model)",
     ),
     "worker/media.py": ("vllm.exceptions:VLLMValidationError{}",),
+    "worker/vllm_internals/config_fields.py": (
+        "vllm.engine.arg_utils:AsyncEngineArgs{}",
+        "vllm.config.speculative:SpeculativeConfig{}",
+    ),
+    # vLLM's derivation that model_len.py writes out (tests/test_model_len.py runs both side by side).
+    "worker/vllm_internals/model_len.py": (
+        "vllm.config.model:_get_and_verify_max_len(hf_config, model_arch_config, tokenizer_config, max_model_len,"
+        " disable_sliding_window, sliding_window)",
+        "vllm.transformers_utils.model_arch_config_convertor:ModelArchConfigConvertorBase"
+        ".derive_max_model_len_and_key()",
+        "vllm.transformers_utils.model_arch_config_convertor:MODEL_ARCH_CONFIG_CONVERTORS",
+    ),
     "worker/engine.py": (
         "vllm.v1.engine.async_llm:AsyncLLM{get_tokenizer, generate, shutdown}",
         "vllm.v1.engine.async_llm:AsyncLLM{vllm_config, errored, get_num_unfinished_requests}",
@@ -291,6 +331,44 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.sampling_params:SamplingType.GREEDY",
         "vllm.sampling_params:StructuredOutputsParams(json, json_object, regex, choice, grammar)",
     ),
+    # The bench's probes (worker/vllm_internals/probes.py) and what the bench reads of vLLM's public objects.
+    "worker/vllm_internals/probes.py": (
+        "vllm.v1.core.sched.scheduler:Scheduler.update_from_output(scheduler_output, model_runner_output)",
+        "vllm.v1.core.sched.output:SchedulerOutput{num_scheduled_tokens, scheduled_spec_decode_tokens,"
+        " num_spec_tokens_to_schedule, total_num_scheduled_tokens, scheduled_new_reqs}",
+        "vllm.v1.worker.gpu.spec_decode.rejection_sampler:RejectionSampler{enable_adaptive_verification}",
+        "vllm.v1.worker.gpu.input_batch:InputBatch{req_ids, cu_num_logits_np}",
+        "vllm.utils.torch_utils:async_tensor_h2d(data, device)",
+        "0.32 only: vllm.v1.worker.gpu.spec_decode.rejection_sampler:RejectionSampler.__call__(logits, input_batch,"
+        " draft_logits, invalid_drafts)",
+        "0.34 only: vllm.v1.worker.gpu.spec_decode.rejection_sampler:RejectionSampler.__call__(logits, input_batch,"
+        " draft_logits)",
+        "0.34 only: vllm.v1.worker.gpu.spec_decode.rejection_sampler:rejection_sample(target_logits,"
+        " draft_logits_cache, draft_sampled)",
+        "0.32 only: vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer.propose(num_speculative_tokens)",
+        "0.32 only: vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"
+        "._determine_batch_execution_and_padding(num_tokens)",
+        "0.32 only: vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model()",
+        "vllm.v1.serial_utils:MsgpackEncoder()",
+        "vllm.v1.serial_utils:MsgpackEncoder.encode(obj)",
+        "vllm.v1.serial_utils:MsgpackDecoder(t)",
+        "vllm.v1.serial_utils:MsgpackDecoder.decode(bufs)",
+        "vllm.v1.engine:EngineCoreOutputs(engine_index, outputs)",
+    ),
+    "worker/tools/bench/draft_step.py": (
+        "vllm:LLM{generate}",
+        "vllm:LLM.generate(prompts, sampling_params, use_tqdm)",
+    ),
+    "worker/tools/bench/overhead.py": (
+        "vllm.v1.engine.async_llm:AsyncLLM{generate, vllm_config}",
+        "vllm.config:VllmConfig{scheduler_config}",
+        "vllm.config.scheduler:SchedulerConfig{stream_interval}",
+    ),
+    "worker/tools/bench/lossless.py": (
+        "vllm.v1.engine.async_llm:AsyncLLM{generate, get_tokenizer}",
+        "vllm:TokensPrompt",
+    ),
+    "worker/tools/bench/pause_acceptance.py": ("vllm.v1.engine.async_llm:AsyncLLM{get_tokenizer}",),
 }
 
 CONTRACT: tuple[Internal, ...] = tuple(parse(line, needed_by=by) for by, lines in _TABLE.items() for line in lines)

@@ -35,6 +35,11 @@ docs/benchmarks.md, "FULL's decode graphs".
 And it keeps the heap frozen through vLLM's CUDA-graph capture, so that the full collections after it
 skip what the boot froze (``worker.vllm_internals.capture_heap``).
 
+And where the boot plan says a draft model skips its pass at k = 0 (``DRAFT_SKIP_ENV``: a draft
+model on vLLM 0.34's V2 runner), it names the seam's speculator as the one vLLM builds for
+``draft_model`` (``worker.vllm_internals.draft_skip``); vLLM resolves a speculator class by its
+qualified name in the engine core, hence here, in every process.
+
 Every vLLM name this module touches is in the seam's contract (``worker.vllm_internals.contract``).
 """
 
@@ -47,11 +52,13 @@ from typing import Any
 
 from worker.vllm_internals.capture_heap import keep_heap_frozen_through_capture
 
-__all__ = ["FULL_GRAPHS_ENV", "apply_full_graph_choices", "is_wrapped", "register"]
+__all__ = ["DRAFT_SKIP_ENV", "FULL_GRAPHS_ENV", "apply_draft_skip", "apply_full_graph_choices", "is_wrapped", "register"]
 
 log = logging.getLogger(__name__)
 
 FULL_GRAPHS_ENV = "RUNPOD_WORKER_FULL_GRAPHS_BY_DEFAULT"
+DRAFT_SKIP_ENV = "RUNPOD_WORKER_DRAFT_SKIP"
+_SKIPPING_SPECULATOR = "worker.vllm_internals.draft_skip.SkippingDraftSpeculator"
 # Marks the worker's wrappers of vLLM's methods (in the wrapper's own __dict__), so that a process
 # wraps each method once.
 _WRAPPED = "runpod_worker_wrapper"
@@ -63,6 +70,7 @@ def is_wrapped(method: Any) -> bool:
 
 def register() -> None:
     apply_full_graph_choices()
+    apply_draft_skip()
     keep_heap_frozen_through_capture()
     _request_amx_tiles()
 
@@ -85,6 +93,28 @@ def apply_full_graph_choices() -> None:
     from worker.vllm_internals.check import require_internals
 
     require_internals()  # what the wraps rely on, now imported, is the contract's (once a process)
+
+
+def apply_draft_skip() -> None:
+    """Where this process's environment says so (``DRAFT_SKIP_ENV``), vLLM builds the seam's
+    :class:`~worker.vllm_internals.draft_skip.SkippingDraftSpeculator` for a draft model (module
+    docstring); else vLLM's own. Called by ``register`` and, like :func:`apply_full_graph_choices`,
+    by the boot once the plan's environment is set."""
+    is_wanted = os.environ.get(DRAFT_SKIP_ENV) == "1"
+    if not is_wanted and not _VLLM_SPECULATOR:
+        return  # nothing to put back: vLLM's speculator modules stay unimported
+    from worker.vllm_internals.variants import draft_speculator_config
+
+    config = draft_speculator_config()
+    if config is None:
+        return
+    _VLLM_SPECULATOR.setdefault(id(config), config.speculator_class)
+    config.speculator_class = _SKIPPING_SPECULATOR if is_wanted else _VLLM_SPECULATOR[id(config)]
+
+
+# vLLM's own speculator class name, by config class, kept when the seam's replaces it (a later
+# engine of the process without the marker gets vLLM's back).
+_VLLM_SPECULATOR: dict[int, str] = {}
 
 
 def _fall_back_from_full_graphs() -> None:

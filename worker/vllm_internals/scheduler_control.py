@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -15,6 +16,7 @@ from worker.config.speculation import EAGLE_METHODS, NGRAM_METHODS
 from worker.speculation.controller import REVIEW_EVERY_STEPS, SAMPLE_SEQUENCES, SpeculationController
 from worker.speculation.cost import STEP_COSTS
 from worker.speculation.decide import is_graph_schedule
+from worker.vllm_internals.plugin import DRAFT_SKIP_ENV
 from worker.vllm_internals.variants import runs_v2_model_runner
 
 if TYPE_CHECKING:
@@ -175,10 +177,11 @@ def _full_graph_batches(vllm_config: Any, num_spec_tokens: int) -> list[int] | N
 
 def _cost_key(vllm_config: Any) -> str:
     """Which of :data:`worker.speculation.cost.STEP_COSTS` prices this engine's steps: n-gram with async
-    scheduling (V2's GPU proposer as ``ngram_gpu``) or without it, an EAGLE head, else a draft model."""
+    scheduling (V2's GPU proposer as ``ngram_gpu``) or without it, an EAGLE head, else a draft model,
+    with its pass at k = 0 or without it (the boot plan's marker, which the seam's plugin reads too)."""
     spec = vllm_config.speculative_config
     if spec is not None and spec.method in EAGLE_METHODS:
         return "eagle"
     if spec is None or spec.method not in NGRAM_METHODS:
-        return "draft_model"
+        return "draft_model_skip" if os.environ.get(DRAFT_SKIP_ENV) == "1" else "draft_model"
     return "ngram" if vllm_config.scheduler_config.async_scheduling else "ngram_sync"

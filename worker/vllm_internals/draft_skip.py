@@ -1,0 +1,191 @@
+"""A draft model that runs no pass on a step that drafts nothing, and catches its KV cache up when
+drafting resumes (vLLM 0.34's V2 ``standalone_ar`` speculator; GPU only: it imports Triton kernels).
+
+Why: vLLM's draft-model speculator (``StandaloneARSpeculator.propose``) runs the draft over every
+request's new tokens on every step, k = 0 included, so that the draft's KV cache stays in step
+with the target's. Under ``SPECULATION_CONTROL=auto`` that is the floor of a draft that does not
+pay: the controller turns drafting off, and the pass still costs its share of each step
+(docs/benchmarks.md, the draft model's map). Nothing in vLLM skips it for a separate draft model
+(its open work makes the skip an opt-in for MTP-style heads only), hence this subclass.
+
+How, per request (by vLLM's request-state slot):
+
+- a step that drafts nothing (``num_speculative_tokens == 0``) runs no draft pass; each request of
+  the step remembers the first position whose draft KV it now lacks (the step's first input
+  position: everything before it was written by the last pass, the one-ahead correction token
+  included), on the GPU, without a host sync;
+- the next step that drafts first prefills each such request's missing range ``[first missing,
+  the step's first input position)`` into the draft's cache, from the token history vLLM keeps
+  (``RequestState.all_token_ids``), all requests in one varlen pass (split where the range
+  exceeds the engine's token budget), then runs vLLM's own pass. That pass reads one host copy of
+  the ranges (a sync, at resumption only);
+- prefix caching: a block written while the draft was off holds the target's KV and none of the
+  draft's, and a later request may hit it. Once any step has been skipped, a new request (or one
+  resumed after preemption: vLLM adds it again) is treated as missing from position 0, so that a
+  cache hit is prefilled into the draft before its first drafting step; a request without a hit
+  has nothing to catch up. Blocks are not tracked one by one: the draft recomputes a hit prefix
+  it may already hold (a draft's prefill of the prefix, not the target's);
+- chunked prefill: a prompt chunk scheduled while the draft is off is caught up like decode tokens;
+- preemption: vLLM frees the request's blocks and adds it again; the new slot starts as above;
+- data or decode-context parallelism (``dp_size``/``dcp_size`` > 1) keeps vLLM's pass: every rank
+  must run the same collectives.
+
+``RUNPOD_WORKER_DRAFT_SKIP_TEST`` is a test hook for the bench's controls
+(``worker.tools.bench.pause_acceptance``): ``no-catch-up`` skips the pass and never catches up
+(acceptance after a pause then shows what a missing catch-up costs), ``keep-pass`` runs vLLM's pass
+at k = 0 as vLLM does (the same pauses, nothing skipped).
+
+EAGLE and MTP heads keep vLLM's pass: their catch-up would need the target's hidden states for
+the positions they missed, which the target does not keep (vLLM's own skip refuses them for that).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.config.compilation import CUDAGraphMode
+from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
+from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
+
+from worker.speculation.catch_up import pack_ranges
+
+__all__ = ["TEST_ENV", "SkippingDraftSpeculator"]
+
+TEST_ENV = "RUNPOD_WORKER_DRAFT_SKIP_TEST"
+
+
+class SkippingDraftSpeculator(StandaloneARSpeculator):
+    """vLLM's standalone draft-model speculator without its pass at k = 0 (module docstring).
+    vLLM hands ``req_states`` to a speculator whose constructor names it (``init_speculator``)."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, req_states: Any) -> None:
+        super().__init__(vllm_config, device)
+        self._token_history = req_states.all_token_ids
+        # By request-state slot: the first position without draft KV, or -1 (the draft is in step).
+        self._missing_from = torch.full((self.max_num_reqs,), -1, dtype=torch.int64, device=device)
+        self._is_behind = False  # some slot may be behind (a skipped step, or a hit after one)
+        self._has_skipped = False  # a step was skipped since the engine started
+        self._covers_hits = bool(vllm_config.cache_config.enable_prefix_caching)
+        test = os.environ.get(TEST_ENV, "")
+        self._catches_up = test != "no-catch-up"
+        self._can_skip = self.dp_size == 1 and self.dcp_size == 1 and test != "keep-pass"
+        self.num_skipped_steps = 0
+        self.num_catch_up_tokens = 0
+
+    def add_request(self, req_index: int) -> None:
+        super().add_request(req_index)
+        if self._has_skipped and self._covers_hits and self._catches_up:
+            self._missing_from[req_index] = 0
+            self._is_behind = True
+        else:
+            self._missing_from[req_index] = -1
+
+    def propose(
+        self,
+        input_batch: Any,
+        *args: Any,
+        num_speculative_tokens: int | None = None,
+        dummy_run: bool = False,
+        is_profile: bool = False,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        is_real = not dummy_run and not is_profile and self._can_skip
+        if is_real and num_speculative_tokens == 0:
+            return self._skip(input_batch)
+        if is_real and self._is_behind:
+            self._catch_up(input_batch)
+        return super().propose(  # type: ignore[no-any-return]
+            input_batch,
+            *args,
+            num_speculative_tokens=num_speculative_tokens,
+            dummy_run=dummy_run,
+            is_profile=is_profile,
+            **kwargs,
+        )
+
+    def _skip(self, input_batch: Any) -> torch.Tensor:
+        num_reqs = input_batch.num_reqs
+        slots = input_batch.idx_mapping[:num_reqs]
+        starts = input_batch.positions[input_batch.query_start_loc[:num_reqs].long()]
+        if self._catches_up:
+            held = self._missing_from[slots]
+            self._missing_from[slots] = torch.where(held < 0, starts, held)
+            self._is_behind = True
+        self._has_skipped = True
+        self.num_skipped_steps += 1
+        self.draft_tokens[:num_reqs].fill_(-1)
+        return self.draft_tokens[:num_reqs]  # type: ignore[no-any-return]
+
+    def _catch_up(self, input_batch: Any) -> None:
+        num_reqs = input_batch.num_reqs
+        slots = input_batch.idx_mapping[:num_reqs]
+        missing = self._missing_from[slots]
+        starts = input_batch.positions[input_batch.query_start_loc[:num_reqs].long()]
+        self._missing_from[slots] = -1
+        pending = (self._missing_from >= 0).any().view(1).long()
+        host = torch.cat([missing, starts.long(), pending]).cpu()  # the one sync, at resumption
+        self._is_behind = bool(host[-1])
+        first, start = host[:num_reqs].numpy(), host[num_reqs : 2 * num_reqs].numpy()
+        ranges = [(row, int(first[row]), int(start[row])) for row in range(num_reqs) if 0 <= first[row] < start[row]]
+        if not ranges:
+            return
+        slot_of_row = input_batch.idx_mapping_np
+        for ranges_of_pass in pack_ranges(ranges, self.max_num_tokens):
+            self._prefill_ranges([(int(slot_of_row[row]), lo, hi) for row, lo, hi in ranges_of_pass])
+
+    def _prefill_ranges(self, ranges: list[tuple[int, int, int]]) -> None:
+        """One eager draft pass over ``(slot, start, end)`` ranges: writes their draft KV."""
+        device = self.device
+        num_reqs = len(ranges)
+        lengths = np.array([hi - lo for _, lo, hi in ranges], dtype=np.int32)
+        query_start_loc_np = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(lengths, out=query_start_loc_np[1:])
+        num_tokens = int(query_start_loc_np[-1])
+        ends = np.array([hi for _, _, hi in ranges], dtype=np.int32)
+        positions_np = np.concatenate([np.arange(lo, hi, dtype=np.int64) for _, lo, hi in ranges])
+        slots_np = np.array([slot for slot, _, _ in ranges], dtype=np.int64)
+
+        slots = torch.from_numpy(slots_np).to(device, non_blocking=True)
+        positions = torch.from_numpy(positions_np).to(device, non_blocking=True)
+        query_start_loc = torch.from_numpy(query_start_loc_np).to(device, non_blocking=True)
+        seq_lens = torch.from_numpy(ends).to(device, non_blocking=True)
+        token_slots = torch.from_numpy(np.repeat(slots_np, lengths)).to(device, non_blocking=True)
+        input_ids = self._token_history.gpu[token_slots, positions].to(torch.int32)
+
+        block_tables = self.block_tables
+        tables = [table.gpu[slots] for table in block_tables.block_tables]
+        slot_mappings = block_tables.compute_slot_mappings(
+            slots,
+            query_start_loc,
+            positions,
+            num_tokens,
+            out=torch.empty(block_tables.num_kv_cache_groups, num_tokens, dtype=torch.int64, device=device),
+        )
+        attn_metadata = build_attn_metadata(
+            attn_groups=self.attn_groups,
+            num_reqs=num_reqs,
+            num_tokens=num_tokens,
+            query_start_loc_gpu=query_start_loc,
+            query_start_loc_cpu=torch.from_numpy(query_start_loc_np),
+            max_query_len=int(lengths.max()),
+            seq_lens=seq_lens,
+            max_seq_len=int(ends.max()),
+            block_tables=tables,
+            slot_mappings=slot_mappings,
+            kv_cache_config=self.kv_cache_config,
+            seq_lens_cpu_upper_bound=torch.from_numpy(ends),
+            positions=positions,
+            is_prefilling=torch.zeros(num_reqs, dtype=torch.bool),
+        )
+        self._run_model(
+            input_ids,
+            positions,
+            attn_metadata,
+            build_slot_mappings_by_layer(slot_mappings, self.kv_cache_config),
+            None,
+            CUDAGraphMode.NONE,
+        )
+        self.num_catch_up_tokens += num_tokens
