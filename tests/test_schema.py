@@ -2,8 +2,10 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import TINY_DEFAULT_SERVED
 from worker.errors import InvalidRequest
-from worker.schema import ChatMessage, parse_batch_sizes, parse_request
+from worker.schema import ChatMessage, Served, StreamChunk, parse_batch_sizes, parse_request
+from worker.speculation.stats.acceptance import spec_stats_from_histogram
 
 
 def test_prompt_request_defaults() -> None:
@@ -122,3 +124,21 @@ def test_the_native_n_error_names_what_serves_several_completions() -> None:
     assert "\n" not in message and message.startswith("sampling_params.n: a native job returns one completion")
     assert "openai_route job with n and temperature > 0" in message
     assert "on vLLM's CPU build that needs SPECULATIVE_METHOD=none" in message
+
+
+def _final_spec_decode(**served: Any) -> Any:
+    """The wire's ``spec_decode`` of a final item without stats, served as ``served`` says."""
+    chunk = StreamChunk(text="", finish_reason="stop", served=Served(**{**TINY_DEFAULT_SERVED, **served}))
+    return chunk.to_wire()["spec_decode"]
+
+
+def test_spec_decode_tells_stats_off_from_no_speculation_and_from_stats() -> None:
+    # Speculating without the worker's stats (PER_REQUEST_SPEC_DECODE_METRICS=none): "off".
+    assert _final_spec_decode(spec_decode_available=False) == "off"
+    # No speculation: null.
+    no_spec = {"speculative_method": None, "num_speculative_tokens": None, "speculation_control": None}
+    assert _final_spec_decode(**no_spec, spec_decode_available=False) is None
+    # Stats: the block, whatever the served block says.
+    stats = spec_stats_from_histogram([1, 0, 0, 0], num_draft_tokens=3, num_spec_tokens=3)
+    chunk = StreamChunk(text="", finish_reason="stop", spec_decode=stats, served=Served(**TINY_DEFAULT_SERVED))
+    assert chunk.to_wire()["spec_decode"]["mean_acceptance_length"] == 1.0

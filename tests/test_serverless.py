@@ -240,6 +240,27 @@ async def test_without_speculation_spec_decode_is_null(plain_engine: Any) -> Non
     assert items[-1]["served"]["speculative_method"] is None
 
 
+async def test_a_request_without_a_drafting_step_says_so_not_zero_percent(worker: ServerlessWorker) -> None:
+    # One token: the prompt's step yields it, and no verify step runs.
+    items = await run_job(worker, {"prompt": "Once", "sampling_params": {"max_tokens": 1, "temperature": 0}})
+    spec = items[-1]["spec_decode"]
+    assert items[-1]["usage"]["completion_tokens"] == 1
+    assert spec["num_spec_steps"] == 0 and spec["num_accepted_draft_tokens"] == 0, spec
+    assert spec["mean_acceptance_length"] is None and spec["draft_acceptance_rate"] is None, spec
+
+
+async def test_with_stats_turned_off_spec_decode_says_off(tiny_models: Any) -> None:
+    # The configuration is the subject: the noisy-copy draft speculates, its per-request stats off.
+    engine = await boot_engine(tiny_models, PER_REQUEST_SPEC_DECODE_METRICS="none")
+    try:
+        items = await run_job(worker_for(engine), {"prompt": "Once", "sampling_params": {"max_tokens": 8}})
+        assert items[-1]["spec_decode"] == "off"
+        served = items[-1]["served"]
+        assert served["speculative_method"] == "draft_model" and served["spec_decode_available"] is False
+    finally:
+        engine.shutdown()
+
+
 async def test_with_a_stream_interval_token_counts_and_stats_survive_merged_outputs(tiny_models: Any) -> None:
     engine = await boot_engine(tiny_models, STREAM_INTERVAL=8)  # the embedded default: noisy-copy draft, k=3
     try:

@@ -599,7 +599,7 @@ PROMPT = "Once upon a time"
 async def test_the_noisy_draft_keeps_speculating_under_auto(noisy_auto: Any) -> None:
     stats, completion = await generate(noisy_auto, PROMPT, 120)
     assert stats.num_spec_steps + stats.num_accepted_draft_tokens == completion - 1, "every step verified drafts"
-    assert stats.draft_acceptance_rate >= 0.3
+    assert stats.draft_acceptance_rate is not None and stats.draft_acceptance_rate >= 0.3
 
 
 @pytest.mark.slow
@@ -622,6 +622,7 @@ async def test_after_a_stretch_at_k_zero_the_noisy_drafts_acceptance_comes_back(
     tail = 20  # the verified steps after the stretch at k = 0 (its last ones: alone again)
     assert len(drafted) > tail
     tail_rate = sum(accepted[-tail:]) / sum(drafted[-tail:])
+    assert alone.draft_acceptance_rate is not None
     assert tail_rate >= 0.5 * alone.draft_acceptance_rate, (tail_rate, alone.draft_acceptance_rate)
     # The stats across the changes of k: vLLM's own engine-wide counters saw the same drafts.
     mine = [counts(mixed)] + [counts(s) for s, _ in side]

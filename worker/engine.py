@@ -308,11 +308,11 @@ class Engine:
         if end.spec_decode is not None and end.outcome != "finished":
             s = end.spec_decode
             log.info(
-                "request %s %s after %d tokens; partial spec-decode stats: drafted=%d accepted=%d rate=%.3f",
+                "request %s %s after %d tokens; partial spec-decode stats: steps=%d drafted=%d accepted=%d",
                 end.request_id,
                 end.outcome,
                 end.num_completion_tokens,
+                s.num_spec_steps,
                 s.num_draft_tokens,
                 s.num_accepted_draft_tokens,
-                s.draft_acceptance_rate,
             )

@@ -248,11 +248,12 @@ class WorkerMetrics:
             self.steps_off.inc(steps_off)
             if steps_off + stats.num_spec_steps:
                 self.off_fraction.observe(steps_off / (steps_off + stats.num_spec_steps))
-        if stats is None or stats.num_spec_steps == 0:
+        if stats is None or stats.mean_acceptance_length is None:  # no verify step: nothing to observe
             return
         self.drafts_per_step.observe(stats.num_draft_tokens / stats.num_spec_steps)
         self.acceptance_length.observe(stats.mean_acceptance_length)
-        self.acceptance_rate.observe(stats.draft_acceptance_rate)
+        if stats.draft_acceptance_rate is not None:
+            self.acceptance_rate.observe(stats.draft_acceptance_rate)
         self.watchdog.observe(num_steps=stats.num_spec_steps, num_accepted=stats.num_accepted_draft_tokens)
         mean = self.watchdog.rolling_mean
         if mean is not None:

@@ -31,6 +31,7 @@ from worker.config.parsing import format_tokens_by_batch
 from worker.errors import InvalidRequest, describe_validation_errors
 
 __all__ = [
+    "SPEC_DECODE_OFF",
     "BatchSizes",
     "ChatMessage",
     "GenerateRequest",
@@ -200,15 +201,18 @@ class SpecDecodeStats(BaseModel):
     """Per-request speculative-decoding acceptance, with vLLM's field names.
 
     ``partial`` is true when the request did not run to its end (cancelled or aborted):
-    the counts then cover the verify steps observed before it stopped.
+    the counts then cover the verify steps observed before it stopped. A request that ran no
+    verify step (``num_spec_steps`` 0: one token, or k = 0 throughout) has no
+    ``mean_acceptance_length``, and one that drafted nothing no ``draft_acceptance_rate``: null,
+    which 0% acceptance (1.0 and 0.0) is not.
     """
 
     num_spec_tokens: int
     num_spec_steps: int
     num_draft_tokens: int
     num_accepted_draft_tokens: int
-    draft_acceptance_rate: float
-    mean_acceptance_length: float
+    draft_acceptance_rate: float | None
+    mean_acceptance_length: float | None
     acceptance_histogram: list[int]
     partial: bool = False
     per_step_accepted: list[int] | None = None
@@ -232,6 +236,12 @@ class Served(BaseModel):
     # SPECULATIVE_TOKENS_BY_BATCH's form (1-1:4,2-2:3), from the plan's (start, end, k) entries.
     speculative_tokens_by_batch: Annotated[str | None, BeforeValidator(format_tokens_by_batch)]
     spec_decode_available: bool
+
+    @property
+    def is_spec_decode_off(self) -> bool:
+        """The engine speculates but keeps no per-request stats (``PER_REQUEST_SPEC_DECODE_METRICS=none``,
+        or a scheduler of the user's): the answer's ``spec_decode`` says ``"off"``, not null."""
+        return self.speculative_method is not None and not self.spec_decode_available
 
 
 @dataclass(slots=True)
@@ -265,9 +275,21 @@ class StreamChunk:
             "stop_reason": self.stop_reason,
             "usage": _dump(self.usage),
             "timings": _dump(self.timings),
-            "spec_decode": _dump(self.spec_decode),
+            "spec_decode": _spec_decode(self.spec_decode, self.served),
             "served": _dump(self.served),
         }
+
+
+# ``spec_decode`` where the engine speculates without per-request stats (:attr:`Served.is_spec_decode_off`).
+SPEC_DECODE_OFF = "off"
+
+
+def _spec_decode(stats: SpecDecodeStats | None, served: Served | None) -> dict[str, Any] | str | None:
+    """The final item's ``spec_decode``: the stats; ``"off"`` where speculation runs without them;
+    null without speculation."""
+    if stats is None and served is not None and served.is_spec_decode_off:
+        return SPEC_DECODE_OFF
+    return _dump(stats)
 
 
 def _dump(block: BaseModel | None) -> dict[str, Any] | None:

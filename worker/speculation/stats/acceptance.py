@@ -3,6 +3,8 @@
 ``histogram[j]`` counts verify steps in which ``j`` draft tokens were accepted
 (``0 <= j <= num_spec_tokens``). Every verify step also yields one token of the target's
 own (the bonus or correction token), hence ``mean_acceptance_length = 1 + accepted / steps``.
+Without a verify step (a one-token answer, or k = 0 throughout) there is no length, and without a
+draft no rate: None, not the 1.0 and 0.0 that 0% acceptance gives.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from worker.schema import SpecDecodeStats
 __all__ = ["acceptance_rate", "mean_acceptance_length", "spec_stats_from_histogram"]
 
 
-def acceptance_rate(*, num_accepted: int, num_drafted: int) -> float:
-    return num_accepted / num_drafted if num_drafted else 0.0
+def acceptance_rate(*, num_accepted: int, num_drafted: int) -> float | None:
+    return num_accepted / num_drafted if num_drafted else None
 
 
-def mean_acceptance_length(*, num_accepted: int, num_steps: int) -> float:
-    return 1.0 + num_accepted / num_steps if num_steps else 1.0
+def mean_acceptance_length(*, num_accepted: int, num_steps: int) -> float | None:
+    return 1.0 + num_accepted / num_steps if num_steps else None
 
 
 def spec_stats_from_histogram(
