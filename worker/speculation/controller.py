@@ -2,10 +2,12 @@
 
 vLLM 0.32 runs a speculation schedule by batch size (``num_speculative_tokens_per_batch_size``):
 its scheduler reads the step's k from a dense table, ``Scheduler.dynamic_sd_lookup[batch_size]``,
-and the model runner drafts that many tokens for the next step. With a draft model, k = 0 still
-runs the draft's first pass over the step's tokens (``llm_base_proposer.propose``: "keep the
-drafter KV cache in sync"), so after a period without drafting its KV cache is whole: the
-collapse TensorRT-LLM and vLLM V0 once had on re-enabling cannot happen here. On the GPU the V1
+and the model runner drafts that many tokens for the next step. vLLM runs a draft model's first
+pass even at k = 0, to keep the draft's KV cache in step; on a GPU the worker skips that pass and
+catches the cache up when drafting resumes (``worker.vllm_internals.draft_skip``), so after a
+period without drafting the draft's KV cache is whole either way: the collapse TensorRT-LLM and
+vLLM V0 once had on re-enabling does not happen here. Its probes pay that catch-up, and are
+spaced for it (:meth:`SpeculationController.probe_every_at`). On the GPU the V1
 runner then runs piecewise CUDA graphs (any k up to the configured one works); the V2 runner
 captures full graphs only for the query lengths of the schedule's k values (k = 0 included only
 where the schedule holds it), under vLLM's FULL mode (the worker's default for n-gram under
