@@ -218,6 +218,11 @@ def test_an_entry_tagged_for_one_release_holds_for_that_release_only() -> None:
         "vllm.v1.outputs.ModelRunnerOutput",
         "vllm.v1.core.sched.scheduler.Scheduler",
         "vllm.entrypoints.launchers.cli_args.make_arg_parser",
+        # The bench's probes of 0.32's V1 runner and of its sampler's mask of drafts to reject.
+        "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer.propose",
+        "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer._determine_batch_execution_and_padding",
+        "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model",
+        "vllm.v1.worker.gpu.spec_decode.rejection_sampler.RejectionSampler.__call__",
     }
     assert set(check.installed_entries()) == by_release[installed_release()]
 

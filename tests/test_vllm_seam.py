@@ -3,7 +3,8 @@ surface in ``worker/vllm_internals/public.py``, reads no private attribute of an
 objects, wraps no object to hand on its attributes (``__getattr__``), reads on vLLM's engine
 (``AsyncLLM``) only what the contract declares for that module, and nowhere does a
 ``getattr(obj, name, default)`` fall back in silence on a vLLM object. Each offence is named by file
-and line (tools, ``worker/tools/``, are not serving code and may reach in).
+and line. The tools (``worker/tools/``: the bench) are held to the same rules: their hooks into
+vLLM are the seam's probes (``worker/vllm_internals/probes.py``), under the contract.
 
 The checks read the source, not the types: vLLM's engine is known where it is annotated
 ``AsyncLLM`` or held as ``llm`` / ``_llm`` (the worker's one name for it, which these tests hold)."""
@@ -26,6 +27,13 @@ _GETATTR_NOT_ON_VLLM = {
     ("worker/boot/draft_check.py", "tokenizer"): "transformers' tokenizer of a checkpoint, loaded without vLLM",
     ("worker/boot/draft_check.py", "target_config"): "transformers' config of a checkpoint, loaded without vLLM",
     ("worker/boot/draft_check.py", "draft_config"): "transformers' config of a checkpoint, loaded without vLLM",
+}
+# vLLM imports outside the seam still to move (file, statement) -> where their answer is in the seam.
+_IMPORTS_TO_MOVE = {
+    (
+        "worker/tools/bench/cli.py",
+        "import vllm",
+    ): "reads vllm.__version__: worker.vllm_internals.check.installed_version()",
 }
 # Private names of the standard library the worker calls outside the seam: module -> names.
 _STDLIB_PRIVATE = {"os": {"_exit"}}
@@ -55,15 +63,18 @@ def vllm_import_offences(paths: list[Path], *, surface: dict[str, frozenset[str]
 
 
 def _outside_the_seam() -> list[Path]:
-    return [
-        p for p in WORKER.rglob("*.py") if not p.is_relative_to(SEAM) and "tools" not in p.relative_to(WORKER).parts
-    ]
+    return [p for p in WORKER.rglob("*.py") if not p.is_relative_to(SEAM)]
 
 
 def test_outside_the_seam_vllm_is_imported_only_from_the_allowlist() -> None:
     paths = _outside_the_seam()
     assert len(paths) >= 30 and WORKER / "engine.py" in paths  # the glob found the package
-    offences = vllm_import_offences(paths, surface=PUBLIC_SURFACE)
+    assert WORKER / "tools" / "bench" / "draft_step.py" in paths  # and the tools
+    offences = [
+        offence
+        for offence in vllm_import_offences(paths, surface=PUBLIC_SURFACE)
+        if (offence.split(":")[0], offence.split(": ", 1)[1]) not in _IMPORTS_TO_MOVE
+    ]
     assert not offences, "vLLM imports outside worker/vllm_internals/ not on its allowlist (public.py):\n" + "\n".join(
         offences
     )

@@ -33,8 +33,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from vllm.outputs import RequestOutput
@@ -49,7 +49,14 @@ from worker.vllm_internals.scheduler import copy_metrics
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-__all__ = ["ExactStopStats", "ReleasedSpecDecodeMetrics", "install", "installed_exact_stop_stats"]
+__all__ = [
+    "CountsAfterStop",
+    "ExactStopStats",
+    "ReleasedSpecDecodeMetrics",
+    "count_held_outputs",
+    "install",
+    "installed_exact_stop_stats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +133,7 @@ class ExactStopStats(OutputProcessor):
         return result
 
     def _scan_held(self, engine_core_outputs: Sequence[EngineCoreOutput]) -> None:
-        """The outputs of held requests, counted: vLLM ignores them (the request has finished here)."""
-        held = self._held
-        for output in engine_core_outputs:
-            entry = held.get(output.request_id)
-            if entry is not None:
-                entry.after.append(len(output.new_token_ids))
+        count_held_outputs(self._held, engine_core_outputs)
 
     def _finish_request(self, req_state: RequestState) -> None:
         # Kept until the end of the next process_outputs: those it finished on a stop string may be held.
@@ -225,6 +227,19 @@ class ExactStopStats(OutputProcessor):
         marked = copy_metrics(counts, ReleasedSpecDecodeMetrics)
         marked.release = release
         completion.spec_decode_metrics = marked
+
+
+class CountsAfterStop(Protocol):
+    after: list[int]  # token counts of a held request's outputs after its stop string, oldest first
+
+
+def count_held_outputs(held: Mapping[str, CountsAfterStop], engine_core_outputs: Sequence[EngineCoreOutput]) -> None:
+    """The outputs of held requests, counted on their entries (``after``): vLLM ignores them (the
+    request has finished in the frontend). The frontend's scan of every step while it holds any."""
+    for output in engine_core_outputs:
+        entry = held.get(output.request_id)
+        if entry is not None:
+            entry.after.append(len(output.new_token_ids))
 
 
 def _taken_off(whole: SpecCounts, kept: SpecCounts) -> tuple[int, int, int]:

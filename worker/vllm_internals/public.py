@@ -7,7 +7,8 @@ What is here: the engine and its arguments and config (``AsyncLLM``, ``AsyncEngi
 ``StructuredOutputsParams``, ``LoRARequest``), vLLM's typed errors, and the entrypoints that build
 vLLM's OpenAI app over an engine client (``build_app``, ``init_app_state``, ``EngineClient``; its
 server parser, ``make_arg_parser``, moved between releases: the seam's
-:func:`~worker.vllm_internals.variants.server_arg_parser`). Imports nothing.
+:func:`~worker.vllm_internals.variants.server_arg_parser`). For the bench: vLLM's offline engine
+(``LLM``) and a prompt of token ids (``TokensPrompt``). Imports nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 __all__ = ["PUBLIC_SURFACE"]
 
 PUBLIC_SURFACE: dict[str, frozenset[str]] = {
-    "vllm": frozenset({"SamplingParams"}),
+    "vllm": frozenset({"LLM", "SamplingParams", "TokensPrompt"}),
     "vllm.config": frozenset({"VllmConfig"}),
     "vllm.engine.arg_utils": frozenset({"AsyncEngineArgs"}),
     "vllm.engine.protocol": frozenset({"EngineClient"}),

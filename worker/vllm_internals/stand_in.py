@@ -134,6 +134,10 @@ class StandInScheduler:
                 finished.append(request)
         return finished
 
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        """The frontend's abort of ``request_ids`` (as vLLM's engine core finishes them)."""
+        return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
     def _free_request(
         self, request: Request, delay_free_blocks: bool = False
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

@@ -1,15 +1,16 @@
 """Requests of several acceptance levels in one wave, for the speculation map (a bench hook).
 
-vLLM 0.32's synthetic rejection sampler holds every request to the same per-position rates (its
-Triton kernel reads ``synthetic_conditional_rates`` by position only), so a map made with it
-alone gives every request the same acceptance, where per-request choices can only tie. No setting
-of vLLM's makes rates per request; this hook does, with what vLLM's V2 GPU runner already has:
-``RejectionSampler.__call__`` takes ``invalid_drafts``, a mask of drafts the kernel rejects (as it
-rejects a draft id below 0). With the synthetic rates at full acceptance (``LENGTH = K + 1`` in a
-map configuration), each draft of a request in a class of rate ``c`` is marked invalid with
-probability ``1 - c``, independently per position: the class accepts each position, given the one
-before it, with probability ``c``. Invalid drafts are verified like the others, as a real draft that
-misses is, so the cost of a step does not change.
+vLLM's synthetic rejection sampler holds every request to the same per-position rates (its Triton
+kernel reads ``synthetic_conditional_rates`` by position only), so a map made with it alone gives
+every request the same acceptance, where per-request choices can only tie. No setting of vLLM's
+makes rates per request; this hook does, through what vLLM's V2 verification already honours: a
+draft marked invalid is rejected (the seam's probe,
+:func:`worker.vllm_internals.probes.reject_drafts_at`: vLLM 0.32's sampler takes the mask as
+``invalid_drafts``, 0.34's kernel reads it as draft ids of -1). With the synthetic rates at full
+acceptance (``LENGTH = K + 1`` in a map configuration), each draft of a request in a class of rate
+``c`` is marked invalid with probability ``1 - c``, independently per position: the class accepts
+each position, given the one before it, with probability ``c``. Invalid drafts are verified like the
+others, as a real draft that misses is, so the cost of a step does not change.
 
 A request's class travels in its request id (``mix{class}-...``; vLLM's frontend appends its own
 suffix). The hook is installed in the map's process before the engines boot (so vLLM is imported
@@ -25,17 +26,16 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MIX_ENV", "install", "logit_rates", "mix_class", "mix_request_id", "mixed_call", "parse_mix"]
+__all__ = ["MIX_ENV", "install", "logit_rates", "mix_class", "mix_request_id", "parse_mix"]
 
 # The process environment's name for the classes' rates (``1.0,0.6,0.0``).
 MIX_ENV = "SPEC_MAP_ACCEPTANCE_MIX"
 _PREFIX = "mix"
-_PATCHED = "_worker_acceptance_mix"
 
 
 def parse_mix(text: str) -> list[float]:
@@ -78,44 +78,13 @@ def logit_rates(req_ids: Sequence[str], cu_num_logits: Sequence[int], rates: Seq
     return out
 
 
-def mixed_call(
-    original: Callable[..., Any], rates: Sequence[float], *, copy_to_device: Callable[[Any, Any], Any] | None = None
-) -> Callable[..., Any]:
-    """``RejectionSampler.__call__`` with each class's drafts marked invalid at ``1 - rate``.
-    ``copy_to_device``: vLLM's ``async_tensor_h2d`` unless given (a test on a CPU)."""
-    import torch
-
-    if copy_to_device is None:
-        from vllm.utils.torch_utils import async_tensor_h2d
-
-        def copy_to_device(array: Any, device: Any) -> Any:
-            return async_tensor_h2d(array, device=device)
-
-    copy = copy_to_device
-
-    def __call__(self: Any, logits: Any, input_batch: Any, draft_logits: Any = None, invalid_drafts: Any = None) -> Any:
-        if getattr(self, "enable_adaptive_verification", False):
-            return original(self, logits, input_batch, draft_logits, invalid_drafts)
-        num_logits = logits.shape[0]
-        per_logit = logit_rates(input_batch.req_ids, input_batch.cu_num_logits_np, rates, num_logits)
-        if (per_logit < 1.0).any():
-            device = logits.device
-            # Through pinned memory, without waiting: a plain copy to the GPU would hold the host
-            # until the step's forward pass ends, where V2's steps overlap the host's work.
-            mixed = torch.rand(num_logits, device=device) >= copy(per_logit, device)
-            invalid_drafts = mixed if invalid_drafts is None else invalid_drafts | mixed
-        return original(self, logits, input_batch, draft_logits, invalid_drafts)
-
-    setattr(__call__, _PATCHED, True)
-    return __call__
-
-
 def install(rates: Sequence[float]) -> bool:
-    """Wraps vLLM's V2 ``RejectionSampler.__call__`` in this process (once); False where an
-    earlier call already did."""
-    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+    """Has vLLM's V2 verification in this process reject each class's drafts at ``1 - rate`` (the
+    seam's :func:`~worker.vllm_internals.probes.reject_drafts_at`, once); False where an earlier
+    call already did."""
+    from worker.vllm_internals.probes import reject_drafts_at
 
-    if getattr(RejectionSampler.__call__, _PATCHED, False):
-        return False
-    RejectionSampler.__call__ = mixed_call(RejectionSampler.__call__, rates)  # type: ignore[method-assign]
-    return True
+    def rates_for(req_ids: Sequence[str], cu_num_logits: Sequence[int], num_logits: int) -> Any:
+        return logit_rates(req_ids, cu_num_logits, rates, num_logits)
+
+    return reject_drafts_at(rates_for)

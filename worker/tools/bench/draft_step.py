@@ -1,10 +1,11 @@
 """Where a draft model's step goes: vLLM's own engine, in this process, timed pass by pass.
 
-The spec map (``spec_map.py``) measured a 1B-shaped draft costing ~15 ms a step beside an 8B target
-on the H200, even at k = 0, when its size predicts ~1 ms. This part says where that time goes. Each
-configuration runs in a subprocess of its own (one engine on the GPU at a time) with vLLM's engine
-core in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so that hooks on vLLM's classes see the
-steps:
+The spec map (``spec_map.py``) found a draft model's step costing far more beside its target than
+the draft's size predicts, even at k = 0 (docs/benchmarks.md). This part says where that time goes.
+Each configuration runs in a subprocess of its own (one engine on the GPU at a time) with vLLM's
+engine core in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so that the seam's probe on vLLM's
+classes (:func:`worker.vllm_internals.probes.probe_drafter`: vLLM 0.32's V1 runner, which 0.34 does
+not have) sees the steps:
 
 - every drafter pass (``SpecDecodeBaseProposer.propose``), timed between two device
   synchronisations, with its k and batch size;
@@ -73,58 +74,6 @@ def parse_config(name: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     return spec, engine
 
 
-class _Records:
-    """What the hooks saw while ``is_on``: drafter passes ``(k, ms)``, dispatches ``(tokens,
-    mode, padded)``, and engine steps (counted always: the wave's steps)."""
-
-    def __init__(self) -> None:
-        self.is_on = False
-        self.propose: list[tuple[int, float]] = []
-        self.dispatch: list[tuple[int, str, int]] = []
-        self.num_steps = 0
-
-
-def _hook(records: _Records) -> None:
-    """Time vLLM's drafter passes and record their CUDA-graph dispatch (in this process)."""
-    import torch
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    on_gpu = torch.cuda.is_available()
-
-    def sync() -> None:
-        if on_gpu:
-            torch.cuda.synchronize()
-
-    propose = SpecDecodeBaseProposer.propose
-    dispatch = SpecDecodeBaseProposer._determine_batch_execution_and_padding
-    execute = GPUModelRunner.execute_model
-
-    def timed_propose(self: Any, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> Any:
-        if not records.is_on:
-            return propose(self, num_speculative_tokens, *args, **kwargs)
-        sync()
-        start = time.perf_counter()
-        out = propose(self, num_speculative_tokens, *args, **kwargs)
-        sync()
-        records.propose.append((num_speculative_tokens, (time.perf_counter() - start) * 1e3))
-        return out
-
-    def recorded_dispatch(self: Any, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
-        out = dispatch(self, num_tokens, *args, **kwargs)
-        if records.is_on:
-            records.dispatch.append((num_tokens, str(out[0]), int(out[1])))
-        return out
-
-    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        records.num_steps += 1
-        return execute(self, *args, **kwargs)
-
-    SpecDecodeBaseProposer.propose = timed_propose  # type: ignore[method-assign]
-    SpecDecodeBaseProposer._determine_batch_execution_and_padding = recorded_dispatch  # type: ignore[method-assign]
-    GPUModelRunner.execute_model = counted_execute  # type: ignore[method-assign]
-
-
 def _summary(values: list[float]) -> dict[str, float]:
     """Count, median, min and max of a list of milliseconds."""
     ordered = sorted(values)
@@ -138,8 +87,10 @@ def run_one(
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if profile_dir is not None:
         os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # vLLM's own record_function scopes
-    records = _Records()
-    _hook(records)
+    from worker.vllm_internals.probes import DrafterRecords, probe_drafter
+
+    records = DrafterRecords()
+    probe_drafter(records)
     import torch
     from vllm import LLM, SamplingParams
 
@@ -160,7 +111,7 @@ def run_one(
     if spec is not None:
         kwargs["speculative_config"] = spec
     boot = time.perf_counter()
-    llm = LLM(**kwargs)
+    offline = LLM(**kwargs)
     result: dict[str, Any] = {
         "config": name,
         "engine_args": dict(kwargs),
@@ -168,22 +119,20 @@ def run_one(
     }
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     prompt = "the quick brown fox jumps over the lazy dog " * 4
-    llm.generate([prompt], params, use_tqdm=False)  # warm-up
+    offline.generate([prompt], params, use_tqdm=False)  # warm-up
     rows = []
     for n in concurrency:
         prompts = [f"{i} {prompt}" for i in range(n)]
         start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
+        offline.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
-        records.num_steps = 0
-        records.propose.clear()
-        records.dispatch.clear()
+        records.clear()
         records.is_on = True
         hooked = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
+        offline.generate(prompts, params, use_tqdm=False)
         hooked_wall = time.perf_counter() - hooked
         records.is_on = False
-        steps = records.num_steps  # 0 on vLLM's V2 runner: the hooks are on V1's classes
+        steps = records.num_steps  # 0 on vLLM's V2 runner: the probe is on V1's classes
         row: dict[str, Any] = {
             "concurrency": n,
             "tok_s": n * max_tokens / wall,
@@ -193,11 +142,11 @@ def run_one(
             "dispatch": {},
         }
         by_k: dict[int, list[float]] = {}
-        for k, ms in records.propose:
+        for k, ms in records.passes:
             by_k.setdefault(k, []).append(ms)
         row["propose_ms"] = {str(k): _summary(v) for k, v in sorted(by_k.items())}
         counts: dict[str, int] = {}
-        for tokens, mode, padded in records.dispatch:
+        for tokens, mode, padded in records.dispatches:
             key = f"{tokens}->{padded} {mode}"
             counts[key] = counts.get(key, 0) + 1
         row["dispatch"] = dict(sorted(counts.items(), key=lambda item: -item[1])[:12])
@@ -215,7 +164,7 @@ def run_one(
         profile_dir.mkdir(parents=True, exist_ok=True)
         prompts = [f"{i} {prompt}" for i in range(concurrency[0])]
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), use_tqdm=False)
+            offline.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), use_tqdm=False)
         averages = prof.key_averages()
         slug = name.replace("/", "_").replace(":", "_").replace("+", "_")
         text = "\n".join(
@@ -227,7 +176,7 @@ def run_one(
             ]
         )
         (profile_dir / f"profile-{slug}.txt").write_text(text)
-    del llm
+    del offline
     return result
 
 

@@ -35,11 +35,11 @@ The frontend's abort lands ``ABORT_LAG_STEPS`` steps after the stop string.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random
 import statistics
 import time
-from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["ABORT_LAG_STEPS", "STOP_CASES", "bench_stats_path"]
@@ -119,21 +119,19 @@ def _time_case(
 ) -> dict[str, float]:
     """Microseconds per engine step of each piece (minimum of ``repeats`` for the timed-alone
     ones, median for the paired transport), and the requests ended per step."""
-    from vllm.v1.engine import EngineCoreOutputs
-    from vllm.v1.request import Request, RequestStatus
-    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
-
     from worker.speculation.stats.answers import ANSWERS_ID, ANSWERS_KEY
-    from worker.vllm_internals.frontend import ExactStopStats
+    from worker.vllm_internals.frontend import count_held_outputs
+    from worker.vllm_internals.probes import engine_core_outputs, outputs_round_trip
     from worker.vllm_internals.stand_in import HookedStandIn, StandInScheduler, make_request, step_inputs
 
     serial = iter(range(10**9))
 
-    def new_request(rid: str | None = None) -> Request:
-        """The request that takes a slot's place (``rid``: a twin of that one, for the bare stand-in)."""
+    def new_request(rid: str | None = None) -> Any:
+        """One of vLLM's engine-core requests, taking a slot's place (``rid``: a twin of that one,
+        for the bare stand-in)."""
         return make_request(rid or f"req-{next(serial)}", num_spec_tokens=k, stop=[stop] if stop else None)
 
-    encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
+    round_trip = outputs_round_trip()
     drafts = [0] * k
     best = {name: float("inf") for name in ("observe", "hook", "ends", "frontend", "made", "plain")}
     transport: list[int] = []
@@ -152,7 +150,6 @@ def _time_case(
                 hooked.add_request(request)
                 bare.add_request(new_request(request.request_id))
             held: dict[str, int] = {}  # the frontend's held requests: id -> the step its abort lands
-            frontend = _frontend_scan(ExactStopStats._scan_held)
             observe = hook = ends = scan = paired = made = bookkeeping = 0
             num_ends = 0
             for step in range(steps):
@@ -180,17 +177,18 @@ def _time_case(
                 answered: dict[str, Any] = {}
                 if flat and flat[-1].request_id == ANSWERS_ID and flat[-1].kv_transfer_params is not None:
                     answered = flat[-1].kv_transfer_params[ANSWERS_KEY]
-                    plain = EngineCoreOutputs(engine_index=0, outputs=flat[:-1])
+                    plain = engine_core_outputs(flat[:-1])
                     for with_answers in (step % 2 == 0, step % 2 == 1):
                         payload = outputs[0] if with_answers else plain
                         t0 = time.perf_counter_ns()
-                        decoder.decode(encoder.encode(payload))
+                        round_trip(payload)
                         spent = time.perf_counter_ns() - t0
                         paired += spent if with_answers else -spent
                 # The frontend's scan of the step's outputs for those of held requests.
                 if held:  # as the processor: no scan while it holds nothing
+                    # The scan alone: vLLM's processing of the outputs around it is vLLM's cost either way.
                     t0 = time.perf_counter_ns()
-                    frontend(flat, held)
+                    count_held_outputs({rid: _HeldEntry() for rid in held}, flat)
                     scan += time.perf_counter_ns() - t0
                 for rid in answered:
                     held.pop(rid, None)
@@ -205,7 +203,7 @@ def _time_case(
                     twins = [new_request(r.request_id) for r in replacements]
                     t0 = time.perf_counter_ns()
                     if landing:
-                        hooked.finish_requests(landing, RequestStatus.FINISHED_ABORTED)
+                        hooked.abort_requests(landing)
                     for slot, replacement in zip(ended, replacements, strict=True):
                         held[requests[slot].request_id] = step + ABORT_LAG_STEPS
                         requests[slot] = replacement
@@ -213,7 +211,7 @@ def _time_case(
                     ends += time.perf_counter_ns() - t0
                     t0 = time.perf_counter_ns()
                     if landing:
-                        bare.finish_requests(landing, RequestStatus.FINISHED_ABORTED)
+                        bare.abort_requests(landing)
                     for twin in twins:
                         bare.add_request(twin)
                     bookkeeping += time.perf_counter_ns() - t0
@@ -245,21 +243,11 @@ def _time_case(
     return costs
 
 
-def _frontend_scan(scan: Any) -> Any:
-    """The frontend processor's scan of a step's outputs for held requests, on its own (vLLM's
-    processing of the outputs around it is vLLM's cost either way)."""
+@dataclasses.dataclass(slots=True)
+class _HeldEntry:
+    """What the frontend's scan counts on a held request: its outputs after the stop string."""
 
-    def run(outputs: list[Any], held: dict[str, Any]) -> None:
-        scan(_Processor(held), outputs)
-
-    return run
-
-
-class _Processor:
-    """What ``ExactStopStats._scan_held`` reads: the held requests."""
-
-    def __init__(self, held: dict[str, Any]) -> None:
-        self._held = {rid: SimpleNamespace(after=[]) for rid in held}
+    after: list[int] = dataclasses.field(default_factory=list)
 
 
 def bench_stats_path(batch_sizes: list[int], *, k: int = 4, steps: int = 800, repeats: int = 5) -> dict[str, Any]:

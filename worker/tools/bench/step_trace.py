@@ -4,9 +4,9 @@ bench hook for the speculation map: ``SPEC_MAP_STEP_TRACE=PATH``).
 The controller of ``SPECULATION_CONTROL=auto`` scales the cost model by how long its steps take
 (``StepTimes``); this trace holds what it reads, for every engine (no speculation and static k
 too), so that the intervals can be split offline by the k drafted, the k before, and whether a
-new request's prompt shared the step. It wraps vLLM's ``Scheduler.update_from_output`` in the
-map's process before the engines boot, as :mod:`.acceptance_mix` does, and the engine cores
-forked from it inherit the wrapper (the worker's schedulers reach it through ``super()``). Each
+new request's prompt shared the step. The seam's probe (:func:`worker.vllm_internals.probes.trace_steps`)
+wraps vLLM's ``Scheduler.update_from_output`` in the map's process before the engines boot, as
+:mod:`.acceptance_mix` does, and the engine cores forked from it inherit the wrapper. Each
 engine core writes ``PATH.PID``: one line a step, ``time batch drafted verified tokens new`` (the
 time the step's outcome reached the scheduler, its sequences, the k it drafted for the next step,
 the drafts it verified, the tokens the target ran, the requests new in it), in blocks of 256 lines
@@ -28,47 +28,39 @@ import argparse
 import collections
 import os
 import statistics
-import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from worker.speculation.cost import STEP_COSTS, StepCost, step_ms
 from worker.speculation.measure import batch_bucket
 
+if TYPE_CHECKING:
+    from worker.vllm_internals.probes import StepShape
+
 __all__ = ["TRACE_ENV", "install", "main", "split"]
 
 TRACE_ENV = "SPEC_MAP_STEP_TRACE"
-_PATCHED = "_worker_step_trace"
 _FLUSH_EVERY = 256
 
 
 def install(path: str) -> bool:
-    """Wraps vLLM's ``Scheduler.update_from_output`` in this process (once); False where an
+    """Traces this process's engine steps, and those of engine cores forked from it, to
+    ``PATH.PID`` (the seam's :func:`~worker.vllm_internals.probes.trace_steps`); False where an
     earlier call already did."""
-    from vllm.v1.core.sched.scheduler import Scheduler
+    from worker.vllm_internals.probes import trace_steps
 
-    original = Scheduler.update_from_output
-    if getattr(original, _PATCHED, False):
-        return False
     lines: list[str] = []
 
-    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
-        now = time.monotonic()
-        spec = scheduler_output.scheduled_spec_decode_tokens
+    def record(step: StepShape) -> None:
         lines.append(
-            f"{now:.6f} {len(scheduler_output.num_scheduled_tokens)} {scheduler_output.num_spec_tokens_to_schedule} "
-            f"{sum(map(len, spec.values())) if spec else 0} {scheduler_output.total_num_scheduled_tokens} "
-            f"{len(scheduler_output.scheduled_new_reqs)}\n"
+            f"{step.at:.6f} {step.num_seqs} {step.num_drafting} {step.num_verified} {step.num_tokens} {step.num_new}\n"
         )
         if len(lines) >= _FLUSH_EVERY:
             with open(f"{path}.{os.getpid()}", "a") as out:
                 out.writelines(lines)
             lines.clear()
-        return original(self, scheduler_output, model_runner_output)
 
-    setattr(update_from_output, _PATCHED, True)
-    Scheduler.update_from_output = update_from_output  # type: ignore[method-assign]
-    return True
+    return trace_steps(record)
 
 
 Groups = dict[tuple[int, int, bool, bool], list[tuple[float, float]]]
