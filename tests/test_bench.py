@@ -217,19 +217,23 @@ def test_pooled_pod_runs_take_each_levels_runs_from_every_file(tmp_path: Path) -
 def test_render_saved_gpu_results(tmp_path: Path) -> None:
     """Saved results render to tables whose cells are the JSON's own figures (read here, not copied)."""
     results = ROOT / "docs" / "gpu-results"
-    bf16 = json.loads((results / "bf16.json").read_text())
+    marlin_path = results / "quantization" / "v032-h200" / "awq-marlin.json"
+    pod_path = results / "pod" / "v034-h100-1206j" / "pod-vs-server.json"
+    marlin = json.loads(marlin_path.read_text())
     # The same results with an engine that sent an output per 8 tokens, under another name.
-    si8 = {**bf16, "overhead": {**bf16["overhead"], "stream_interval": 8}}
+    si8 = {**marlin, "overhead": {**marlin["overhead"], "stream_interval": 8}}
     (tmp_path / "si8.json").write_text(json.dumps(si8))
-    text = render_saved([results / "bf16.json", tmp_path / "si8.json", results / "pod.json"])
+    text = render_saved([marlin_path, tmp_path / "si8.json", pod_path])
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
-    by_c = {r["concurrency"]: r for r in bf16["overhead"]["rows"]}
+    by_c = {r["concurrency"]: r for r in marlin["overhead"]["rows"]}
     ratios = f"{by_c[1]['throughput_ratio']:.3f} / {by_c[256]['throughput_ratio']:.3f}"
-    assert rows["bf16"].endswith(ratios + " |") and f"{by_c[256]['handler']['throughput_tok_s']:,.0f}" in rows["bf16"]
+    row = rows["awq-marlin"]
+    assert row.endswith(ratios + " |") and f"{by_c[256]['handler']['throughput_tok_s']:,.0f}" in row
     assert rows["si8 (stream interval 8)"].endswith(ratios + " |")
     assert "Engine stream interval: 8 token(s) per output" in text
-    pod_row = json.loads((results / "pod.json").read_text())["pod"]["rows"][-1]
-    assert "#### pod (`pod.json`)" in text
+    pod = json.loads(pod_path.read_text())
+    assert f"#### {pod['label']} (`pod-vs-server.json`)" in text
+    pod_row = pod["pod"]["rows"][-1]
     assert f"| {pod_row['concurrency']} | {pod_row['pod']['throughput_tok_s']:,.1f} |" in text
 
 
