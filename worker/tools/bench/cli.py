@@ -230,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         "medians over all their runs",
     )
     parser.add_argument(
+        "--render-page",
+        action="store_true",
+        help="write docs/benchmarks.md, its plots and the README's headline table from docs/gpu-results/results.json "
+        "and the files it names (worker/tools/bench/results_page.py), and exit; with --check write nothing, exit 1 "
+        "where they differ",
+    )
+    parser.add_argument("--check", action="store_true", help="with --render-page: compare, write nothing")
+    parser.add_argument(
         "--real-text",
         action="store_true",
         help="acceptance on the real-text set, per task, at each k of --ks (default 1,2,3,4), on MODEL_NAME with "
@@ -237,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-baseline", action="store_true", help="with --real-text: no engine without speculation")
     args = parser.parse_args(argv)
+    if args.render_page:
+        from worker.tools.bench import results_page
+
+        return results_page.main(check=args.check)
     if args.real_text:
         from worker.tools.bench import real_text
 
