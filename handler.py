@@ -14,7 +14,7 @@ server-sent events instead (``worker.serverless.JobItem``).
 Run locally:
     python handler.py                          # the job in test_input.json
     python handler.py --test_input '<json>'    # that job
-    python handler.py --verbose                # with vLLM's own INFO logging (WARNING otherwise)
+    python handler.py --verbose                # vLLM's INFO logs too, and what worker/quiet.py leaves out
     python handler.py --rp_serve_api           # the RunPod SDK's local API server
     python handler.py --help                   # every flag; an unknown one is refused before anything boots
 
@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 from worker.boot.preflight import check_at_start
 from worker.config import is_on_runpod, local_run_environment, sdk_environment
 from worker.errors import ConfigError
+from worker.quiet import silence
 from worker.sdk import import_runpod
 from worker.serverless import Job, JobItem, ServerlessWorker, local_arg_parser, main_local
 
@@ -66,7 +67,10 @@ def main(argv: list[str]) -> int:
         runpod.serverless.start(_worker.runpod_config)
         return 0
     # The SDK's own local mode does not iterate async-generator handlers: ours does.
-    os.environ.update(local_run_environment(is_verbose=args.verbose))  # before vLLM is imported
+    local = local_run_environment(is_verbose=args.verbose)
+    os.environ.update(local)  # before vLLM is imported
+    if not args.verbose:
+        silence(vllm_level=local.get("VLLM_LOGGING_LEVEL"))  # what needs no action (worker/quiet.py)
     return main_local(_worker, args.test_input)
 
 

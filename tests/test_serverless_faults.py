@@ -74,6 +74,22 @@ async def test_failed_boot_fails_every_job_clearly_and_asks_for_replacement(monk
     assert worker.runpod_config.get("refresh_worker") is True
 
 
+async def test_a_boot_error_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    # The holder logs the boot's failure; the jobs it fails say only that the worker asks to be replaced.
+    async def factory(settings: Any) -> FakeEngine:
+        raise EngineBootError("engine failed to start for model 'x': out of memory")
+
+    worker = ServerlessWorker(EngineHolder(settings_loader=engine_settings, engine_factory=factory))
+    with caplog.at_level("INFO"):
+        for job_id in ("first", "second"):
+            assert (await collect(worker, job_id=job_id))[0]["error_type"] == "engine_boot_error"
+    logged = [record.getMessage() for record in caplog.records if record.levelno >= 30]
+    assert [line for line in logged if "out of memory" in line] == [
+        "engine boot failed: engine failed to start for model 'x': out of memory"
+    ]
+    assert logged[1:] == ["asking RunPod to replace this worker: its engine did not start (the boot's error above)"]
+
+
 async def test_unexpected_boot_exception_is_reported_without_traceback() -> None:
     async def factory(settings: Any) -> FakeEngine:
         raise RuntimeError("CUDA error: device-side assert")

@@ -79,7 +79,9 @@ class ServerlessWorker:
             log.info("metrics on http://%s:%d/metrics", host, port)
 
     def request_replacement(self, reason: str) -> None:
-        log.error("asking RunPod to replace this worker: %s", reason)
+        """Ask RunPod for another worker once this job is done; logged when first asked."""
+        if not self.runpod_config.get("refresh_worker"):
+            log.error("asking RunPod to replace this worker: %s", reason)
         self.runpod_config["refresh_worker"] = True
 
     async def handle(self, job: Job) -> AsyncGenerator[JobItem, None]:
@@ -110,9 +112,12 @@ class ServerlessWorker:
             log.info("job %s cancelled", job_id)
             raise
         except WorkerError as exc:
-            if exc.is_fatal:
-                self.request_replacement(exc.message)
-            log.warning("job %s failed: %s", job_id, exc.message)
+            if exc is self.holder.boot_error:  # logged once, by the holder, when the boot failed
+                self.request_replacement("its engine did not start (the boot's error above)")
+            else:
+                if exc.is_fatal:
+                    self.request_replacement(exc.message)
+                log.warning("job %s failed: %s", job_id, exc.message)
             yield to_error_payload(exc)
         except Exception as exc:
             log.exception("job %s failed unexpectedly", job_id)
