@@ -28,7 +28,8 @@ EAGLE = {**REAL, "SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "org/head"
 def test_the_plan_skips_a_draft_models_pass_on_a_gpu_only() -> None:
     for mode in ("pod", "serverless"):
         assert decide(load_settings(DRAFT), mode=mode, is_cpu=False).skips_draft_pass
-        assert decide(load_settings({**DRAFT, "SPECULATION_CONTROL": "static"}), mode=mode, is_cpu=False).skips_draft_pass
+        static = load_settings({**DRAFT, "SPECULATION_CONTROL": "static"})
+        assert decide(static, mode=mode, is_cpu=False).skips_draft_pass
         # The CPU build's proposer keeps its pass; EAGLE heads need the target's hidden states to catch
         # up, which the target does not keep; n-gram has no pass; no speculation, nothing to skip.
         assert not decide(load_settings(DRAFT), mode=mode, is_cpu=True).skips_draft_pass
@@ -95,7 +96,7 @@ def test_catch_up_ranges_are_packed_within_the_token_budget_in_order() -> None:
     assert pack_ranges([(0, 0, 5), (1, 10, 20)], 8) == [[(0, 0, 5), (1, 10, 13)], [(1, 13, 20)]]
     passes = pack_ranges([(2, 0, 100)], 32)
     assert [sum(hi - lo for _, lo, hi in p) for p in passes] == [32, 32, 32, 4]
-    assert [piece for p in passes for piece in p][0] == (2, 0, 32) and passes[-1] == [(2, 96, 100)]
+    assert next(piece for p in passes for piece in p) == (2, 0, 32) and passes[-1] == [(2, 96, 100)]
 
 
 @pytest.mark.slow
@@ -113,3 +114,23 @@ def test_the_pause_acceptance_bench_compares_paused_and_never_paused_engines() -
         assert row["mean_acceptance_length"] == row["reference_mean_acceptance_length"] == 4.0
         assert row["keep_pass_ratio"] == 1.0 and row["within_tolerance"]
     assert result["all_within_tolerance"]
+
+
+def test_a_layer_draft_keeps_the_first_layers_and_everything_else(tiny_models: Any, tmp_path: Any) -> None:
+    import json
+
+    from safetensors import safe_open
+
+    from worker.tools.bench.layer_draft import make_layer_draft
+
+    source = tiny_models.target
+    total = json.loads((source / "config.json").read_text())["num_hidden_layers"]
+    out = make_layer_draft(source, tmp_path / "draft", num_layers=1)
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1 < total
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert any(n.startswith("model.layers.0.") for n in names)
+    assert not any(n.startswith("model.layers.1.") for n in names)
+    assert "model.embed_tokens.weight" in names and "model.norm.weight" in names
+    with pytest.raises(ValueError, match="between 1 and"):
+        make_layer_draft(source, tmp_path / "bad", num_layers=total)

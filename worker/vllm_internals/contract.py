@@ -82,6 +82,8 @@ def parse(line: str, *, needed_by: str) -> Internal:
     return Internal(match["module"], match["name"], kind, uses, needed_by, releases)
 
 
+_STANDALONE = "vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator"
+
 # The worker's module -> what it uses of vLLM's.
 _TABLE: dict[str, tuple[str, ...]] = {
     "worker/vllm_internals/scheduler.py": (
@@ -271,14 +273,13 @@ _TABLE: dict[str, tuple[str, ...]] = {
     ),
     "worker/vllm_internals/draft_skip.py": (
         # The draft model's pass skipped at k = 0 and its KV caught up (vLLM 0.34's V2 speculator).
-        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator{max_num_reqs,"
-        " max_num_tokens, dp_size, dcp_size, draft_tokens, block_tables, attn_groups, kv_cache_config, device}",
-        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator(vllm_config, device)",
-        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator.propose(input_batch,"
-        " num_speculative_tokens, dummy_run, is_profile)",
-        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator.add_request(req_index)",
-        "0.34 only: vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator._run_model(input_ids,"
-        " positions, attn_metadata, slot_mappings, num_tokens_across_dp, cudagraph_runtime_mode)",
+        f"0.34 only: {_STANDALONE}{{max_num_reqs, max_num_tokens, dp_size, dcp_size, draft_tokens, block_tables,"
+        " attn_groups, kv_cache_config, device}",
+        f"0.34 only: {_STANDALONE}(vllm_config, device)",
+        f"0.34 only: {_STANDALONE}.propose(input_batch, num_speculative_tokens, dummy_run, is_profile)",
+        f"0.34 only: {_STANDALONE}.add_request(req_index)",
+        f"0.34 only: {_STANDALONE}._run_model(input_ids, positions, attn_metadata, slot_mappings,"
+        " num_tokens_across_dp, cudagraph_runtime_mode)",
         "0.34 only: vllm.v1.worker.gpu.spec_decode:init_speculator(vllm_config, device, req_states)",
         "0.34 only: vllm.v1.worker.gpu.states:RequestState{all_token_ids}",
         "0.34 only: vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor{gpu}",

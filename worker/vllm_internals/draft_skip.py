@@ -57,7 +57,12 @@ __all__ = ["TEST_ENV", "SkippingDraftSpeculator"]
 TEST_ENV = "RUNPOD_WORKER_DRAFT_SKIP_TEST"
 
 
-class SkippingDraftSpeculator(StandaloneARSpeculator):
+# Typed as Any: the type checker runs against the CPU build's vLLM (0.32), whose class of this name
+# has other internals; the contract checks this module's uses against 0.34's wheel.
+_StandaloneARSpeculator: Any = StandaloneARSpeculator
+
+
+class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
     """vLLM's standalone draft-model speculator without its pass at k = 0 (module docstring).
     vLLM hands ``req_states`` to a speculator whose constructor names it (``init_speculator``)."""
 

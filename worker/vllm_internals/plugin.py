@@ -52,7 +52,14 @@ from typing import Any
 
 from worker.vllm_internals.capture_heap import keep_heap_frozen_through_capture
 
-__all__ = ["DRAFT_SKIP_ENV", "FULL_GRAPHS_ENV", "apply_draft_skip", "apply_full_graph_choices", "is_wrapped", "register"]
+__all__ = [
+    "DRAFT_SKIP_ENV",
+    "FULL_GRAPHS_ENV",
+    "apply_draft_skip",
+    "apply_full_graph_choices",
+    "is_wrapped",
+    "register",
+]
 
 log = logging.getLogger(__name__)
 

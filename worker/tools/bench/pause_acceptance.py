@@ -23,8 +23,9 @@ Two controls, each the paused engine again under the seam's test hook
 (``RUNPOD_WORKER_DRAFT_SKIP_TEST``): ``keep_pass``, vLLM's own pass at k = 0 (the same pauses, the
 same step alignment, nothing skipped: the skip and catch-up must match it, where the never-paused
 reference differs by where each engine's drafting windows fall); and with ``--no-catch-up``,
-the skip without its catch-up, whose acceptance after a pause must fall, or the check could not fail. On the CPU build (vLLM 0.32's V1 proposer, which keeps its pass at k = 0)
-nothing is skipped: the part then checks the harness.
+the skip without its catch-up, whose acceptance after a pause must fall, or the check could not
+fail. On the CPU build (vLLM 0.32's V1 proposer, which keeps its pass at k = 0) nothing is
+skipped: the part then checks the harness.
 
     python -m worker.tools.bench.pause_acceptance --out DIR --drafts tiny:target,tiny:noisy --k 3
 """
@@ -86,7 +87,12 @@ async def _paused_runs(engine: Any, pauses: list[int], max_tokens: int) -> dict[
         )
         h_prompt = PROMPT_B + p_text
         _, h_length, h_steps = await _run(engine, h_prompt, max_tokens)
-        runs[n] = {"r_text": r_text, "after_pause": (r_length, r_steps), "h_prompt": h_prompt, "prefix_hit": (h_length, h_steps)}
+        runs[n] = {
+            "r_text": r_text,
+            "after_pause": (r_length, r_steps),
+            "h_prompt": h_prompt,
+            "prefix_hit": (h_length, h_steps),
+        }
     return runs
 
 
