@@ -3,8 +3,9 @@
     python3 scripts/page_cache.py evict DIR      # sync, POSIX_FADV_DONTNEED on every weight file, then residency
     python3 scripts/page_cache.py residency DIR  # the share of each weight file in the page cache (mincore)
 
-Prints one JSON line: {"files": N, "bytes": B, "resident": <share of all pages>}. For the cold-disk
-boots of scripts/gpu_bench.sh (the H200 host has no fincore).
+Prints one JSON line: {"files": N, "bytes": B, "resident": <share of all pages>}. For checking a
+cold-disk boot by hand (the GPU hosts have no fincore); the coldstart-real stage evicts through
+the bench's own COLDSTART_EVICT_WEIGHTS.
 """
 
 from __future__ import annotations

@@ -57,13 +57,6 @@ def test_ordinary_variables_are_never_warned_about() -> None:
     assert review(dict.fromkeys(ORDINARY, "1"), SETTINGS).warnings == []
 
 
-def test_the_benchmark_scripts_names_are_never_warned_about() -> None:
-    script = (README.parent / "scripts" / "gpu_bench.sh").read_text()
-    names = set(re.findall(r"\$\{?([A-Z][A-Z0-9_]{3,})", script))
-    assert {"MAP_CONCURRENCY", "API_SERVERS"} <= names
-    assert review(dict.fromkeys(names, "1"), SETTINGS).warnings == []
-
-
 def test_a_misspelt_setting_outside_the_prefixes_is_caught_by_its_likeness() -> None:
     warnings = review({"SPECULATVE_METHOD": "ngram", "QUANTISATION": "awq"}, SETTINGS).warnings
     assert warnings == [

@@ -186,9 +186,6 @@ WORKER_PREFIXES = tuple(
 )
 # Other programs' namespaces: the worker reads a few of their names, and never warns about the rest.
 OTHERS_PREFIXES = tuple("VLLM_ RUNPOD_ HF_ HUGGING_FACE_ TRITON_ TORCH_ OPENAI_API_ OPENAI_BASE_ OPENAI_ORG".split())
-# The worker's own benchmark scripts' names (scripts/gpu_bench.sh's), which reach a worker they boot:
-# like a setting (MAP_CONCURRENCY, API_SERVERS), and not a mistake.
-OWN_TOOLS = frozenset({"API_SERVERS", "MAP_CONCURRENCY"})
 _BOOL = TypeAdapter(bool)
 # How alike a name outside the prefixes must be to a setting to be taken for it (MAX_NUM_SEQ: 0.98).
 _NEAR = 0.9
@@ -253,7 +250,7 @@ def review(env: Mapping[str, str], settings: Collection[str]) -> Review:
         elif upper in WORKER_VLLM:
             if env[name].strip().lower() not in _ACCEPTED_VALUES.get(upper, ()):
                 refused.append(f"{upper}: {WORKER_VLLM[upper]}")
-        elif not upper.startswith(OTHERS_PREFIXES) and upper not in OWN_TOOLS:
+        elif not upper.startswith(OTHERS_PREFIXES):
             closest = difflib.get_close_matches(upper, settings, n=1, cutoff=0.0)
             is_ours = upper.startswith(WORKER_PREFIXES)
             if closest and (is_ours or difflib.SequenceMatcher(None, upper, closest[0]).ratio() >= _NEAR):

@@ -31,4 +31,8 @@ every figure in the Markdown comes from the JSON of the same run.
 One module per part (``overhead``, ``servers``, ``coldstart``, ``spec``, ``stats_path``,
 ``roofline``), the timing they share (``timing``), the in-process parts' engines (``engines``), the
 report (``report``), synthetic checkpoints (``shapes``) and the command line (``cli``).
+
+On a GPU the bench runs in stages (``python -m worker bench --stage NAME``): the stages are data
+in ``stages``, and ``stage_runner`` runs each under its deadline, stops what it started and packs
+the output folder as it goes.
 """

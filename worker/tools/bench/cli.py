@@ -150,8 +150,18 @@ def bench_env(environ: Mapping[str, str], *, max_concurrency: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    line = list(sys.argv[1:] if argv is None else argv)
+    if any(arg == "--stage" or arg.startswith("--stage=") for arg in line):  # the GPU stages' runner
+        from worker.tools.bench import stage_runner
+
+        return stage_runner.main(line)
     parser = argparse.ArgumentParser(
         prog="python -m worker bench", description="benchmark the worker against its peers"
+    )
+    parser.add_argument(
+        "--stage",
+        metavar="NAME",
+        help="run GPU stages instead: worker/tools/bench/stages.py (python -m worker bench --stage list names them)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--parts", default=",".join(ALL_PARTS), help=f"comma-separated subset of {ALL_PARTS}")

@@ -129,7 +129,7 @@ def _pod_results(runs: dict[str, Any]) -> dict[str, Any]:
     rows = pod_table(runs)
     counts = sorted({row["runs"] for row in rows})
     return {
-        "command": "scripts/gpu_bench.sh pod (its runs file, pod-runs.json)",
+        "command": "python -m worker bench --stage pod (its runs file, pod-runs.json)",
         "machine": "not recorded in a runs file",
         "pod": {
             "num_requests": "auto",
