@@ -31,7 +31,7 @@ from worker.config import Settings, load_settings
 from worker.tools.bench.engines import EnginePool
 from worker.tools.bench.spec_map_config import config_env
 
-__all__ = ["bench_lossless", "bootstrap_threshold", "total_variation"]
+__all__ = ["bench_lossless", "bootstrap_threshold", "compare_samples", "total_variation"]
 
 PROMPT = "Once upon a time"
 LOW_LOGPROB = -6.0
@@ -103,7 +103,7 @@ def _prompt_ids(engine: Any) -> list[int]:
     return list(engine.llm.get_tokenizer().encode(PROMPT))
 
 
-def _compare(reference: list[list[int]], other: list[list[int]], thresholds: list[float]) -> dict[str, Any]:
+def compare_samples(reference: list[list[int]], other: list[list[int]], thresholds: list[float]) -> dict[str, Any]:
     distances = [total_variation([s[j] for s in reference], [s[j] for s in other]) for j in range(len(thresholds))]
     return {
         "tv_per_position": [round(d, 4) for d in distances],
@@ -133,7 +133,7 @@ async def bench_lossless(
         a = await _sample(plain, **args, seed0=0)
         a2 = await _sample(plain, **args, seed0=10**6)
         thresholds = [bootstrap_threshold([s[j] for s in a + a2], num_samples, rng=rng) for j in range(num_positions)]
-        control = _compare(a, a2, thresholds)
+        control = compare_samples(a, a2, thresholds)
         control["low_logprob_share"] = round(await _low_logprob_share(plain, a), 4)
         rows = []
         for name, spec_env in configs.items():
@@ -143,7 +143,7 @@ async def bench_lossless(
                 x = await _sample(engine, **args, seed0=2 * 10**6)
             finally:
                 pool.release(engine)
-            row = {"config": name, "env": spec_env, **_compare(a, x, thresholds)}
+            row = {"config": name, "env": spec_env, **compare_samples(a, x, thresholds)}
             row["low_logprob_share"] = round(await _low_logprob_share(plain, x), 4)
             row["lossless"] = not row["positions_over_threshold"]
             rows.append(row)

@@ -42,7 +42,7 @@ from typing import Any
 from worker.config import load_settings
 from worker.tools.bench.engines import EnginePool
 
-__all__ = ["bench_pause_acceptance", "main"]
+__all__ = ["bench_pause_acceptance", "bench_pause_lossless", "main"]
 
 PROMPT_A = "Write a short story about a lighthouse keeper who finds a message in a bottle.\n"
 PROMPT_B = (
@@ -69,6 +69,84 @@ async def _run(engine: Any, prompt: str, max_tokens: int) -> tuple[str, float | 
             if steps:
                 length = 1 + chunk.spec_decode.num_accepted_draft_tokens / steps
     return text, length, steps
+
+
+async def bench_pause_lossless(
+    base_env: dict[str, str],
+    *,
+    draft: str,
+    k: int = 3,
+    num_samples: int = 1000,
+    num_positions: int = 8,
+    temperature: float = 1.0,
+    pool: EnginePool | None = None,
+) -> dict[str, Any]:
+    """Lossless at temperature > 0 with the skip in use: ``num_samples`` completions of
+    ``num_positions`` tokens on the paused engine, each beside a pauser of 1 to ``num_positions - 2``
+    tokens (its first tokens decoded without the draft, the rest drafted after a catch-up), against
+    two samples of an engine without speculation (A and A', the control), position by position
+    (:mod:`.lossless`'s test and thresholds)."""
+    import random
+
+    from vllm import SamplingParams, TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from worker.tools.bench.lossless import PROMPT, bootstrap_threshold, compare_samples
+
+    pool = pool or EnginePool(share=False)
+
+    async def sample(engine: Any, seed0: int, *, paused: bool) -> list[list[int]]:
+        prompt = TokensPrompt(prompt_token_ids=list(engine.llm.get_tokenizer().encode(PROMPT)))
+
+        async def one(i: int, max_tokens: int, tag: str) -> list[int]:
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                ignore_eos=True,
+                seed=seed0 + i,
+                temperature=temperature,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+            tokens: list[int] = []
+            async for out in engine.llm.generate(prompt, params, f"pause-lossless-{tag}-{seed0}-{i}"):
+                tokens = list(out.outputs[0].token_ids)
+            return tokens
+
+        if not paused:
+            return list(await asyncio.gather(*(one(i, num_positions, "a") for i in range(num_samples))))
+        rng = random.Random(seed0)
+        samples = []
+        for i in range(num_samples):  # one pair at a time: the sample drafts alone once its pauser ends
+            pause = rng.randint(1, max(1, num_positions - 2))
+            tokens, _ = await asyncio.gather(one(i, num_positions, "x"), one(i, pause, "p"))
+            samples.append(tokens)
+        return samples
+
+    plain = await pool.boot(
+        load_settings({**{k_: v for k_, v in base_env.items() if "SPECULATI" not in k_}, "SPECULATIVE_METHOD": "none"})
+    )
+    try:
+        a = await sample(plain, 0, paused=False)
+        a2 = await sample(plain, 10**6, paused=False)
+    finally:
+        pool.release(plain)
+    rng = random.Random(1234)
+    thresholds = [bootstrap_threshold([s[j] for s in a + a2], num_samples, rng=rng) for j in range(num_positions)]
+    engine = await pool.boot(load_settings(_env(base_env, draft, k, paused=True)))
+    try:
+        x = await sample(engine, 2 * 10**6, paused=True)
+    finally:
+        pool.release(engine)
+    control, row = compare_samples(a, a2, thresholds), compare_samples(a, x, thresholds)
+    return {
+        "draft": draft,
+        "k": k,
+        "temperature": temperature,
+        "num_samples": num_samples,
+        "num_positions": num_positions,
+        "thresholds": [round(t, 4) for t in thresholds],
+        "control": {**control, "passes": not control["positions_over_threshold"]},
+        "paused": {**row, "lossless": not row["positions_over_threshold"]},
+    }
 
 
 def _env(base: dict[str, str], draft: str, k: int, *, paused: bool) -> dict[str, str]:
@@ -193,7 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pauses", default="8,32,128")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--no-catch-up", action="store_true", help="add the negative control (catch-up off)")
+    parser.add_argument("--lossless-samples", type=int, default=0, help="also the lossless test, on the first draft")
     args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.lossless_samples:
+        lossless = asyncio.run(
+            bench_pause_lossless(
+                dict(os.environ), draft=args.drafts.split(",")[0], k=args.k, num_samples=args.lossless_samples
+            )
+        )
+        (args.out / "pause-lossless.json").write_text(json.dumps(lossless, indent=1) + "\n")
+        print(f"pause_lossless {json.dumps({key: lossless[key] for key in ('control', 'paused')})}", flush=True)
     result = asyncio.run(
         bench_pause_acceptance(
             dict(os.environ),
@@ -204,7 +292,6 @@ def main(argv: list[str] | None = None) -> int:
             no_catch_up=args.no_catch_up,
         )
     )
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "pause-acceptance.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"pause_acceptance all_within_tolerance={result['all_within_tolerance']}", flush=True)
     return 0
