@@ -4,7 +4,7 @@ cold start pays for have theirs.
 The image's packages come from ``vllm/vllm-openai``, installed by uv, which writes no bytecode
 unless asked, and RunPod starts every worker in a fresh container: without ``.pyc`` files each cold
 start compiles torch, vLLM and transformers again before the engine can boot (the measured cost is
-in docs/benchmarks.md, "Cold start"). ``compileall`` skips files already compiled.
+in docs/gpu-results/HISTORY.md, "The levers, and what each did"). ``compileall`` skips files already compiled.
 
     python3 scripts/compile_bytecode.py [DIR ...]    # every site directory, and each DIR
 

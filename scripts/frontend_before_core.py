@@ -1,6 +1,7 @@
 """What vLLM's ``AsyncLLM`` does in the main process before it starts the engine core's process: on
 the serverless path that work lies between the engine config and the core's first line (the boot's
-"engine core process start" phase, docs/benchmarks.md), in series with the whole of the core's boot.
+"engine core process start" phase: docs/gpu-results/HISTORY.md, "The levers, and what each did"), in
+series with the whole of the core's boot.
 
     python scripts/frontend_before_core.py MODEL_DIR [--profile N]
 

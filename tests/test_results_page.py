@@ -107,3 +107,17 @@ def test_a_stray_file_and_a_stale_page_are_differences(tmp_path: Path) -> None:
     ]
     assert results_page.main(check=False, root=root) == 0
     assert differences(root) == ["docs/gpu-results/run.log is not cited by results.json"]
+
+
+def test_a_command_nothing_runs_any_more_keeps_its_own_code_span(tmp_path: Path) -> None:
+    data = _spec_map({"none": {1: 100.0}, "/d:3:2.5:auto": {1: 200.0}})
+    root = _root(tmp_path, runs=[("m", "0.34.0", data)])
+    index_path = root / "docs" / "gpu-results" / "results.json"
+    index = json.loads(index_path.read_text())
+    removed = "`X=1 scripts/old.sh stage` (the removed old.sh, at commit abc1234)"
+    index["sections"][0]["tables"][0]["runs"][0]["command"] = removed
+    index["sections"][0]["pending"] = [{"what": "more", "command": "python -m worker bench --stage s"}]
+    index_path.write_text(json.dumps(index))
+    page = render(root).page
+    assert f"Reproduce: {removed}\n" in page
+    assert "| more | `python -m worker bench --stage s` |" in page

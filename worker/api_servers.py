@@ -1,7 +1,7 @@
 """Pod mode over several API server processes: ``API_SERVER_COUNT`` > 1.
 
 At high concurrency one Python process turning engine outputs into HTTP chunks is what limits a
-pod (docs/benchmarks.md, "One API process at high concurrency"). vLLM's server answers with
+pod (docs/gpu-results/HISTORY.md, "One API process at high concurrency"). vLLM's server answers with
 ``vllm serve --api-server-count N``: N API processes accept on one listening socket and talk to
 one engine core over ZeroMQ, each as its own client. This module runs that machinery of vLLM's, as its
 ``vllm/entrypoints/cli/serve.py`` (``run_multi_api_server``) does (the seam's

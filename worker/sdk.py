@@ -3,11 +3,11 @@
 ``import runpod`` imports ``runpod.serverless.utils.rp_debugger``, which asks py-cpuinfo for the
 CPU's brand at import time, for the report of the SDK's ``--rp_debugger`` flag only. py-cpuinfo
 answers from a new Python subprocess which, on x86, also times the clock by sleeping 1 s: every
-worker waited that long before it could fetch its first job (docs/benchmarks.md, "The levers").
-Neither the SDK nor py-cpuinfo has a switch for it, so it is done here by hand: while the SDK is
-imported, py-cpuinfo's ``get_cpu_info`` answers the brand from ``/proc/cpuinfo`` in this process,
-and it is put back right after, so anything that asks py-cpuinfo later (vLLM's usage report reads
-the CPU's family, model and count) gets py-cpuinfo's full answer.
+worker waited that long before it could fetch its first job (docs/gpu-results/HISTORY.md, "The
+levers, and what each did"). Neither the SDK nor py-cpuinfo has a switch for it, so it is done here
+by hand: while the SDK is imported, py-cpuinfo's ``get_cpu_info`` answers the brand from
+``/proc/cpuinfo`` in this process, and it is put back right after, so anything that asks py-cpuinfo
+later (vLLM's usage report reads the CPU's family, model and count) gets py-cpuinfo's full answer.
 """
 
 from __future__ import annotations

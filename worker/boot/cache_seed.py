@@ -2,7 +2,7 @@
 test job on a GPU of the endpoint's card kind.
 
 Why: without a network volume every RunPod worker starts on an empty cache root, and a first boot
-there does work a warm root keeps (docs/benchmarks.md, "The first worker without a volume"): Triton
+there does work a warm root keeps (docs/benchmarks.md, "Cold start": its phases): Triton
 compiles vLLM's kernels the first time they run (the profile run and the warm-up before the graph
 capture), vLLM inspects the model's class (``modelinfos``), measures the memory profile its startup
 plan would have given (``startup_plan``), and a compiled engine compiles (``torch_compile_cache``).

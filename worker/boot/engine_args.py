@@ -118,7 +118,7 @@ def engine_environment(
     engine-core process inherits it. Applied by ``worker.runtime.boot_engine``.
 
     The 4-bit GEMM kernel on Hopper (``AWQ_KERNEL``): Machete, vLLM's default there, was slower
-    than Marlin at batch 1 and faster at batch 256 (docs/benchmarks.md). Serverless traffic is
+    than Marlin at batch 1 and faster at batch 256 (docs/benchmarks.md, "Quantization"). Serverless traffic is
     latency-bound (small batches): Marlin; pods run large batches: Machete.
     """
     kernel = settings.awq_kernel
@@ -140,8 +140,9 @@ def engine_environment(
         # vLLM's startup plan (off in vLLM, on here): a boot keeps the memory profile's result under
         # VLLM_CACHE_ROOT, keyed by the configuration, GPU and library versions, and a later boot
         # that matches (and finds as much free memory) reserves that KV cache without measuring: a
-        # shorter boot, a slightly smaller KV cache (docs/benchmarks.md). vLLM falls back to
-        # profiling on any mismatch. Written as "1"/"0": vLLM parses its variable as an int.
+        # shorter boot, a slightly smaller KV cache (docs/gpu-results/HISTORY.md, "The settings, as
+        # measured"). vLLM falls back to profiling on any mismatch. Written as "1"/"0": vLLM parses
+        # its variable as an int.
         "VLLM_ENABLE_STARTUP_PLAN": "1" if settings.vllm_enable_startup_plan else "0",
         # Media URLs (worker/media.py): public addresses only, no redirects; or vLLM's own connector.
         "VLLM_MEDIA_CONNECTOR": None if settings.allow_private_media_urls else PUBLIC_MEDIA_CONNECTOR,
@@ -151,14 +152,14 @@ def engine_environment(
 def start_method(settings: Settings, *, mode: DeploymentMode) -> Literal["fork", "spawn"]:
     """How vLLM starts its engine core (and, on a CPU, its model worker): ``fork`` or ``spawn``.
 
-    vLLM's own server starts its engine core with spawn (its CLI sets this); the library default
-    on a GPU is fork. A pod with a forked engine core answered a stream's first token later than
-    vLLM's server in every paired run, spawned it did not (docs/benchmarks.md): pods spawn.
-    Serverless forks: no re-import, a shorter boot. vLLM still spawns where fork is unsafe (CUDA
-    already initialised in the process). vLLM's CPU platform sets spawn whatever was asked while it
-    builds its config; the boot plan's environment is applied again after it
-    (``worker.boot.launch.build_config``): a spawned process imports vLLM again, twice per engine on
-    a CPU (engine core, model worker), which tripled the tiny model's boot on 2 cores.
+    vLLM's own server starts its engine core with spawn (its CLI sets this); the library default on
+    a GPU is fork. A pod with a forked engine core answered a stream's first token later than vLLM's
+    server in every paired run, spawned it did not (docs/gpu-results/HISTORY.md, "The settings, as
+    measured"): pods spawn. Serverless forks: no re-import, a shorter boot. vLLM still spawns where
+    fork is unsafe (CUDA already initialised in the process). vLLM's CPU platform sets spawn
+    whatever was asked while it builds its config; the boot plan's environment is applied again
+    after it (``worker.boot.launch.build_config``): a spawned process imports vLLM again, twice per
+    engine on a CPU (engine core, model worker), which tripled the tiny model's boot on 2 cores.
     """
     return settings.vllm_worker_multiproc_method or ("spawn" if mode == "pod" else "fork")
 
@@ -169,8 +170,8 @@ def _triton_cache_dir(settings: Settings) -> str | None:
     vLLM points Triton at a folder of its compile cache only while it compiles; a boot that loads
     the compiled graphs from that cache leaves Triton at its default, ``~/.triton/cache``, which a
     fresh container does not have, and re-runs V1's kernel JIT warm-up: a fresh container's boot
-    took over half as long again without this folder (docs/benchmarks.md). Naming the folder makes
-    both kinds of boot share one cache.
+    took over half as long again without this folder (docs/gpu-results/HISTORY.md, "The settings,
+    as measured"). Naming the folder makes both kinds of boot share one cache.
     """
     if settings.triton_cache_dir is not None:
         return settings.triton_cache_dir

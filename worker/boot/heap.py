@@ -4,9 +4,10 @@ walking it again and again.
 Once a process has booted (the engine in the main process, vLLM's serving layer for the pod), its
 heap is mostly what stays for the process's life: modules, the engine, the tokenizer, hundreds of
 thousands of tracked objects. Every full collection walks all of them, and a boot runs many
-(docs/benchmarks.md, "Cold start", has each one timed on a GPU host). vLLM's own server freezes the
-heap once it has started (``vllm.utils.gc_utils.freeze_gc_heap``), but only after a full collection
-of every generation, which the first job of a cold worker would wait for.
+(docs/gpu-results/HISTORY.md, "The levers, and what each did", has each one timed on a GPU host).
+vLLM's own server freezes the heap once it has started (``vllm.utils.gc_utils.freeze_gc_heap``),
+but only after a full collection of every generation, which the first job of a cold worker would
+wait for.
 
 ``freeze_heap`` collects only the young generations, where the boot's last garbage is, in one walk
 (``gc.collect(1)`` takes generation 0 with it), and freezes the rest as it is. Garbage in the

@@ -250,8 +250,9 @@ async def warm_up(engine: Engine) -> None:
     """Short requests through the whole path (chat template, speculation, detokenizing, the
     sampler's optional kernels) before the engine is reported ready, so that the first user's
     request does not pay what vLLM initialises lazily: without it the first request's time to
-    first token was several times a later one's, on the CPU and on a GPU (docs/benchmarks.md); the
-    third request here runs the sampler's optional kernels (``WARMUP_SAMPLING_FEATURES``) once."""
+    first token was several times a later one's, on the CPU and on a GPU
+    (docs/gpu-results/HISTORY.md, "The settings, as measured"); the third request here runs the
+    sampler's optional kernels (``WARMUP_SAMPLING_FEATURES``) once."""
     llm = engine.llm
     if "generate" not in await llm.get_supported_tasks():
         return  # e.g. an embedding model: nothing to generate

@@ -4,7 +4,7 @@ Before it builds the engine config vLLM inspects the model's class (what it supp
 multimodal input, ...) and keeps the answer under ``VLLM_CACHE_ROOT/modelinfos``. On a miss, which
 is every boot on an empty cache root (an endpoint's first worker, and every cold start of an
 endpoint without a network volume), it runs the inspection in a subprocess that imports vLLM
-again, after the main process has imported it (what that costs a boot: docs/benchmarks.md, "The
+again, after the main process has imported it (what that costs a boot: docs/gpu-results/HISTORY.md, "The
 model-class inspection on an empty cache root"). ``start(plan)`` runs the same inspection in a
 subprocess started before the main process imports vLLM, so that the two imports overlap; the boot
 waits for it (``wait``) just before vLLM builds the config, which then reads the answer from its

@@ -2,11 +2,11 @@
 
 ``AsyncLLM.__init__`` builds its renderer (the tokenizer, loaded, then deep-copied into a thread
 pool) before it forks the engine core, so on every boot that work, about a second in the main
-process (docs/benchmarks.md, "The levers"), runs in series with the core's whole start, though the
-frontend needs the tokenizer only at the first request. vLLM has no option for the other order, and
-its own multi-API-server launch (``launch_core_engines`` over listeners bound first, the pod's
-``api_processes``) is the only path that starts the core before any frontend exists. This runs that
-path in one process:
+process (docs/gpu-results/HISTORY.md, "The levers, and what each did"), runs in series with the
+core's whole start, though the frontend needs the tokenizer only at the first request. vLLM has no
+option for the other order, and its own multi-API-server launch (``launch_core_engines`` over
+listeners bound first, the pod's ``api_processes``) is the only path that starts the core before any
+frontend exists. This runs that path in one process:
 
 1. :func:`start_core` binds the engine's listeners and forks the core through ``launch_core_engines``;
 2. :meth:`CoreFirst.build_frontend` builds the renderer in a thread while this thread waits for the

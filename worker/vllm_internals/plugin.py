@@ -30,7 +30,7 @@ so decode alone ran slower under FULL than under vLLM's default mode, whose deco
 planned for the decode's query length. vLLM has no mode of full graphs for both (``CUDAGraphMode``
 pairs FULL decode graphs with piecewise or no mixed ones), hence here. What they cost and gain
 (capture time, memory, decode speed with speculation switched off):
-docs/benchmarks.md, "FULL's decode graphs".
+docs/gpu-results/HISTORY.md, "FULL's decode graphs".
 
 And it keeps the heap frozen through vLLM's CUDA-graph capture, so that the full collections after it
 skip what the boot froze (``worker.vllm_internals.capture_heap``).

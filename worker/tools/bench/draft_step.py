@@ -1,7 +1,8 @@
 """Where a draft model's step goes: vLLM's own engine, in this process, timed pass by pass.
 
 The spec map (``spec_map.py``) found a draft model's step costing far more beside its target than
-the draft's size predicts, even at k = 0 (docs/benchmarks.md). This part says where that time goes.
+the draft's size predicts, even at k = 0 (docs/gpu-results/HISTORY.md, "Why a draft model costs
+what it does"). This part says where that time goes.
 Each configuration runs in a subprocess of its own (one engine on the GPU at a time) with vLLM's
 engine core in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so that the seam's probe on vLLM's
 classes (:func:`worker.vllm_internals.probes.probe_drafter`: vLLM 0.32's V1 runner, which 0.34 does

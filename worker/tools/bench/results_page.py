@@ -38,7 +38,9 @@ _ADDING = """## Adding a run
 
 A run's result files go under `docs/gpu-results/<section>/<run>/` (JSON only: its logs and call
 scripts stay with the run, or in git's history), and an entry in `docs/gpu-results/results.json`
-names them with the card, the vLLM version, the date, the code and the command. Then
+names them with the card, the vLLM version, the date, the code and the command (a stage of
+`python -m worker bench --stage`; a command nothing runs any more keeps its own code span and says
+where its script stands in git). Then
 `python -m worker bench --render-page` rewrites this page, its plots and the README's headline
 table; `tests/test_results_page.py` fails until it has. A run on another vLLM than the image's is
 shown as such, under "to be re-measured", and never counts for a goal.
@@ -117,7 +119,7 @@ def _run_line(run: Run) -> str:
     else:
         shown = ", ".join(_link(path, base="gpu-results/") for path in files)
     name = f"{run.label}: " if run.label else ""
-    return f"- {name}{shown} ({run.describe()}). Reproduce: `{run.command}`"
+    return f"- {name}{shown} ({run.describe()}). Reproduce: {_code(run.command)}"
 
 
 def _table(index: Index, table: Table) -> list[str]:
@@ -128,7 +130,11 @@ def _table(index: Index, table: Table) -> list[str]:
 
 
 def _code(command: str | None) -> str:
-    return f"`{command}`" if command else "-"
+    """A command as code; one that carries its own code spans (a removed script's, with where it
+    stands in git) as written."""
+    if not command:
+        return "-"
+    return command if "`" in command else f"`{command}`"
 
 
 def _section(index: Index, section: Section) -> list[str]:

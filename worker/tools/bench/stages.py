@@ -17,7 +17,8 @@ the standard rejection sampler in place of vLLM's synthetic one (GPU only): they
 harness, not speed. A stage whose checkpoints have no tiny stand-in, or that needs a GPU for
 another reason, has no smoke run and says why.
 
-The engines are vLLM 0.34's V2 runner (its only GPU runner). Results go to docs/benchmarks.md.
+The engines are vLLM 0.34's V2 runner (its only GPU runner). A run's result files go under
+docs/gpu-results/, which docs/benchmarks.md is rendered from (its "Adding a run").
 """
 
 from __future__ import annotations
