@@ -173,11 +173,11 @@ class Engine:
         """The parameter at fault and why, if this engine cannot sample it faithfully. vLLM 0.32's
         CPU build has no Triton, and its rejection sampler expands temperature, top-k and top-p per
         draft token with Triton kernels: with speculation, a request that samples (temperature > 0)
-        got tokens the target all but rules out (through the pod at temperature 1, 58 of 218 sampled
-        tokens with a target log-probability below -6; none without speculation; vLLM's own ``LLM``
-        alike), and top-k killed the engine. So a speculating CPU engine serves greedy requests only;
-        a GPU has Triton and serves them all. Checked on both paths: the native one and vLLM's
-        OpenAI layer."""
+        got tokens the target all but rules out (through the pod at temperature 1, many sampled
+        tokens with a target log-probability below -6, none without speculation, vLLM's own
+        ``LLM`` alike: docs/benchmarks.md), and top-k killed the engine. So a speculating CPU engine
+        serves greedy requests only; a GPU has Triton and serves them all. Checked on both paths:
+        the native one and vLLM's OpenAI layer."""
         if self.is_greedy_only and params.sampling_type != SamplingType.GREEDY:
             message = (
                 f"temperature {params.temperature:g}: sampling with speculative decoding is not supported on "

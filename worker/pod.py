@@ -65,7 +65,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 def listen_socket(host: str, port: int) -> socket.socket:
     """The pod's listening socket, bound before anything boots: uvicorn binds only after the app's
-    startup, and a pod whose port was taken booted its engine for 25 s before it said so. Raises
+    startup, and a pod whose port was taken booted its whole engine before it said so. Raises
     :class:`ConfigError` naming the address."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
@@ -103,8 +103,8 @@ class _Gate:
 
     Hand-written rather than a Starlette mount because a mount puts the outer app's middleware
     (an error handler and an exception handler, each wrapping ``send``) in front of every
-    streamed chunk: 2 of the 7 wrappers a chunk passed through, about 1% of the API process's
-    CPU under 32 streams (py-spy, CPU), and that process is what limits a pod at 256 streams."""
+    streamed chunk: 2 of the 7 wrappers a chunk passed through, a share of the API process's CPU
+    (py-spy; docs/benchmarks.md), and that process is what limits a pod at 256 streams."""
 
     def __init__(self, holder: EngineHolder, own: ASGIApp, *, peers: InFlight | None = None) -> None:
         self._holder = holder

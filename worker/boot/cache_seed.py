@@ -18,8 +18,8 @@ configuration, code and the card's name. A seed from another card kind is not us
 does what it would have done without it. (vLLM keeps other files in its root, such as its answer
 on GPU peer access, keyed by device indices alone: those are not seeded.) One cost remains: a seed
 from another vLLM release holds model-class answers that look present but are stale, so vLLM
-inspects after its import instead of beside it (about 2 s on an H100): make the seed again when
-the image's vLLM changes.
+inspects after its import instead of beside it (what that costs: docs/benchmarks.md): make the
+seed again when the image's vLLM changes.
 """
 
 from __future__ import annotations

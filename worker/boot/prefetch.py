@@ -1,12 +1,13 @@
 """Read the model's weight files into the page cache while vLLM is still being imported; and what
 else a boot starts before it imports vLLM (:func:`prepare_boot`).
 
-A boot spends its first 15-20 s importing vLLM with the disk idle (the main process), then the
-engine core reads the weights with the CPU mostly idle; on a new RunPod host the weights come from
-a cold disk or a network volume. ``start(plan)`` runs before vLLM is imported: it finds the
-weight files of the target (and of a separate draft) where they already are on local disk (a
-local directory, RunPod's model cache), and if they fit in the memory the kernel reports
-available it reads them on background threads, so that the engine core finds them resident.
+A boot spends its first seconds importing vLLM with the disk idle (the main process; how long:
+docs/benchmarks.md), then the engine core reads the weights with the CPU mostly idle; on a new
+RunPod host the weights come from a cold disk or a network volume. ``start(plan)`` runs before
+vLLM is imported: it finds the weight files of the target (and of a separate draft) where they
+already are on local disk (a local directory, RunPod's model cache), and if they fit in the
+memory the kernel reports available it reads them on background threads, so that the engine core
+finds them resident.
 
 Only reads: nothing is written or kept. Never blocks or fails the boot: a missing or unreadable
 file is skipped (vLLM's loader reports what is really missing), and what does not fit in free

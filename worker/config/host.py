@@ -37,8 +37,8 @@ AUTO_API_SERVERS_MIN_CPUS = 8
 
 def num_api_servers(settings: HostSettings, *, num_cpus: int | None = None, has_gpu: bool | None = None) -> int:
     """The pod's API server processes. ``auto``: 2 on a host with an NVIDIA GPU and at least
-    ``AUTO_API_SERVERS_MIN_CPUS`` CPUs, else 1: on a GPU two processes gave the pod 1.57x the
-    throughput of one at 256 streams, the same at 1-8, four no more than two (docs/scaling.md); on
+    ``AUTO_API_SERVERS_MIN_CPUS`` CPUs, else 1: on a GPU two processes raised the pod's throughput
+    at 256 streams, not at 1-8, and four no more than two (docs/scaling.md; docs/benchmarks.md); on
     a CPU engine the engine itself needs the cores. The machine's facts default to this host's
     (CPU count; ``/dev/nvidiactl``)."""
     if settings.api_server_count != "auto":
@@ -89,7 +89,7 @@ def sdk_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """What the handler sets before the RunPod SDK is imported: the SDK's log level at INFO unless
     ``RUNPOD_LOG_LEVEL`` (or its older ``RUNPOD_DEBUG_LEVEL``) is set. The SDK defaults to DEBUG,
     at which it prints every item a job yields: every user's generated text in the worker's
-    logs, one line per streamed item (12 MB in 28 minutes of the soak's light traffic)."""
+    logs, one line per streamed item (the soak's light traffic filled the logs with them)."""
     source = os.environ if env is None else env
     if "RUNPOD_LOG_LEVEL" in source or "RUNPOD_DEBUG_LEVEL" in source:
         return {}

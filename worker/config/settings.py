@@ -16,11 +16,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker.builtin_models import DEFAULT_MODEL, TINY_VARIANTS
 from worker.config import host, parsing, speculation
 from worker.config.parsing import LoraModule
 from worker.config.speculation import DEFAULT_NUM_SPECULATIVE_TOKENS, TINY_PREFIX
-from worker.smollm2 import DEFAULT_MODEL
-from worker.tiny_models import VARIANTS as TINY_VARIANTS
 
 __all__ = ["PUBLIC_MEDIA_CONNECTOR", "TINY_PREFIX", "DeploymentMode", "LoraModule", "Settings", "is_embedded"]
 

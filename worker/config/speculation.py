@@ -34,7 +34,7 @@ __all__ = [
 TINY_PREFIX = "tiny:"
 # SPECULATIVE_METHOD's values: vLLM 0.32's ``SpeculativeMethod`` (vllm/config/speculative.py), written
 # out because this module imports without vLLM (tests/test_config.py checks it against vLLM's own
-# type), and "none". A typo fails at once here rather than after vLLM's import, 10 s into the boot.
+# type), and "none". A typo fails at once here rather than after vLLM's import, well into the boot.
 VLLM_SPECULATIVE_METHODS = frozenset(
     """ngram medusa mlp_speculator draft_model suffix custom_class eagle eagle3 extract_hidden_states
     deepseek_mtp dots3_note_mtp mimo_mtp mimo_v2_mtp glm4_moe_mtp glm4_moe_lite_mtp glm_ocr_mtp ernie_mtp

@@ -68,7 +68,7 @@ class StepCost:
 
 # 8B bf16 target on one H200 (module docstring).
 STEP_COSTS: dict[str, StepCost] = {
-    # Provisional: 0.36x at k=4, 0% acceptance, b=1: 4.85 / 0.36 = 13.5 ms a step, ~2 ms per 1B pass.
+    # Provisional: read off the map's one stream at k = 4 and 0% acceptance (docs/benchmarks.md).
     "draft_model": StepCost(
         base_ms=4.85,
         per_seq_ms=0.03,
@@ -92,9 +92,8 @@ STEP_COSTS: dict[str, StepCost] = {
         catch_up_per_token_ms=0.006,
     ),
     # Fitted to the sixth run's V2 steps at k = 0 (1-256 streams), static k = 2 (1-128) and auto
-    # (k = 2-3, 1-64): 4.85 / 5.04 / 5.51 / 6.10 / 7.14 / 10.60 ms at k = 0, 5.03 / 5.72 / 6.67 /
-    # 8.77 / 13.57 ms at k = 2 (1 / 8 / 32 / 64 / 128 streams). Past ~400 tokens a step, 256 streams
-    # at k = 1 (512 tokens), the figures extrapolate.
+    # (k = 2-3, 1-64); the steps: docs/benchmarks.md. Past ~400 tokens a step, 256 streams at k = 1
+    # (512 tokens), the model extrapolates.
     "ngram": StepCost(
         base_ms=4.89,
         per_seq_ms=0.0185,
@@ -105,12 +104,11 @@ STEP_COSTS: dict[str, StepCost] = {
         draft_per_seq_ms=0.0106,
         is_synced_at_zero=False,
     ),
-    # Fitted to the ninth and tenth runs' V2 steps within the largest CUDA graph: no speculation 4.94 /
-    # 5.11 / 5.55 / 6.40 / 7.43 / 10.73 ms at 1 / 8 / 32 / 64 / 128 / 256 streams; held at k = 0 (one
-    # head pass a step) 5.45 / 5.59 / 6.15 / 6.90 / 8.03 / 11.60; k = 2 6.28 / 6.87 / 8.06 / 9.83 /
-    # 15.36 at 1-128; k = 4 7.23 / 7.92 / 9.25 / 13.14 at 1-64. verify_ms also carries the head's first
-    # pass over every verified token, which the model has no term for. Under it the controller holds
-    # k = 2 at acceptance [1, 1, 0, 0] up to 64 streams (measured best: k = 2), k = 1 from 128 on.
+    # Fitted to the ninth and tenth runs' V2 steps within the largest CUDA graph: no speculation at
+    # 1-256 streams, held at k = 0 (one head pass a step) at 1-256, k = 2 at 1-128, k = 4 at 1-64
+    # (the steps: docs/benchmarks.md). verify_ms also carries the head's first pass over every
+    # verified token, which the model has no term for. Under it the controller holds k = 2 at
+    # acceptance [1, 1, 0, 0] up to 64 streams (the map's best there too), k = 1 from 128 on.
     "eagle": StepCost(
         base_ms=4.917,
         per_seq_ms=0.0204,
@@ -121,9 +119,9 @@ STEP_COSTS: dict[str, StepCost] = {
         draft_per_seq_ms=0.0074,
         is_synced_at_zero=True,
     ),
-    # Fitted to the fourth run's steps (no speculation 4.84 / 4.92 / 5.85 / 10.46 ms at 1 / 8 / 64 /
-    # 256 streams; static k = 4 on V1 and auto on V2 under "ngram" beside them): a step waits for the
-    # host. 3.33x at k = 4 with every draft accepted at one stream, where real acceptance measured 3.50x.
+    # Fitted to the fourth run's steps (no speculation at 1-256 streams; static k = 4 on V1 and auto
+    # on V2 under "ngram" beside them): a step waits for the host. At k = 4 with every draft accepted
+    # at one stream it predicts a little less speed-up than real acceptance gave (docs/benchmarks.md).
     "ngram_sync": StepCost(
         base_ms=4.78,
         per_seq_ms=0.0162,

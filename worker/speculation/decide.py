@@ -54,9 +54,10 @@ AUTO_BY_DEFAULT: dict[Drafter, bool] = {
 JOIN_CAPTURE_TOKENS = 1024
 
 # A pod whose MAX_NUM_SEQS is at most this serves latency-bound batches: compile-free FULL graphs,
-# as serverless, under TORCH_COMPILE=auto. The bound is where the compile-free engine's decode was
-# measured within 3% of the compiled one's (it falls further behind from 64 streams on), the
-# bound the cold-start issue set for the trade; figures: docs/speculation.md, "TORCH_COMPILE".
+# as serverless, under TORCH_COMPILE=auto. The bound is where the compile-free engine's decode
+# stayed as close to the compiled one's as the cold-start issue allowed for the trade (it falls
+# further behind from 64 streams on); why: docs/speculation.md, "TORCH_COMPILE"; figures:
+# docs/benchmarks.md.
 LATENCY_BOUND_MAX_NUM_SEQS = 32
 
 # vLLM's CompilationMode.NONE: no torch.compile (its compilation_config's "mode").
@@ -122,7 +123,7 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
     spec = settings.resolved_speculative_config
     # Facts no auto value depends on.
     # An embedded model runs eager on the CPU build, where it boots faster uncompiled; on a GPU it gets
-    # CUDA graphs like any model: eager, SmolLM2 decoded 83 tok/s on an H100 (host-bound steps).
+    # CUDA graphs like any model: eager, SmolLM2's steps were bound by the host (docs/benchmarks.md).
     is_eager = settings.enforce_eager or (settings.is_tiny_default and is_cpu)
     is_eager_any = is_eager or bool(engine_args.get("enforce_eager"))
     has_cuda_graphs = not is_cpu and not is_eager_any

@@ -1,8 +1,8 @@
 """Tiny Llama-architecture models built offline, for the default run and the tests.
 
 No model hub is needed: :func:`ensure_tiny_models` trains a byte-level BPE tokenizer
-and a small Llama on an embedded corpus for a few hundred steps (about a minute on two
-CPU cores), then writes the draft variants beside it:
+and a small Llama on an embedded corpus for a few hundred steps, then writes the draft variants
+beside it (their names: :data:`worker.builtin_models.TINY_VARIANTS`):
 
 - ``target``     the trained model (also usable as its own draft: ~100% acceptance at T=0)
 - ``noisy``      the target with Gaussian weight noise of 0.8 x each tensor's std (the

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.builtin_models import TINY_VARIANTS
 from worker.tiny_models.text import BUILD_VERSION, build_text_models
 from worker.tiny_models.vision import VISION_BUILD_VERSION, build_vision
 
@@ -18,7 +19,7 @@ __all__ = ["VARIANTS", "TinyModels", "build_once", "ensure_tiny_model", "ensure_
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("target", "noisy", "unrelated", "mismatch", "lora", "vision")
+VARIANTS = TINY_VARIANTS
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,7 +120,7 @@ def build_text_models(root: Path, *, num_steps: int) -> None:
     from transformers import LlamaForCausalLM
 
     # Training is the one heavy computation here: every core, whatever OMP_NUM_THREADS says (the
-    # tests set 1 for the engines they boot; on two cores one thread took 40 s against 29 s).
+    # tests set 1 for the engines they boot, which would leave the other cores idle).
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(0)
     texts = corpus()

@@ -230,7 +230,7 @@ def resolve(requirements: Sequence[str], *, spec: ImageSpec, interpreter: str) -
             "--report",
             str(report_path),
             # Metadata by HTTP range requests: an index that serves no separate metadata files (PEP 658)
-            # would otherwise have pip download every wheel, 4.4 GB of CUDA libraries here (2.5 min).
+            # would otherwise have pip download every wheel, gigabytes of CUDA libraries here.
             "--use-feature=fast-deps",
             "--only-binary=:all:",
             "--find-links",

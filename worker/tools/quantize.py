@@ -65,8 +65,8 @@ def ensure_env(python: str = sys.executable) -> Path:
     if not quant_python.exists():
         subprocess.run([python, "-m", "venv", str(QUANT_ENV)], check=True)
     # --no-compile: pip would byte-compile every module of every package (torch's thousands among them),
-    # about three quarters of the install's time (80 s against 23 s from pip's cache on two cores); the
-    # job imports a small part of them, which Python compiles as it imports them.
+    # most of the install's time; the job imports a small part of them, which Python compiles as it
+    # imports them.
     subprocess.run(
         [str(quant_python), "-m", "pip", "install", "-q", "--no-compile", "-r", str(requirements)], check=True
     )
@@ -80,7 +80,7 @@ def _resolve(model: str) -> Path:
         from worker.tiny_models import VARIANTS, ensure_tiny_model
 
         variant = model.removeprefix(TINY_PREFIX)
-        if variant not in VARIANTS:  # checked before the tiny models are built (35 s on a first run)
+        if variant not in VARIANTS:  # checked before the tiny models are built (slow on a first run)
             raise ValueError(f"no embedded tiny model {model!r}; known: {', '.join(TINY_PREFIX + v for v in VARIANTS)}")
         return ensure_tiny_model(load_settings().worker_cache_dir, variant)
     path = Path(model)

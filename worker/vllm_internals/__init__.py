@@ -4,7 +4,8 @@ The worker is fast because it reaches into vLLM: it subclasses vLLM's schedulers
 processor (exact per-request stats, ``SPECULATION_CONTROL=auto``), wraps two of vLLM's methods for
 the FULL CUDA-graph mode and replaces its CUDA-graph capture's collector context (its plugin),
 builds vLLM's OpenAI app over its own engine, runs vLLM's multi-API-server machinery, registers a
-media connector and fills vLLM's model-class cache. Every
+media connector and fills vLLM's model-class cache; and the bench watches and steers vLLM's engine
+through probes (:mod:`worker.vllm_internals.probes`), held to the same rules. Every
 subclass, override, monkeypatch, private attribute and private import on vLLM lives in this
 package, and nowhere else: the rest of the worker imports from vLLM only the short public surface
 in :mod:`worker.vllm_internals.public` (``tests/test_vllm_seam.py`` enforces it).

@@ -6,8 +6,8 @@ during stream capture can finalise a Triton kernel and invalidate the graph), th
 and another full collection. The unfreeze also undoes the freeze the worker made before vLLM forked
 its engine core (``worker.boot.heap``), so the collection after the capture, and every full one after
 it until the engine is ready (the KV cache's sizing calls ``gc.collect()``), walks the core's whole
-heap again, on the first job's path (the traces: docs/benchmarks.md, the sixth and seventh H100
-hosts on 0.34).
+heap again, on the first job's path (traced on H100s on vLLM 0.34; the figures:
+docs/benchmarks.md).
 
 :func:`keep_heap_frozen_through_capture` puts a context manager of the same contract in its place:
 the same collection before the capture and the same collector off during it, and the same

@@ -25,9 +25,9 @@ UNKNOWN = -2
 # makes (its ids end in random hex), in that output's ``kv_transfer_params`` (vLLM ignores outputs
 # of requests it does not track; only the worker's frontend reads this one): request id -> the
 # :class:`Answer`, as msgspec's builtins (vLLM's serialiser carries them; the frontend converts
-# them back, checked field by field). One output a step, not one per request: 20 answers as
-# outputs of their own cost 39 µs a step to build, encode and decode on the 2-core machine, in one
-# output nothing measurable.
+# them back, checked field by field). One output a step, not one per request: outputs of their own
+# cost a build, an encode and a decode per answer, where one output's cost was lost in the noise
+# (the exact-stats path's timing: docs/benchmarks.md).
 ANSWERS_ID = "\x00spec-decode-answers"
 ANSWERS_KEY = "spec_decode_answers"
 

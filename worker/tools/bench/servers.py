@@ -407,7 +407,7 @@ def bench_pod(
     """The pod server and vLLM's own server booted side by side (half the GPU memory each, so both
     fit one GPU), then driven in turn, the order alternating per repeat: each figure is the median
     of ``repeats`` runs, and the two servers see the same machine state. Booting each server once
-    per repeat instead cost ~70 s a boot on the H200, more than the measurements.
+    per repeat instead cost more time in boots than the measurements took.
 
     With ``POD_BENCH_BASELINE=pod1`` in ``env`` the second server (still filed as ``vllm_server``,
     named in ``baseline``) is the pod itself with one API process: how the pod's

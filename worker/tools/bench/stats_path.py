@@ -1,8 +1,8 @@
 """The exact-stats path's own cost per engine step, timed directly on the CPU.
 
-Throughput of two engines side by side could not resolve a 1% cost on the H200 (two identical
-engines differed by up to 13%, two paths over one engine by 37%). This part times what the stats
-path adds to each engine step instead, with vLLM's own types and serialiser:
+Throughput of two engines side by side could not resolve a cost this small on a GPU: two identical
+engines differed by more than it (docs/benchmarks.md). This part times what the stats path adds
+to each engine step instead, with vLLM's own types and serialiser:
 
 - vLLM's per-request tracking (``RequestSpecDecodeMetrics.observe``, once per request per step),
   which ``PER_REQUEST_SPEC_DECODE_METRICS=summary`` turns on in vLLM's scheduler;
