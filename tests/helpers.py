@@ -150,7 +150,7 @@ async def wait_for_spec_snapshot(engine: Any, timeout_s: float = 60.0) -> None:
     """Wait until every running request's frontend state holds a spec-decode snapshot with a verify
     step in it (the engine core attaches one to every request every ``SNAPSHOT_EVERY_STEPS`` steps;
     one taken at the prompt's step has none): what a request cancelled from then on reports."""
-    states = engine._llm.output_processor.request_states
+    states = engine.llm.output_processor.request_states
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         snapshots = [state.spec_decode_metrics for state in states.values()]

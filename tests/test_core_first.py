@@ -54,14 +54,14 @@ async def test_the_client_owns_the_core_it_did_not_start(tiny_models: Any) -> No
             f"the boot did not end within {BOOT_S:.0f} s (an engine core stopped under a client that does not own it?)"
         )
     try:
-        resources = engine._llm.engine_core.resources
+        resources = engine.llm.engine_core.resources
         # vLLM's monitor and the client's shutdown act on the core only through this manager.
         assert resources.engine_manager is not None
         assert [proc.is_alive() for proc in resources.engine_manager.processes] == [True]
         # The renderer's name in AsyncLLM's module is vLLM's own again after the boot.
         assert async_llm_module.__dict__["renderer_from_config"] is vllm.renderers.renderer_from_config
         # A renderer built beside the core is the one the frontend uses.
-        assert engine._llm.renderer.tokenizer is not None
+        assert engine.llm.renderer.tokenizer is not None
     finally:
         # A client that does not own the core can wait on it for ever at shutdown: bounded here, so that
         # this test fails in about a minute instead of at the suite's timeout.

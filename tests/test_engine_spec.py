@@ -141,17 +141,17 @@ def _aborts(engine: Any, monkeypatch: pytest.MonkeyPatch, *, after_outputs: int 
     core = engine.llm.engine_core
     processor = engine.exact_stop_stats
     send = core.abort_requests_async
-    scan = processor._scan_held
+    process = processor.process_outputs
     ended: set[str] = set()
     stuck: list[list[str]] = []
 
-    def scan_and_note_ends(outputs: Any) -> None:
-        scan(outputs)
+    def process_noting_ends(outputs: Any, *args: Any, **kwargs: Any) -> Any:
         ended.update(o.request_id for o in outputs if o.finish_reason is not None)
+        return process(outputs, *args, **kwargs)
 
     def caught_up(request_ids: list[str], count: int) -> bool:
-        held = processor._held
-        return all(rid not in held or rid in ended or len(held[rid].after) >= count for rid in request_ids)
+        held = processor.outputs_after_stop()
+        return all(rid not in held or rid in ended or held[rid] >= count for rid in request_ids)
 
     async def later(request_ids: list[str], count: int) -> None:
         deadline = time.monotonic() + ABORT_DEADLINE_S
@@ -169,9 +169,9 @@ def _aborts(engine: Any, monkeypatch: pytest.MonkeyPatch, *, after_outputs: int 
 
     tasks: set[asyncio.Task[None]] = set()
     monkeypatch.setattr(core, "abort_requests_async", held_back)
-    monkeypatch.setattr(processor, "_scan_held", scan_and_note_ends)
+    monkeypatch.setattr(processor, "process_outputs", process_noting_ends)
     # This engine is shared: what a test switches off or counts here goes back to what it was.
-    for name in ("is_holding", "holding_off_reason", "_num_unanswered", "wait_s"):
+    for name in ("is_holding", "holding_off_reason", "num_unanswered", "wait_s"):
         monkeypatch.setattr(processor, name, getattr(processor, name))
     return stuck
 
@@ -221,7 +221,8 @@ async def test_without_the_core_s_answer_a_stop_string_ends_with_partial_counts(
     final = (await run(default_engine, {"prompt": PROMPTS[-1], "sampling_params": params}))[-1]
     assert final.finish_reason == "stop" and final.stop_reason == "seven"
     assert final.spec_decode is not None and final.spec_decode.partial
-    assert [(r.outcome, r.reason) for r in releases] == [("partial", "no_answer")] and not processor._held
+    assert [(r.outcome, r.reason) for r in releases] == [("partial", "no_answer")]
+    assert not processor.outputs_after_stop()
     assert processor.is_holding  # one unanswered stop string does not switch holding off
     await assert_engine_empties(default_engine)  # the core ends the request itself (max_tokens)
 
@@ -253,7 +254,7 @@ async def test_a_core_that_never_answers_switches_holding_off(
     jobs = [run(default_engine, {"prompt": PROMPTS[-1], "sampling_params": params}) for _ in range(3)]
     finals = [chunks[-1] for chunks in await asyncio.gather(*jobs)]
     assert all(f.finish_reason == "stop" and f.spec_decode is not None and f.spec_decode.partial for f in finals)
-    assert [(r.reason, r.held_s) for r in releases] == [("holding_off", 0.0)] * 3 and not processor._held
+    assert [(r.reason, r.held_s) for r in releases] == [("holding_off", 0.0)] * 3 and not processor.outputs_after_stop()
     counted = metrics.registry.get_sample_value(
         "worker_spec_decode_releases_total", {"outcome": "partial", "reason": "holding_off"}
     )
@@ -277,14 +278,14 @@ async def test_a_held_final_output_is_released_when_the_engine_fails(
     params = {"temperature": 0, "max_tokens": 40, "stop": ["seven"]}
     task = asyncio.create_task(run(default_engine, {"prompt": PROMPTS[-1], "sampling_params": params}))
     deadline = time.monotonic() + ABORT_DEADLINE_S
-    while not processor._held and not task.done() and time.monotonic() < deadline:
+    while not processor.outputs_after_stop() and not task.done() and time.monotonic() < deadline:
         await asyncio.sleep(0.005)  # polled: vLLM's output handler holds it on its own turn
-    assert processor._held and not task.done()
+    assert processor.outputs_after_stop() and not task.done()
     processor.propagate_error(EngineDeadError())
     final = (await asyncio.wait_for(task, ABORT_DEADLINE_S))[-1]
     assert final.finish_reason == "stop" and final.stop_reason == "seven"
     assert final.spec_decode is not None and final.spec_decode.partial
-    assert [r.reason for r in releases] == ["engine_error"] and not processor._held
+    assert [r.reason for r in releases] == ["engine_error"] and not processor.outputs_after_stop()
     await assert_engine_empties(default_engine)
 
 

@@ -51,7 +51,7 @@ def test_the_sdk_imported_by_the_worker_starts_no_cpuinfo_subprocess_and_puts_py
     assert plain["cpuinfo_spawned"], "the plain import started no py-cpuinfo subprocess: the probe sees nothing"
     assert worker["cpuinfo_spawned"] == []
     assert worker["get_cpu_info"] == plain["get_cpu_info"] == "cpuinfo.cpuinfo.get_cpu_info"
-    assert worker["processor"] == sdk._brand_only()["brand_raw"]
+    assert worker["processor"] == sdk.brand_only()["brand_raw"]
     proc = Path("/proc/cpuinfo")
     if proc.exists() and "model name" in proc.read_text():  # x86: py-cpuinfo's own answer is the same name
         assert plain["processor"] == worker["processor"]
@@ -59,8 +59,8 @@ def test_the_sdk_imported_by_the_worker_starts_no_cpuinfo_subprocess_and_puts_py
 
 def test_py_cpuinfo_is_put_back_when_the_import_fails() -> None:
     original = cpuinfo.get_cpu_info
-    with pytest.raises(ImportError), sdk._cpu_brand_in_process():
-        assert cpuinfo.get_cpu_info is sdk._brand_only
+    with pytest.raises(ImportError), sdk.cpu_brand_in_process():
+        assert cpuinfo.get_cpu_info is sdk.brand_only
         raise ImportError("the SDK failed to import")
     assert cpuinfo.get_cpu_info is original
 

@@ -15,7 +15,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,10 +133,11 @@ def silent_index() -> Iterator[str]:
 @pytest.mark.slow  # ~20 s: two attempts of the fallback's 10 s timeout
 def test_an_unanswering_fallback_index_fails_in_seconds(tmp_path: Path, silent_index: str) -> None:
     configured = simple_index(tmp_path / "configured", origin=None)
-    started = time.monotonic()
-    result = fetch(tmp_path / "dest", index_url=configured, fallback_url=silent_index, timeout=120)
-    elapsed = time.monotonic() - started
+    # A bounded wait for the fetch to give up: pip's defaults (15 s, 5 retries with back-off;
+    # PIP_DEFAULT_TIMEOUT here is 180 s) would still be waiting at the bound.
+    try:
+        result = fetch(tmp_path / "dest", index_url=configured, fallback_url=silent_index, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the fetch still waited after 60 s on an index that never answers")
     assert result.returncode != 0
     assert "is neither in the configured package sources nor at" in result.stderr
-    # pip's defaults (15 s, 5 retries with back-off; PIP_DEFAULT_TIMEOUT here is 180 s) would take minutes.
-    assert elapsed < 45, f"the fetch waited {elapsed:.0f} s on an index that never answers"

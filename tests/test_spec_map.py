@@ -21,11 +21,11 @@ from worker.tools.bench.acceptance_mix import mix_class
 from worker.tools.bench.shapes import llama3_config
 from worker.tools.bench.spec_map import (
     MIX_REQUESTS_PER_STREAM,
-    _medians,
-    _wave,
     bench_spec_map,
     controller_step_us,
+    median_point,
     request_tokens,
+    run_wave,
     steady_window,
 )
 from worker.tools.bench.spec_map_config import baseline, check_mix, config_env
@@ -232,7 +232,7 @@ async def fake_wave(monkeypatch: pytest.MonkeyPatch, *, concurrency: int) -> dic
     monkeypatch.setattr(time, "perf_counter", lambda: engine.now)
     clock = asyncio.create_task(engine.clock())
     try:
-        return await _wave(engine, concurrency=concurrency, max_tokens=12, mix=[1.0, 0.5, 0.0])
+        return await run_wave(engine, concurrency=concurrency, max_tokens=12, mix=[1.0, 0.5, 0.0])
     finally:
         clock.cancel()
 
@@ -254,7 +254,7 @@ async def test_a_wave_reports_the_acceptance_of_each_class(monkeypatch: pytest.M
     assert point["acceptance_by_class"] == [3.0, 2.0, 1.0]
     assert point["mean_acceptance_length"] == pytest.approx(1 + (2 * 4 + 6) / (4 + 6 + 12))
     assert point["ms_per_step"] is None  # the batch's requests do not decode in lockstep
-    table = _medians([point, {**point, "acceptance_by_class": [2.0, 2.0, None]}])
+    table = median_point([point, {**point, "acceptance_by_class": [2.0, 2.0, None]}])
     assert table["acceptance_by_class"] == [2.5, 2.0, 1.0]
     none = {"runs": 1, "throughput_tok_s": 100.0, "itl_p50_ms": 5.0, "mean_acceptance_length": None}
     configs = ["none+TORCH_COMPILE=on", "ngram:2:3.0:auto"]

@@ -87,7 +87,7 @@ def test_the_counts_kept_equal_the_counts_at_the_stop_string() -> None:
 def _trial(seed: int) -> collections.Counter[str]:
     from vllm.v1.request import RequestStatus
 
-    from worker.vllm_internals.scheduler import _ENDED_STEPS
+    from worker.vllm_internals.scheduler import ENDED_STEPS
 
     rng = random.Random(seed)
     scheduler = HookedStandIn()
@@ -127,7 +127,7 @@ def _trial(seed: int) -> collections.Counter[str]:
     for plan in plans.values():
         answer = plan.answer
         if answer is None:  # ended in the core long before its abort: the answer's window had passed
-            assert plan.ended is not None and plan.abort - plan.ended >= _ENDED_STEPS
+            assert plan.ended is not None and plan.abort - plan.ended >= ENDED_STEPS
             continue
         counts = kept_counts(
             answer.counts,
@@ -158,7 +158,7 @@ def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_c
     _step(scheduler, {"a": (3, 1, 2), "b": (2, 0, 0), "c": (3, 0, 3)})
     _step(scheduler, {"a": (0, 0, 0), "b": (3, 0, 1)})  # c not scheduled this step
     scheduler.requests["c"].status = RequestStatus.PREEMPTED
-    assert not scheduler._answers
+    assert not scheduler.answer_books().pending
     scheduler.finish_requests(["a", "b", "c", "gone"], RequestStatus.FINISHED_ABORTED)
     assert scheduler.has_requests()
     outputs = _step(scheduler, {})
@@ -168,7 +168,7 @@ def test_tails_stop_at_steps_that_are_not_decode_steps_and_answers_go_to_their_c
         "b": (1, [3, 2, UNKNOWN], False),
         "c": (0, [UNKNOWN], False),  # preempted: its last steps' outputs may have been dropped
     }
-    assert not scheduler._answers and not scheduler.has_requests()
+    assert not scheduler.answer_books().pending and not scheduler.has_requests()
 
 
 def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() -> None:
@@ -189,15 +189,17 @@ def test_no_answer_for_requests_without_stop_strings_and_periodic_snapshots() ->
                 snapshots.append((step, output.request_id))
     assert snapshots == [(SNAPSHOT_EVERY_STEPS, "plain"), (SNAPSHOT_EVERY_STEPS, "stop")]
     scheduler.finish_requests(["plain"], RequestStatus.FINISHED_ABORTED)
-    assert not scheduler._answers and scheduler._with_stops == {"stop"}
+    books = scheduler.answer_books()
+    assert not books.pending and books.with_stops == {"stop"}
     scheduler.finish_requests(["stop"], RequestStatus.FINISHED_ABORTED)
-    assert list(scheduler._answers[0]) == ["stop"] and not scheduler._with_stops
+    books = scheduler.answer_books()
+    assert books.pending == {0: ["stop"]} and not books.with_stops
 
 
 def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None:
     from vllm.v1.request import RequestStatus
 
-    from worker.vllm_internals.scheduler import _ENDED_STEPS, _RING
+    from worker.vllm_internals.scheduler import ENDED_STEPS, RING_STEPS
 
     scheduler = HookedStandIn()
     scheduler.add_request(_request("early", stop=["x"], max_tokens=4))
@@ -212,17 +214,18 @@ def test_a_request_ended_in_the_core_is_answered_for_a_window_of_steps() -> None
     assert (answer.tail, answer.is_ended, answer.final_accepted) == ([3], True, 3)
     counts = kept_counts(answer.counts, tail=[3], after=[4], ended=True, final_accepted=3)
     assert counts is not None and counts.histogram == [0, 0, 0, 0] and counts.num_draft_tokens == 0
-    for _ in range(_RING):
+    for _ in range(RING_STEPS):
         _step(scheduler, {"other": (3, 0, 0)})
     # Past the ring: answered, with no tail left to read (the frontend reports it partial at once).
     scheduler.finish_requests(["late"], RequestStatus.FINISHED_ABORTED)
     _, answer = _answers(_step(scheduler, {"other": (3, 0, 0)}))["late"]
     assert (answer.tail, answer.is_ended) == ([], True)
     assert kept_counts(answer.counts, tail=answer.tail, after=[4], ended=True, final_accepted=3) is None
-    for _ in range(_ENDED_STEPS):
+    for _ in range(ENDED_STEPS):
         _step(scheduler, {"other": (3, 0, 0)})
     scheduler.finish_requests(["latest"], RequestStatus.FINISHED_ABORTED)  # past the window: no answer
-    assert not scheduler._answers and not scheduler._ended
+    books = scheduler.answer_books()
+    assert not books.pending and not books.ended
 
 
 def test_kept_counts_arithmetic() -> None:

@@ -31,9 +31,9 @@ def no_stamp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     """The image's stamp (check.STAMP) moved where none is, so that the boot's check runs; the
     stamp's answer, cached once a process, forgotten before and after."""
     monkeypatch.setattr(check, "STAMP", tmp_path / "contract-checked.json")
-    check._is_stamped.cache_clear()
+    check.forget()
     yield check.STAMP
-    check._is_stamped.cache_clear()
+    check.forget()
 
 
 def test_the_installed_vllm_keeps_the_contract() -> None:
@@ -78,7 +78,7 @@ def test_a_stamp_for_this_vllm_spares_the_boot_the_check(monkeypatch: pytest.Mon
     assert main(["--stamp"]) == 0
     assert json.loads(no_stamp.read_text())["vllm"] == check.installed_version()
     importlib.import_module("vllm.v1.core.sched.scheduler")
-    monkeypatch.setattr(check, "_checked", set())  # every imported entry pending, as in a fresh boot
+    check.forget(checked=True)  # every imported entry pending, as in a fresh boot
 
     def checked(*_: object) -> list[str]:
         raise AssertionError("the boot checked the contract despite the stamp")
@@ -127,8 +127,8 @@ def test_a_stamp_is_trusted_for_the_record_it_was_written_for_only(
     if record is None:
         record = real.read_text("RECORD") if direct_url else None
     monkeypatch.setattr(check, "installed_distribution", lambda: _OtherRecord(real, record, direct_url))
-    check._is_stamped.cache_clear()
-    assert not check._is_stamped()
+    check.forget()
+    assert not check.is_stamped()
     # Stamped again: for other files, a stamp of their own; where none can vouch, none is left.
     assert check.write_stamp() == [] and no_stamp.exists() == (record is not None and direct_url is None)
 
@@ -136,8 +136,8 @@ def test_a_stamp_is_trusted_for_the_record_it_was_written_for_only(
 def test_an_unreadable_stamp_is_not_trusted(no_stamp: Path) -> None:
     for text in ("not json", "[1, 2]", '{"vllm": "0.32.0"}'):
         no_stamp.write_text(text)
-        check._is_stamped.cache_clear()
-        assert not check._is_stamped(), text
+        check.forget()
+        assert not check.is_stamped(), text
 
 
 def _seam_trees() -> dict[str, ast.Module]:

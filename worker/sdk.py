@@ -18,7 +18,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["cpu_brand", "import_runpod"]
+__all__ = ["brand_only", "cpu_brand", "cpu_brand_in_process", "import_runpod"]
 
 PROC_CPUINFO = Path("/proc/cpuinfo")
 
@@ -35,7 +35,8 @@ def cpu_brand(cpuinfo_text: str) -> str:
     return platform.machine() or "unknown"
 
 
-def _brand_only() -> dict[str, str]:
+def brand_only() -> dict[str, str]:
+    """py-cpuinfo's answer reduced to the brand, from ``/proc/cpuinfo`` in this process."""
     try:
         text = PROC_CPUINFO.read_text(errors="replace")
     except OSError:  # not Linux, or no /proc in this container
@@ -44,11 +45,12 @@ def _brand_only() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _cpu_brand_in_process() -> Iterator[None]:
+def cpu_brand_in_process() -> Iterator[None]:
+    """py-cpuinfo's ``get_cpu_info`` answered by :func:`brand_only` inside the block, put back after."""
     import cpuinfo  # the SDK's own dependency (py-cpuinfo)
 
     original = cpuinfo.get_cpu_info
-    cpuinfo.get_cpu_info = _brand_only
+    cpuinfo.get_cpu_info = brand_only
     try:
         yield
     finally:
@@ -57,7 +59,7 @@ def _cpu_brand_in_process() -> Iterator[None]:
 
 def import_runpod() -> types.ModuleType:
     """``import runpod``, its CPU probe answered in this process (the module docstring says why)."""
-    with _cpu_brand_in_process():
+    with cpu_brand_in_process():
         import runpod
     module: types.ModuleType = runpod
     return module

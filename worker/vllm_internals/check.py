@@ -47,8 +47,10 @@ from worker.vllm_internals.release import installed_distribution, installed_rele
 
 __all__ = [
     "STAMP",
+    "forget",
     "installed_entries",
     "installed_version",
+    "is_stamped",
     "loud_imports",
     "problem",
     "problems",
@@ -94,7 +96,7 @@ def require_internals() -> None:
     """Raise :class:`~worker.errors.VllmInternalsMissing`, naming each internal the installed vLLM
     lacks, among the entries whose modules are imported and not yet checked in this process; none
     where the image's stamp vouches for this vLLM and these entries (module docstring)."""
-    if _is_stamped():
+    if is_stamped():
         return
     pending = [e for e in installed_entries() if e not in _checked and e.module in sys.modules]
     found = problems(pending)
@@ -130,13 +132,23 @@ def write_stamp() -> list[str]:
 
 
 @functools.cache
-def _is_stamped() -> bool:
+def is_stamped() -> bool:
+    """Whether :data:`STAMP` vouches for the installed vLLM's record and this release's entries
+    (read once a process)."""
     try:
         stamp = json.loads(STAMP.read_text())
     except (OSError, ValueError):
         return False
     key = _stamp_key()
     return key is not None and isinstance(stamp, dict) and stamp.get("key") == key
+
+
+def forget(*, checked: bool = False) -> None:
+    """Forget the stamp's answer, read again at the next check, and with ``checked`` every entry
+    this process has checked: what a fresh boot sees (a test hook; a process checks once)."""
+    is_stamped.cache_clear()
+    if checked:
+        _checked.clear()
 
 
 @contextlib.contextmanager

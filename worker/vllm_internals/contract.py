@@ -369,7 +369,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
         "vllm.v1.engine.async_llm:AsyncLLM{generate, get_tokenizer}",
         "vllm:TokensPrompt",
     ),
-    "worker/tools/bench/pause_acceptance.py": ("vllm.v1.engine.async_llm:AsyncLLM{get_tokenizer}",),
+    "worker/tools/bench/pause_acceptance.py": ("vllm.v1.engine.async_llm:AsyncLLM{get_tokenizer, generate}",),
 }
 
 CONTRACT: tuple[Internal, ...] = tuple(parse(line, needed_by=by) for by, lines in _TABLE.items() for line in lines)

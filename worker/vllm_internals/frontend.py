@@ -98,7 +98,7 @@ class ExactStopStats(OutputProcessor):
     num_spec_tokens: int
     is_holding: bool
     holding_off_reason: str | None
-    _num_unanswered: int
+    num_unanswered: int
 
     def _init_exact_stop_stats(self, *, num_spec_tokens: int, wait_s: float = STATS_WAIT_S) -> None:
         self._held = {}
@@ -107,7 +107,7 @@ class ExactStopStats(OutputProcessor):
         self.num_spec_tokens = num_spec_tokens
         self.is_holding = True
         self.holding_off_reason = None
-        self._num_unanswered = 0
+        self.num_unanswered = 0
 
     def process_outputs(
         self,
@@ -131,6 +131,11 @@ class ExactStopStats(OutputProcessor):
                 self._hold(rid, state)
         self._finishing.clear()
         return result
+
+    def outputs_after_stop(self) -> dict[str, int]:
+        """Each held final output's request id -> the outputs of it the core has sent since its
+        stop string (a test hook: what an answer that is late sees)."""
+        return {rid: len(entry.after) for rid, entry in self._held.items()}
 
     def _scan_held(self, engine_core_outputs: Sequence[EngineCoreOutput]) -> None:
         count_held_outputs(self._held, engine_core_outputs)
@@ -205,7 +210,7 @@ class ExactStopStats(OutputProcessor):
             exact = None if kept is None else copy_metrics(kept, RequestSpecDecodeMetrics)
             reason = "answered" if exact is not None else "unmatched"
         if answer is not None and exact is not None:
-            self._num_unanswered = 0
+            self.num_unanswered = 0
             release = Release("answered", held_s, len(entry.after), _taken_off(whole, exact))
         else:
             release = Release(reason, held_s)
@@ -215,8 +220,8 @@ class ExactStopStats(OutputProcessor):
         self._mark(entry.output, release, exact)
         entry.collector.put(entry.output)
         if reason == "no_answer":
-            self._num_unanswered += 1
-            if self._num_unanswered >= NO_ANSWER_LIMIT:
+            self.num_unanswered += 1
+            if self.num_unanswered >= NO_ANSWER_LIMIT:
                 self.stop_holding(f"{NO_ANSWER_LIMIT} stop strings in a row got no answer from the engine core")
 
     def _mark(self, output: RequestOutput, release: Release, exact: RequestSpecDecodeMetrics | None) -> None:

@@ -10,7 +10,7 @@ get none: a stop string, which vLLM's frontend detects and then aborts the reque
   frontend (:mod:`worker.vllm_internals.frontend`) knows how many of those steps came after the stop string
   (it saw their outputs, and dropped them), and takes them off. A request the core finished itself
   (EOS, ``max_tokens``) after the frontend's stop string is answered the same way when the abort
-  comes, for ``_ENDED_STEPS`` steps (with what the ring still holds of its tail).
+  comes, for ``ENDED_STEPS`` steps (with what the ring still holds of its tail).
 - A cancellation: every request gets a snapshot of its counts every ``SNAPSHOT_EVERY_STEPS``
   steps; the frontend keeps the latest (what a cancelled request reports, marked partial).
 
@@ -51,9 +51,12 @@ else:
 from worker.vllm_internals.scheduler_control import ControlledScheduling
 
 __all__ = [
+    "ENDED_STEPS",
+    "RING_STEPS",
     "SCHEDULER_CLASSES",
     "SNAPSHOT_EVERY_STEPS",
     "TAIL_STEPS",
+    "AnswerBooks",
     "SpecControlAsyncScheduler",
     "SpecControlScheduler",
     "SpecMetricsAsyncScheduler",
@@ -70,11 +73,11 @@ SNAPSHOT_EVERY_STEPS = 64
 # stop string may be. Steps kept in the ring: those, plus the steps since a request the core
 # finished itself ended (its abort can come that much later).
 TAIL_STEPS = 8
-_RING = 2 * TAIL_STEPS
+RING_STEPS = 2 * TAIL_STEPS
 # Steps for which a request with stop strings that the core finished itself is remembered: an abort
 # of it answered even when the ring no longer holds its tail (the frontend then reports the counts
 # partial at once, instead of waiting out its timeout for an answer that would never come).
-_ENDED_STEPS = 1024
+ENDED_STEPS = 1024
 _M = TypeVar("_M", bound=RequestSpecDecodeMetrics)
 
 
@@ -89,6 +92,15 @@ class _Ended:
     final_accepted: int | None  # drafts accepted in that step (None: not known, or not verified)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AnswerBooks:
+    """What the hooks hold between steps (:meth:`SpecMetricsSnapshots.answer_books`)."""
+
+    with_stops: frozenset[str]  # requests with stop strings in the core
+    ended: frozenset[str]  # of those, the ones the core finished itself, still remembered
+    pending: dict[int, list[str]]  # answers to send with the next step's outputs: client -> request ids
+
+
 class SpecMetricsSnapshots(_SchedulerBase):
     """Scheduler mixin: answer the abort of a request with stop strings with its counts and tail,
     and snapshot every request's counts every ``SNAPSHOT_EVERY_STEPS`` steps."""
@@ -98,10 +110,10 @@ class SpecMetricsSnapshots(_SchedulerBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Of the last _RING steps the core processed: (step number, and from vLLM's scheduler output
+        # Of the last RING_STEPS steps the core processed: (step number, and from vLLM's scheduler output
         # the tokens scheduled per request, the drafts, those a grammar invalidated).
         self._ring: collections.deque[tuple[int, dict[str, int], dict[str, list[int]], dict[str, int] | None]] = (
-            collections.deque(maxlen=_RING)
+            collections.deque(maxlen=RING_STEPS)
         )
         self._with_stops: set[str] = set()  # requests with stop strings in the core
         self._ended: dict[str, _Ended] = {}
@@ -113,6 +125,14 @@ class SpecMetricsSnapshots(_SchedulerBase):
         self._model_output: ModelRunnerOutput | None = None
         self._yielded: list[int] | None = None
         self._rows: Mapping[str, int] | None = None
+
+    def answer_books(self) -> AnswerBooks:
+        """A copy of what the hooks hold now (a test hook: the engine core never asks)."""
+        return AnswerBooks(
+            frozenset(self._with_stops),
+            frozenset(self._ended),
+            {client: list(answers) for client, answers in self._answers.items()},
+        )
 
     def add_request(self, request: Request) -> None:
         super().add_request(request)
@@ -140,7 +160,7 @@ class SpecMetricsSnapshots(_SchedulerBase):
         if self._answers:
             self._send_answers(outputs)
         order = self._ended_order
-        while order and order[0][0] <= step - _ENDED_STEPS:
+        while order and order[0][0] <= step - ENDED_STEPS:
             self._ended.pop(order.popleft()[1], None)
         if step % SNAPSHOT_EVERY_STEPS == 0:
             self._snapshot_all(outputs)

@@ -37,9 +37,9 @@ its ITL and TTFT are every request's.
 With a mix, ``--length-spread S`` gives request ``i`` its own length, ``max_tokens`` times ``1 + S * u`` with
 ``u`` in [-1, 1) drawn from ``i`` (the same in every configuration; the mean stays ``max_tokens``).
 With one length for all, requests without speculation end, and are replaced, together, where
-speculation's uneven acceptance spreads their ends; on the H200 a step that a request joins held
-the host 13-22 ms where a decode step took 6-8 (docs/gpu-results/HISTORY.md, the twentieth run), so the
-spread gives every configuration the staggered turnover real traffic has.
+speculation's uneven acceptance spreads their ends; on a GPU a step that a request joins held
+the host for two or three decode steps (docs/benchmarks.md), so the spread gives every
+configuration the staggered turnover real traffic has.
 
     python -m worker.tools.bench.spec_map --out DIR --configs none,/tmp/d:4:2.5:static,... \\
         --concurrency 1,8,64,256 --max-tokens 128 --repeats 3
@@ -65,7 +65,15 @@ from worker.tools.bench.step_trace import TRACE_ENV
 from worker.tools.bench.step_trace import install as install_step_trace
 from worker.tools.bench.timing import PROMPT, RequestTiming, median, run_concurrent, summarize
 
-__all__ = ["MIX_REQUESTS_PER_STREAM", "bench_spec_map", "controller_step_us", "main", "steady_window"]
+__all__ = [
+    "MIX_REQUESTS_PER_STREAM",
+    "bench_spec_map",
+    "controller_step_us",
+    "main",
+    "median_point",
+    "run_wave",
+    "steady_window",
+]
 
 
 # Requests per stream in a mixed wave: at the map's classes (1.0, 0.6 and 0.0 at K = 4) the window
@@ -94,7 +102,7 @@ def request_tokens(index: int, max_tokens: int, spread: float) -> int:
     return max(1, round(max_tokens * (1 + spread * random.Random(index).uniform(-1.0, 1.0))))
 
 
-async def _wave(
+async def run_wave(
     engine: Any, *, concurrency: int, max_tokens: int, mix: list[float] | None = None, spread: float = 0.0
 ) -> dict[str, Any]:
     """``concurrency`` requests at once through the worker's engine path; throughput, ITL, and the
@@ -170,7 +178,7 @@ async def _wave(
     return point
 
 
-def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def median_point(runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = (
         "throughput_tok_s",
         "itl_p50_ms",
@@ -230,7 +238,7 @@ async def bench_spec_map(
 
     def save() -> None:
         result["table"] = {
-            name: {c: _medians(runs) for c, runs in by_c.items() if runs} for name, by_c in result["runs"].items()
+            name: {c: median_point(runs) for c, runs in by_c.items() if runs} for name, by_c in result["runs"].items()
         }
         fill_vs_none(result["table"], configs)
         result["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -249,7 +257,7 @@ async def bench_spec_map(
             print(f"spec_map boot {name}: {result['boot_s'][name]} s", flush=True)
             save()
         for engine in engines.values():  # compile and capture nothing during the measured waves
-            await _wave(engine, concurrency=2, max_tokens=8)
+            await run_wave(engine, concurrency=2, max_tokens=8)
         for repeat in range(repeats):
             if deadline_s is not None and repeat and time.monotonic() - started > deadline_s:
                 result["stopped_early"] = f"after {repeat} repeats (deadline {deadline_s} s)"
@@ -259,7 +267,9 @@ async def bench_spec_map(
                 names = names[repeat % len(names) :] + names[: repeat % len(names)]
                 for name in names:
                     try:
-                        point = await _wave(engines[name], concurrency=c, max_tokens=max_tokens, mix=mix, spread=spread)
+                        point = await run_wave(
+                            engines[name], concurrency=c, max_tokens=max_tokens, mix=mix, spread=spread
+                        )
                     except Exception as exc:
                         result["errors"][name] = f"c={c}: {exc}"
                         engines.pop(name).shutdown()
