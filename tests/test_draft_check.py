@@ -51,6 +51,7 @@ async def test_incompatible_draft_fails_the_boot_and_the_job(tiny_models: Any) -
 
     worker = ServerlessWorker(EngineHolder(settings_loader=settings))
     items = await job_items(worker, {"id": "j", "input": {"prompt": "hi"}})
-    assert items[0]["error_type"] == "engine_boot_error"
-    assert "'tiny:mismatch' cannot draft for target 'tiny:target'" in items[0]["error"]
+    # The boot's check fails it; the job's error names the setting (worker.boot.preflight.explain_boot_failure).
+    assert items[0]["error_type"] == "configuration_error"
+    assert items[0]["error"].startswith("SPECULATIVE_MODEL: draft model 'tiny:mismatch' cannot draft for target")
     assert worker.runpod_config.get("refresh_worker") is True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from worker.boot.preflight import CHECKPOINT_CONFIG_FILES, check_at_start, expla
 from worker.errors import ConfigError, EngineBootError
 from worker.runtime import EngineHolder
 from worker.serverless import ServerlessWorker
+from worker.tiny_models import TinyModels
 from worker.tools.bench.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,6 +194,127 @@ def test_a_hub_id_nothing_here_can_fetch_is_refused(tmp_path: Path) -> None:
     _check(tmp_path, is_hub_offline=True, TOKENIZER_NAME="foo/bar")  # its client falls back to the cache
 
 
+def test_keys_vllm_does_not_take_are_refused_with_the_key_it_has(tmp_path: Path) -> None:
+    """vLLM refused them at boot, after a job was taken; now at start, named as job fields are."""
+    with pytest.raises(ConfigError) as caught:
+        _check(tmp_path, is_hub_offline=True, ENGINE_ARGS='{"max_num_seqz": 4}')
+    assert caught.value.message == "ENGINE_ARGS: max_num_seqz (did you mean max_num_seqs?): not a vLLM engine argument"
+    with pytest.raises(ConfigError) as caught:
+        _check(tmp_path, is_hub_offline=True, SPECULATIVE_CONFIG='{"model": "tiny:noisy", "num_speculative_tokenz": 3}')
+    assert caught.value.param == "SPECULATIVE_CONFIG"
+    assert caught.value.message == (
+        "SPECULATIVE_CONFIG: num_speculative_tokenz (did you mean num_speculative_tokens?): not a key of vLLM's "
+        "speculative config"
+    )
+    _check(tmp_path, is_hub_offline=True, SPECULATIVE_CONFIG='{"model": "tiny:noisy", "num_speculative_tokens": 3}')
+
+
+def test_max_model_len_above_the_models_limit_is_refused_at_start(tmp_path: Path, tiny_models: TinyModels) -> None:
+    """vLLM refuses it when it builds the engine's config (the tiny target's limit: 2048 tokens)."""
+    with pytest.raises(ConfigError) as caught:
+        _check(tmp_path, SPECULATIVE_METHOD="none", MAX_MODEL_LEN="1000000")
+    assert caught.value.param == "MAX_MODEL_LEN"
+    assert caught.value.message.startswith(
+        "MAX_MODEL_LEN=1000000: above the context limit of tiny:target, 2048 tokens (max_position_embeddings 2048"
+    )
+    with pytest.raises(ConfigError, match=r"^ENGINE_ARGS' max_model_len=4096: above the context limit") as caught:
+        _check(tmp_path, SPECULATIVE_METHOD="none", MAX_MODEL_LEN="1024", ENGINE_ARGS='{"max_model_len": 4096}')
+    assert caught.value.param == "ENGINE_ARGS"
+    _check(tmp_path, SPECULATIVE_METHOD="none", MAX_MODEL_LEN="2048")
+    _check(tmp_path, SPECULATIVE_METHOD="none", MAX_MODEL_LEN="1000000", VLLM_ALLOW_LONG_MAX_MODEL_LEN="1")
+
+
+def test_a_draft_length_above_the_drafts_or_the_targets_is_refused_at_start(
+    tmp_path: Path, tiny_models: TinyModels
+) -> None:
+    draft = {"model": "tiny:noisy", "num_speculative_tokens": 3}
+    with pytest.raises(ConfigError) as caught:
+        _check(tmp_path, SPECULATIVE_CONFIG=json.dumps({**draft, "max_model_len": 4096}))
+    assert caught.value.param == "SPECULATIVE_CONFIG"
+    assert caught.value.message.startswith(
+        "SPECULATIVE_CONFIG: max_model_len 4096 is above the context limit of the draft tiny:noisy, 2048 tokens"
+    )
+    with pytest.raises(ConfigError, match=r"^SPECULATIVE_CONFIG: max_model_len 1024 is above the target's max_"):
+        _check(tmp_path, MAX_MODEL_LEN="512", SPECULATIVE_CONFIG=json.dumps({**draft, "max_model_len": 1024}))
+    _check(tmp_path, MAX_MODEL_LEN="512", SPECULATIVE_CONFIG=json.dumps({**draft, "max_model_len": 512}))
+
+
+def test_a_draft_of_another_vocabulary_is_refused_at_start(tmp_path: Path, tiny_models: TinyModels) -> None:
+    """The boot's draft check, run before a job is taken (it ran at the first job's boot)."""
+    with pytest.raises(ConfigError) as caught:
+        _check(tmp_path, SPECULATIVE_MODEL="tiny:mismatch", NUM_SPECULATIVE_TOKENS="3")
+    assert caught.value.param == "SPECULATIVE_MODEL"
+    assert caught.value.message.startswith(
+        "SPECULATIVE_MODEL: draft model 'tiny:mismatch' cannot draft for target 'tiny:target': tokenizer "
+        "vocabularies differ"
+    )
+    config = json.dumps({"model": "tiny:mismatch", "num_speculative_tokens": 3})
+    with pytest.raises(ConfigError, match=r"^SPECULATIVE_CONFIG: draft model 'tiny:mismatch' cannot draft"):
+        _check(tmp_path, SPECULATIVE_CONFIG=config)
+    _check(tmp_path, SPECULATIVE_MODEL="tiny:noisy", NUM_SPECULATIVE_TOKENS="3")
+
+
+def _hub_copy(hub_cache: Path, repo: str, model: Path, *names: str) -> None:
+    """A snapshot of ``repo`` in the hub's cache holding these files of ``model``: what a boot fetched."""
+    snapshot = hub_cache / ("models--" + repo.replace("/", "--")) / "snapshots" / "abc"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot.parent.parent / "refs").mkdir(exist_ok=True)
+    (snapshot.parent.parent / "refs" / "main").write_text("abc")
+    for name in names:
+        shutil.copy(model / name, snapshot / name)
+
+
+def test_a_hub_models_files_are_judged_once_a_failed_boot_has_fetched_them(
+    tmp_path: Path, tiny_models: TinyModels
+) -> None:
+    """At start a hub model's files are not here (nothing is judged); the boot fetches them, and a boot
+    that failed is explained by the setting they show wrong. A config.json in the hub's cache is
+    judged at start already."""
+    hub_cache = tmp_path / "hub-cache"
+    long = engine_settings(MODEL_NAME="org/target", SPECULATIVE_METHOD="none", MAX_MODEL_LEN="4096")
+    check_at_start(long, is_hub_offline=False, hub_cache=hub_cache, is_hub_reachable=lambda: None)
+    assert explain_boot_failure(long, hub_cache=hub_cache) is None
+    _hub_copy(hub_cache, "org/target", tiny_models.target, "config.json")
+    explained = explain_boot_failure(long, hub_cache=hub_cache)
+    assert explained is not None and explained.param == "MAX_MODEL_LEN"
+    assert explained.message.startswith("MAX_MODEL_LEN=4096: above the context limit of org/target, 2048 tokens")
+    with pytest.raises(ConfigError, match=r"^MAX_MODEL_LEN=4096: above the context limit of org/target"):
+        check_at_start(long, is_hub_offline=False, hub_cache=hub_cache, is_hub_reachable=lambda: None)
+
+    # The draft check needs both tokenizers: a config.json alone is not judged.
+    env = {"MODEL_NAME": "org/target", "SPECULATIVE_MODEL": "org/mismatch", "NUM_SPECULATIVE_TOKENS": "3"}
+    drafted = engine_settings(**env)
+    _hub_copy(hub_cache, "org/mismatch", tiny_models.path("mismatch"), "config.json")
+    check_at_start(drafted, is_hub_offline=False, hub_cache=hub_cache, is_hub_reachable=lambda: None)
+    assert explain_boot_failure(drafted, hub_cache=hub_cache) is None
+    for repo, model in (("org/target", tiny_models.target), ("org/mismatch", tiny_models.path("mismatch"))):
+        _hub_copy(hub_cache, repo, model, "tokenizer.json", "tokenizer_config.json")
+    explained = explain_boot_failure(drafted, hub_cache=hub_cache)
+    assert explained is not None and explained.param == "SPECULATIVE_MODEL"
+    assert explained.message.startswith("SPECULATIVE_MODEL: draft model 'org/mismatch' cannot draft for target")
+
+
+async def test_a_boot_that_fails_on_max_model_len_reports_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's own words name its field, not the variable; the job's error names MAX_MODEL_LEN. The
+    boot is a fake that fails as vLLM's does after fetching the hub model's config: no hub here."""
+    from huggingface_hub import constants
+
+    hub_cache = tmp_path / "hub-cache"
+    _hub_snapshot(hub_cache, "org/short", {"model_type": "llama", "max_position_embeddings": 2048})
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+
+    async def vllms_boot(settings: Any) -> Any:
+        raise EngineBootError("invalid engine configuration: User-specified max_model_len (4096) is greater ...")
+
+    env = {"MODEL_NAME": "org/short", "MAX_MODEL_LEN": "4096", "SPECULATIVE_METHOD": "none"}
+    holder = EngineHolder(settings_loader=lambda: engine_settings(**env), engine_factory=vllms_boot)
+    items = await job_items(ServerlessWorker(holder), {"id": "m", "input": {"prompt": "hi"}})
+    assert items[-1]["error_type"] == "configuration_error", items
+    assert items[-1]["error"].startswith("MAX_MODEL_LEN=4096: above the context limit of org/short, 2048 tokens")
+
+
 def test_the_hub_probe_says_why_it_cannot_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
@@ -243,6 +366,76 @@ def test_the_pod_exits_before_it_listens_on_a_setting_that_can_never_serve(subpr
     )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "error: TOKENIZER_NAME=foo/bar: not in the hub's cache" in out.stderr
+
+
+# What vLLM refused at boot, after a job was taken (issue 92): each with the start of its sentence. The
+# key checks import vLLM in the process: the slow lane (the fast lane checks them in process).
+_REFUSED_AT_START = [
+    pytest.param(
+        {"SPECULATIVE_METHOD": "none", "MAX_MODEL_LEN": "1000000"},
+        "MAX_MODEL_LEN=1000000: above the context limit of tiny:target, 2048 tokens",
+        id="max_model_len",
+    ),
+    pytest.param(
+        {"SPECULATIVE_MODEL": "tiny:mismatch", "NUM_SPECULATIVE_TOKENS": "3"},
+        "SPECULATIVE_MODEL: draft model 'tiny:mismatch' cannot draft for target 'tiny:target'",
+        id="draft_vocabulary",
+    ),
+    pytest.param(
+        {"SPECULATIVE_METHOD": "ngram", "SPECULATIVE_MODEL": "tiny:noisy"},
+        "SPECULATIVE_MODEL=tiny:noisy has no effect under SPECULATIVE_METHOD=ngram",
+        id="draft_beside_ngram",
+    ),
+    pytest.param(
+        {"SPECULATIVE_METHOD": "none", "NUM_SPECULATIVE_TOKENS": "3"},
+        "SPECULATIVE_METHOD=none turns speculation off: unset NUM_SPECULATIVE_TOKENS",
+        id="k_beside_none",
+    ),
+    pytest.param(
+        {"SPECULATIVE_CONFIG": '{"model": "tiny:noisy", "num_speculative_tokenz": 3}'},
+        "SPECULATIVE_CONFIG: num_speculative_tokenz (did you mean num_speculative_tokens?)",
+        id="speculative_config_key",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        {"SPECULATIVE_METHOD": "none", "ENGINE_ARGS": '{"max_num_seqz": 4}'},
+        "ENGINE_ARGS: max_num_seqz (did you mean max_num_seqs?)",
+        id="engine_args_key",
+        marks=pytest.mark.slow,
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "sentence"), _REFUSED_AT_START)
+def test_what_vllm_would_refuse_at_boot_ends_both_entrypoints_at_start(
+    subprocess_env: dict[str, str], env: dict[str, str], sentence: str
+) -> None:
+    """Each booted the engine at the first job and failed it, and RunPod's next worker did the same
+    (the pod exited 1, to be restarted into the same failure). Now the handler, given a job, and
+    the pod each end with status 2 and one line naming the setting, before any engine boots."""
+    job = json.dumps({"input": {"prompt": "Hi", "sampling_params": {"max_tokens": 4}}})
+    commands = {
+        "handler": [sys.executable, "handler.py", "--test_input", job],
+        "pod": [sys.executable, "-m", "worker", "serve", "--port", str(free_port())],
+    }
+    running = {
+        name: subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=_env(subprocess_env, MODEL_NAME="tiny:target", **env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, command in commands.items()
+    }
+    for name, proc in running.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 2, f"{name}: {stderr[-2000:]}"
+        told = [line for line in stderr.splitlines() if "configuration error" in line or line.startswith("error:")]
+        assert len(told) == 1 and sentence in told[0], f"{name}: {stderr[-2000:]}"
+        assert "booting engine" not in stderr and "Traceback" not in stderr, f"{name}: {stderr[-2000:]}"
+        assert stdout == "", f"{name}: {stdout[-2000:]}"  # no job ran, nothing listened
 
 
 # A boot stuck where no signal reaches it: a thread in a blocking call (what a download or the hub

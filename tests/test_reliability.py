@@ -249,18 +249,19 @@ async def test_serverless_engine_death_fails_jobs_and_asks_for_replacement(tiny_
 
 
 async def test_boot_failure_is_bounded_and_clear(tmp_path: Path) -> None:
-    for env, needle in [
-        ({"MODEL_NAME": str(tmp_path / "no-such-model")}, "no-such-model"),
-        (
+    for env, needle, error_type in [
+        ({"MODEL_NAME": str(tmp_path / "no-such-model")}, "no-such-model", "engine_boot_error"),
+        (  # the boot's draft check fails it, and the job's error names the setting
             {"MODEL_NAME": "tiny:target", "SPECULATIVE_MODEL": "tiny:mismatch", "NUM_SPECULATIVE_TOKENS": "2"},
             "cannot draft",
+            "configuration_error",
         ),
     ]:  # an engine core that dies while starting: tests/test_entrypoints.py (a process of its own)
         worker = ServerlessWorker(EngineHolder(settings_loader=functools.partial(engine_settings, **env)))
         started = time.perf_counter()
         items = await asyncio.wait_for(asyncio.gather(*(_collect(worker, i) for i in range(3))), 120)
         for job_result in items:
-            assert job_result[-1]["error_type"] == "engine_boot_error" and needle in job_result[-1]["error"]
+            assert job_result[-1]["error_type"] == error_type and needle in job_result[-1]["error"]
             assert "root cause above" not in job_result[-1]["error"], job_result[-1]
         assert worker.runpod_config.get("refresh_worker") is True
         report("boot_failure", case=needle, seconds=round(time.perf_counter() - started, 2))

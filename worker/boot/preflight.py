@@ -1,5 +1,6 @@
 """What a process refuses at its start, before it takes a job or opens its port: settings that can
-never serve, found without a GPU or a download, and without vLLM but for ``ENGINE_ARGS``.
+never serve, found without a GPU, a download or loading weights, and without vLLM but for the keys
+of ``SPECULATIVE_CONFIG`` and ``ENGINE_ARGS``.
 
 - a local path (``MODEL_NAME``, ``TOKENIZER_NAME``, the draft's, each ``LORA_MODULES`` adapter) that
   does not exist or holds no model (``config.json``; an adapter's ``adapter_config.json``);
@@ -10,12 +11,24 @@ never serve, found without a GPU or a download, and without vLLM but for ``ENGIN
   fetched them (:func:`explain_boot_failure`), and the job's error names ``QUANTIZATION``;
 - the default model (``MODEL_NAME`` unset, or a draft naming it) without its PyPI package, whose
   GGUF file the boot converts (an image installs no ``requirements-model.lock``: set ``MODEL_NAME``);
-- an ``ENGINE_ARGS`` key that is not one of vLLM's engine arguments: the one check that imports
-  vLLM (the boot's module, seconds on a CPU, which the boot then finds imported), and only where
-  ``ENGINE_ARGS`` is set;
+- a ``SPECULATIVE_CONFIG`` key that is not a field of vLLM's speculative config, or an
+  ``ENGINE_ARGS`` key that is not one of vLLM's engine arguments, each named with the closest key
+  vLLM has: the checks that import vLLM (``worker.vllm_internals.config_fields``: seconds on a CPU,
+  which the boot then finds imported), and only where those settings are set;
 - a hub id that nothing here can fetch: not in RunPod's model cache nor the hub's own cache, and the
   hub is off (``HF_HUB_OFFLINE``) or cannot be reached (its client retries each file with
-  back-off, and vLLM asks for several, before the boot fails).
+  back-off, and vLLM asks for several, before the boot fails);
+- what a model's own files show vLLM would refuse, where they are here (a local path, an embedded
+  model, RunPod's cache or the hub's): ``MAX_MODEL_LEN`` (or ``ENGINE_ARGS``' ``max_model_len``)
+  above the model's context limit, derived as vLLM derives it
+  (:mod:`worker.vllm_internals.model_len`), and a ``SPECULATIVE_CONFIG`` ``max_model_len`` above the
+  draft's or the target's; a draft model whose vocabulary or special tokens are not the target's
+  (the boot's own check, :func:`worker.boot.draft_check.check_draft_compatible`, run now). A hub
+  model not fetched yet is judged once a boot that failed has fetched it
+  (:func:`explain_boot_failure`), and the job's error names the setting.
+
+A drafter setting that the chosen method ignores (a draft model beside n-gram) is refused with the
+other cross-field rules, when the settings are read (``worker/config/speculation.py``).
 
 Why at the start: a configuration error raised by a job asks RunPod for another worker, which takes
 a job, fails it the same way and asks again. ``handler.py`` logs the sentence and exits before
@@ -25,17 +38,22 @@ pod exits before it listens. Each check raises :class:`ConfigError` naming the v
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import json
 import socket
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
-from worker.boot.models import cached_snapshot, looks_local
-from worker.config import Settings, is_embedded
-from worker.errors import ConfigError
+from worker.boot.models import cached_snapshot, looks_local, resolver
+from worker.config import Settings, drafts_with_model, is_embedded
+from worker.errors import ConfigError, IncompatibleDraft
 from worker.smollm2 import DEFAULT_MODEL, SmolLM2Missing, gguf_path
+from worker.vllm_internals.model_len import ContextLimit, model_context_limit
 
 __all__ = ["CHECKPOINT_CONFIG_FILES", "check_at_start", "explain_boot_failure", "hub_reachable"]
 
@@ -81,12 +99,7 @@ def check_at_start(
             except SmolLM2Missing as exc:
                 named = " unset" if variable == "MODEL_NAME" and settings.model_name is None else f"={ref}"
                 raise ConfigError(f"{variable}{named}: {exc}", param=variable) from None
-    if settings.engine_args:
-        # The boot's own check, imported only here: the module imports vLLM's engine, which the boot finds imported.
-        from worker.boot.launch import engine_args_problem
-
-        if problem := engine_args_problem(settings.engine_args):
-            raise ConfigError(problem, param="ENGINE_ARGS")
+    _check_keys(settings)
     if is_hub_offline is None or hub_cache is None:
         from huggingface_hub import constants
 
@@ -113,6 +126,7 @@ def check_at_start(
                 "is cached; give a local path, or serve where the hub is reachable",
                 param=variable,
             )
+    _check_model_files(settings, hub_cache=hub_cache)
 
 
 def hub_reachable(endpoint: str | None = None, *, timeout_s: float = _PROBE_TIMEOUT_S) -> str | None:
@@ -160,19 +174,155 @@ def _check_local(variable: str, ref: str, *, kind: str) -> None:
 
 
 def explain_boot_failure(settings: Settings, *, hub_cache: Path | None = None) -> ConfigError | None:
-    """After a boot failed, the quantization check again, now that the boot has fetched the hub
-    model's JSON files into the hub's cache (vLLM fetches them all to find the quantization's): a
-    ``QUANTIZATION`` the checkpoint is not in, named, in place of vLLM's "Cannot find the config
-    file for awq" (read from the files, never from the message). None: they do not explain it."""
+    """After a boot failed, the checks of the model's files again, now that the boot has fetched the
+    hub models' files into the hub's cache (vLLM fetches every JSON file to find the quantization's,
+    the draft check the tokenizers): a ``QUANTIZATION`` the checkpoint is not in, in place of vLLM's
+    "Cannot find the config file for awq"; a ``MAX_MODEL_LEN`` above the model's limit; a draft of
+    another vocabulary; each named (read from the files, never from the message). None: they do
+    not explain it."""
     if hub_cache is None:
         from huggingface_hub import constants
 
         hub_cache = Path(constants.HF_HUB_CACHE)
     try:
         _check_quantization(settings, hub_cache=hub_cache)
+        _check_model_files(settings, hub_cache=hub_cache)
     except ConfigError as exc:
         return exc
     return None
+
+
+def _check_keys(settings: Settings) -> None:
+    """``SPECULATIVE_CONFIG``'s and ``ENGINE_ARGS``' keys against vLLM's own, asked of vLLM only where
+    the setting is set (importing it takes seconds)."""
+    if settings.speculative_config:
+        from worker.vllm_internals.config_fields import speculative_config_keys
+
+        _refuse_unknown(
+            "SPECULATIVE_CONFIG",
+            settings.speculative_config,
+            speculative_config_keys(),
+            what="a key of vLLM's speculative config",
+        )
+    if settings.engine_args:
+        from worker.vllm_internals.config_fields import engine_arg_names
+
+        _refuse_unknown("ENGINE_ARGS", settings.engine_args, engine_arg_names(), what="a vLLM engine argument")
+
+
+def _refuse_unknown(variable: str, given: Mapping[str, Any], known: frozenset[str], *, what: str) -> None:
+    unknown = sorted(set(given) - known)
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        named.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    raise ConfigError(f"{variable}: {', '.join(named)}: not {what}", param=variable)
+
+
+def _check_model_files(settings: Settings, *, hub_cache: Path | None) -> None:
+    """What the models' files show vLLM would refuse (the module's list), judged on the engine
+    arguments as the boot plan builds them (``ENGINE_ARGS`` has the last word there), whose parts
+    read here (the models, ``max_model_len``, the draft's) are the same in either deployment mode.
+    A model whose files are not here is not judged."""
+    from worker.boot.engine_args import build_engine_kwargs
+    from worker.config.host import is_cpu_build
+    from worker.speculation.decide import decide
+
+    is_cpu = is_cpu_build()
+    kwargs = build_engine_kwargs(settings, decide(settings, mode="serverless", is_cpu=is_cpu), is_cpu=is_cpu)
+    spec = kwargs.get("speculative_config") or {}
+    in_engine_args = "max_model_len" in (settings.engine_args or {})
+    is_requested = in_engine_args or settings.max_model_len is not None
+    if not (is_requested or drafts_with_model(spec)):
+        return
+
+    def here(ref: str, revision: str | None) -> _Model:
+        if is_embedded(ref):  # built or converted here, offline, as the boot would
+            return _Model(ref, Path(resolver(settings)(ref, revision)), kwargs)
+        return _Model(ref, _local_dir(ref, settings, revision=revision, hub_cache=hub_cache), kwargs)
+
+    target = here(kwargs["model"], kwargs.get("revision"))
+    requested = kwargs.get("max_model_len")
+    if is_requested and isinstance(requested, int) and not settings.vllm_allow_long_max_model_len:
+        limit = target.limit
+        if limit is not None and requested > limit.tokens:
+            named, variable = (
+                ("ENGINE_ARGS' max_model_len", "ENGINE_ARGS") if in_engine_args else ("MAX_MODEL_LEN",) * 2
+            )
+            raise ConfigError(
+                f"{named}={requested}: above the context limit of {target.ref}, {limit.tokens} tokens "
+                f"({limit.source} in its config), which vLLM refuses: set {limit.tokens} or less, or unset it "
+                "for the model's own",
+                param=variable,
+            )
+    if not drafts_with_model(spec):
+        return
+    draft = here(spec["model"], spec.get("revision"))
+    draft_len = spec.get("max_model_len")
+    if isinstance(draft_len, int):  # vLLM's draft length: at most the draft's limit and the target's length
+        bounds = {
+            f"the context limit of the draft {draft.ref}": draft.limit_tokens,
+            "the target's max_model_len": requested if isinstance(requested, int) else target.limit_tokens,
+        }
+        for what, tokens in bounds.items():
+            if tokens is not None and draft_len > tokens:
+                raise ConfigError(
+                    f"SPECULATIVE_CONFIG: max_model_len {draft_len} is above {what}, {tokens} tokens, which vLLM "
+                    "refuses: set it lower, or remove it",
+                    param="SPECULATIVE_CONFIG",
+                )
+    _check_draft_vocabulary(settings, target=target, draft=draft)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """A model the engine arguments name: as named, where its files are here (None: not here yet),
+    and the engine arguments that read it."""
+
+    ref: str
+    path: Path | None
+    kwargs: Mapping[str, Any]
+
+    @functools.cached_property
+    def limit(self) -> ContextLimit | None:
+        """Its context limit as vLLM derives it, where the files here say."""
+        return None if self.path is None else model_context_limit(self.path, engine_kwargs=self.kwargs)
+
+    @property
+    def limit_tokens(self) -> int | None:
+        return None if self.limit is None else self.limit.tokens
+
+    @property
+    def has_tokenizer(self) -> bool:
+        """Its tokenizer's files are here, whole (a snapshot in the hub's cache may hold config.json alone)."""
+        path = self.path
+        return (
+            path is not None
+            and (path / "tokenizer_config.json").is_file()
+            and any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json"))
+        )
+
+
+def _check_draft_vocabulary(settings: Settings, *, target: _Model, draft: _Model) -> None:
+    """The boot's draft check (its sentence, naming both models), run at start where both models'
+    config and tokenizer are here."""
+    from worker.boot.draft_check import check_draft_compatible
+
+    if not (target.has_tokenizer and draft.has_tokenizer):
+        return
+    variable = "SPECULATIVE_MODEL" if settings.speculative_model else "SPECULATIVE_CONFIG"
+    try:
+        check_draft_compatible(
+            target=str(target.path),
+            draft=str(draft.path),
+            target_label=target.ref,
+            draft_label=draft.ref,
+            trust_remote_code=settings.trust_remote_code,
+        )
+    except IncompatibleDraft as exc:
+        raise ConfigError(f"{variable}: {exc.message}", param=variable) from None
 
 
 def _check_quantization(settings: Settings, *, hub_cache: Path | None) -> None:
@@ -185,7 +335,7 @@ def _check_quantization(settings: Settings, *, hub_cache: Path | None) -> None:
         config: dict[str, object] = {}  # the embedded models are never quantized
         beside: list[str] = []
     else:
-        path = _local_dir(ref, settings, hub_cache=hub_cache)
+        path = _local_dir(ref, settings, revision=settings.model_revision, hub_cache=hub_cache)
         if path is None:  # a hub id not fetched yet: its files are not here to read
             return
         try:
@@ -205,15 +355,13 @@ def _check_quantization(settings: Settings, *, hub_cache: Path | None) -> None:
     )
 
 
-def _local_dir(ref: str, settings: Settings, *, hub_cache: Path | None) -> Path | None:
-    """Where the checkpoint's files are on this machine: a local path, else a snapshot in RunPod's
-    model cache or (given) the hub's own, of the same layout, else None."""
+def _local_dir(ref: str, settings: Settings, *, revision: str | None, hub_cache: Path | None) -> Path | None:
+    """Where the checkpoint's files are on this machine: a local path, else a snapshot (at
+    ``revision``) in RunPod's model cache or (given) the hub's own, of the same layout, else None."""
     if looks_local(ref) or Path(ref).is_dir():
         return Path(ref).expanduser()
     for cache_dir in (settings.runpod_model_cache_dir, hub_cache):
-        found = (
-            None if cache_dir is None else cached_snapshot(ref, revision=settings.model_revision, cache_dir=cache_dir)
-        )
+        found = None if cache_dir is None else cached_snapshot(ref, revision=revision, cache_dir=cache_dir)
         if found is not None:
             return found
     return None

@@ -132,6 +132,11 @@ class Settings(BaseSettings):
     vllm_disabled_kernels: str | None = Field(
         None, description="vLLM's own variable, read here so that the AWQ_KERNEL choice can extend it"
     )
+    vllm_allow_long_max_model_len: bool = Field(
+        False,
+        description="vLLM's own variable: a max_model_len above the model's context limit is allowed (past the "
+        "limit a RoPE model's output degrades); read here so that the start's check allows it too",
+    )
     # Compact JSON: with free whitespace a weak model can pad JSON with spaces until max_tokens. Engine-wide
     # in vLLM, honoured by xgrammar and guidance only; xgrammar: guidance fails every tool call of vLLM 0.32's
     # hermes parser ("Invalid grammar specification: 'triggers'"), and "auto" cannot be combined with it.

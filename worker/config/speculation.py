@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 __all__ = [
     "DEFAULT_NUM_SPECULATIVE_TOKENS",
     "EAGLE_METHODS",
+    "MODELLESS_METHODS",
     "NGRAM_LOOKUP",
     "NGRAM_METHODS",
     "TINY_PREFIX",
@@ -28,6 +29,7 @@ __all__ = [
     "drafts_by_eagle",
     "drafts_by_ngram",
     "drafts_with_model",
+    "ignored_drafter_setting",
     "speculative_config",
 ]
 
@@ -86,15 +88,27 @@ def drafts_with_model(spec: Mapping[str, Any] | None) -> bool:
     if not isinstance(model, str) or not model:
         return False
     if method is None:
-        is_class_path = "." in model and "/" not in model and all(part.isidentifier() for part in model.split("."))
-        if model in ("ngram", "[ngram]") or is_class_path:
+        if model in ("ngram", "[ngram]") or _is_class_path(model):
             return False
         method = "draft_model"
     return method == "draft_model" and not any(mark in model.lower() for mark in _VLLM_NAME_INFERRED_METHODS)
 
 
+def _is_class_path(model: str) -> bool:
+    """A dotted proposer class path (``my_module.MyProposer``), which vLLM runs as ``custom_class``."""
+    return "." in model and "/" not in model and all(part.isidentifier() for part in model.split("."))
+
+
 # vLLM's n-gram methods (its config's ``use_ngram``): matching on the CPU, or on the GPU.
 NGRAM_METHODS = ("ngram", "ngram_gpu")
+# vLLM's methods that draft from the text so far (n-gram matching, suffix trees), without weights of
+# their own: under them vLLM drops a draft model, and the keys for its weights, without a word.
+MODELLESS_METHODS = ("ngram", "ngram_gpu", "suffix")
+# SPECULATIVE_CONFIG's keys for a draft's weights (vLLM's SpeculativeConfig fields).
+_DRAFT_WEIGHT_KEYS = ("model", "revision", "code_revision", "quantization", "draft_tensor_parallel_size")
+# SPECULATIVE_CONFIG's keys for n-gram matching, and the prefix of those for suffix decoding.
+_NGRAM_KEYS = ("prompt_lookup_max", "prompt_lookup_min")
+_SUFFIX_KEY_PREFIX = "suffix_decoding_"
 # vLLM's EAGLE heads (its ``EagleProposer``): a small head that drafts from the target's hidden states.
 EAGLE_METHODS = ("eagle", "eagle3")
 
@@ -160,6 +174,50 @@ def check(settings: SpeculationSettings) -> None:
         k, highest = spec.get("num_speculative_tokens"), max(entry[2] for entry in schedule)
         if isinstance(k, int) and highest > k:
             raise ValueError(f"SPECULATIVE_TOKENS_BY_BATCH asks for k={highest}, above NUM_SPECULATIVE_TOKENS={k}")
+    if ignored := ignored_drafter_setting(settings):
+        raise ValueError(ignored)
+
+
+def ignored_drafter_setting(settings: SpeculationSettings) -> str | None:
+    """The sentence refusing a drafter setting that the chosen method ignores (vLLM drops it without
+    a word), naming both; None when every one given has its effect. ``SPECULATIVE_METHOD=none``
+    beside the other knobs is refused where Settings checks its parts."""
+    method, model = settings.speculative_method, settings.speculative_model
+    if method in MODELLESS_METHODS and model:
+        return (
+            f"SPECULATIVE_MODEL={model} has no effect under SPECULATIVE_METHOD={method}, which drafts from the "
+            "text so far, without a model: unset SPECULATIVE_MODEL, or choose a method that drafts with it "
+            "(draft_model, eagle3, ...)"
+        )
+    config = settings.speculative_config
+    if not config:
+        return None
+    method = _method_of(config)
+    if method in MODELLESS_METHODS:
+        named_itself = ("ngram", "[ngram]", method)  # vLLM's own way to name the method as the model
+        for key in _DRAFT_WEIGHT_KEYS:
+            if config.get(key) is not None and not (key == "model" and config[key] in named_itself):
+                return (
+                    f'SPECULATIVE_CONFIG: "{key}" has no effect under method "{method}", which drafts from the '
+                    "text so far, without a model: remove it, or choose a method that drafts with one"
+                )
+    for key in config:
+        if key in _NGRAM_KEYS and method not in NGRAM_METHODS:
+            return f'SPECULATIVE_CONFIG: "{key}" sets n-gram matching, which method "{method}" does not run: remove it'
+        if key.startswith(_SUFFIX_KEY_PREFIX) and method != "suffix":
+            return f'SPECULATIVE_CONFIG: "{key}" sets suffix decoding, which method "{method}" does not run: remove it'
+    return None
+
+
+def _method_of(config: Mapping[str, Any]) -> str:
+    """The method vLLM runs a speculative config with: its ``method``, else what vLLM infers from its
+    ``model`` (n-gram, a proposer class path, else a draft model)."""
+    method, model = config.get("method"), config.get("model")
+    if method is not None:
+        return str(method)
+    if isinstance(model, str) and _is_class_path(model):
+        return "custom_class"
+    return "ngram" if drafts_by_ngram(config) else "draft_model"
 
 
 def speculative_config(settings: SpeculationSettings) -> dict[str, Any] | None:
