@@ -281,9 +281,12 @@ _TABLE: dict[str, tuple[str, ...]] = {
         f"0.34 only: {_STANDALONE}._run_model(input_ids, positions, attn_metadata, slot_mappings,"
         " num_tokens_across_dp, cudagraph_runtime_mode)",
         "0.34 only: vllm.v1.worker.gpu.spec_decode:init_speculator(vllm_config, device, req_states)",
-        "0.34 only: vllm.v1.worker.gpu.states:RequestState{all_token_ids}",
+        "0.34 only: vllm.v1.worker.gpu.states:RequestState{all_token_ids, num_computed_tokens_np, index_to_req_id}",
         "0.34 only: vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor{gpu}",
-        "0.34 only: vllm.v1.worker.gpu.block_table:BlockTables{block_tables, num_kv_cache_groups}",
+        "0.34 only: vllm.v1.worker.gpu.block_table:BlockTables{block_tables, cp_size}",
+        f"0.34 only: {_STANDALONE}{{expanded_slot_mappings}}",
+        "vllm.v1.kv_cache_interface:FullAttentionSpec",
+        "vllm.config:VllmConfig{kv_transfer_config}",
         "0.34 only: vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings(idx_mapping, query_start_loc,"
         " positions, num_tokens_padded, out)",
         "0.34 only: vllm.v1.worker.gpu.attn_utils:build_attn_metadata(attn_groups, num_reqs, num_tokens,"

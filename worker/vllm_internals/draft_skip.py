@@ -11,9 +11,10 @@ pay: the controller turns drafting off, and the pass still costs its share of ea
 How, per request (by vLLM's request-state slot):
 
 - a step that drafts nothing (``num_speculative_tokens == 0``) runs no draft pass; each request of
-  the step remembers the first position whose draft KV it now lacks (the step's first input
-  position: everything before it was written by the last pass, the one-ahead correction token
-  included), on the GPU, without a host sync;
+  the step remembers the first position whose draft KV it may now lack (the step's first input
+  position: the last pass wrote everything before it and that position too, but after a prompt
+  chunk that slot holds a placeholder token), on the GPU, without a host sync; the host keeps
+  which slots may be behind;
 - the next step that drafts first prefills each such request's missing range ``[first missing,
   the step's first input position)`` into the draft's cache, from the token history vLLM keeps
   (``RequestState.all_token_ids``), all requests in one varlen pass (split where the range
@@ -21,14 +22,18 @@ How, per request (by vLLM's request-state slot):
   the ranges (a sync, at resumption only);
 - prefix caching: a block written while the draft was off holds the target's KV and none of the
   draft's, and a later request may hit it. Once any step has been skipped, a new request (or one
-  resumed after preemption: vLLM adds it again) is treated as missing from position 0, so that a
-  cache hit is prefilled into the draft before its first drafting step; a request without a hit
-  has nothing to catch up. Blocks are not tracked one by one: the draft recomputes a hit prefix
-  it may already hold (a draft's prefill of the prefix, not the target's);
+  resumed after preemption: vLLM adds it again) that starts on a cache hit is treated as missing
+  from position 0, so that the hit is prefilled into the draft before its first drafting step.
+  Blocks are not tracked one by one: the draft recomputes a hit prefix it may already hold (a
+  draft's prefill of the prefix, not the target's);
 - chunked prefill: a prompt chunk scheduled while the draft is off is caught up like decode tokens;
 - preemption: vLLM frees the request's blocks and adds it again; the new slot starts as above;
 - data or decode-context parallelism (``dp_size``/``dcp_size`` > 1) keeps vLLM's pass: every rank
-  must run the same collectives.
+  must run the same collectives; so does a KV connector (it ships blocks after the pass, to a process
+  that never skipped), and a draft with sliding-window or recurrent layers (a window's blocks may be
+  freed and reused before the catch-up reads them; a recurrent state is not replayed from tokens);
+- vLLM's own k = 0 steps (``skip_drafts``: a batch of non-final prompt chunks, requests sure to
+  reach ``max_tokens``) are skipped too, and caught up the same way.
 
 ``RUNPOD_WORKER_DRAFT_SKIP_TEST`` is a test hook for the bench's controls
 (``worker.tools.bench.pause_acceptance``): ``no-catch-up`` skips the pass and never catches up
@@ -47,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 from vllm.config.compilation import CUDAGraphMode
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
 
@@ -68,25 +74,50 @@ class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
 
     def __init__(self, vllm_config: Any, device: torch.device, req_states: Any) -> None:
         super().__init__(vllm_config, device)
+        self._req_states = req_states
         self._token_history = req_states.all_token_ids
         # By request-state slot: the first position without draft KV, or -1 (the draft is in step).
         self._missing_from = torch.full((self.max_num_reqs,), -1, dtype=torch.int64, device=device)
-        self._is_behind = False  # some slot may be behind (a skipped step, or a hit after one)
+        self._behind: set[int] = set()  # the slots that may be behind, kept on the host: no sync to ask
         self._has_skipped = False  # a step was skipped since the engine started
         self._covers_hits = bool(vllm_config.cache_config.enable_prefix_caching)
         test = os.environ.get(TEST_ENV, "")
         self._catches_up = test != "no-catch-up"
-        self._can_skip = self.dp_size == 1 and self.dcp_size == 1 and test != "keep-pass"
+        # A KV connector ships blocks after the pass (without draft KV, for a process that never skipped).
+        self._can_skip = (
+            self.dp_size == 1 and self.dcp_size == 1 and vllm_config.kv_transfer_config is None and test != "keep-pass"
+        )
+        self._is_full_attention: bool | None = None  # known once vLLM has set the draft's attention up
         self.num_skipped_steps = 0
         self.num_catch_up_tokens = 0
 
     def add_request(self, req_index: int) -> None:
         super().add_request(req_index)
-        if self._has_skipped and self._covers_hits and self._catches_up:
+        # vLLM sets the slot's computed tokens (a prefix-cache hit) before it calls this.
+        is_hit = int(self._req_states.num_computed_tokens_np[req_index]) > 0
+        if self._has_skipped and self._covers_hits and self._catches_up and is_hit:
             self._missing_from[req_index] = 0
-            self._is_behind = True
+            self._behind.add(req_index)
         else:
             self._missing_from[req_index] = -1
+            self._behind.discard(req_index)
+
+    def _skips(self) -> bool:
+        """Whether this engine skips at all: one rank, no KV connector, and a draft of full attention
+        only (a sliding window's blocks may be freed and reused before a catch-up reads them, and a
+        recurrent layer's state cannot be replayed from tokens)."""
+        if not self._can_skip:
+            return False
+        if self._is_full_attention is None:
+            self._is_full_attention = (
+                all(
+                    isinstance(group.kv_cache_spec, FullAttentionSpec)
+                    for groups in self.attn_groups
+                    for group in groups
+                )
+                and self.block_tables.cp_size == 1
+            )
+        return self._is_full_attention
 
     def propose(
         self,
@@ -97,11 +128,13 @@ class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
         is_profile: bool = False,
         **kwargs: Any,
     ) -> torch.Tensor:
-        is_real = not dummy_run and not is_profile and self._can_skip
+        is_real = not dummy_run and not is_profile and self._skips()
         if is_real and num_speculative_tokens == 0:
             return self._skip(input_batch)
-        if is_real and self._is_behind:
-            self._catch_up(input_batch)
+        if is_real and self._behind:
+            self._behind.intersection_update(self._req_states.index_to_req_id)  # ended or preempted: gone
+            if self._behind.intersection(input_batch.idx_mapping_np[: input_batch.num_reqs].tolist()):
+                self._catch_up(input_batch)
         return super().propose(  # type: ignore[no-any-return]
             input_batch,
             *args,
@@ -118,7 +151,7 @@ class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
         if self._catches_up:
             held = self._missing_from[slots]
             self._missing_from[slots] = torch.where(held < 0, starts, held)
-            self._is_behind = True
+            self._behind.update(input_batch.idx_mapping_np[:num_reqs].tolist())
         self._has_skipped = True
         self.num_skipped_steps += 1
         self.draft_tokens[:num_reqs].fill_(-1)
@@ -130,9 +163,8 @@ class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
         missing = self._missing_from[slots]
         starts = input_batch.positions[input_batch.query_start_loc[:num_reqs].long()]
         self._missing_from[slots] = -1
-        pending = (self._missing_from >= 0).any().view(1).long()
-        host = torch.cat([missing, starts.long(), pending]).cpu()  # the one sync, at resumption
-        self._is_behind = bool(host[-1])
+        self._behind.difference_update(input_batch.idx_mapping_np[:num_reqs].tolist())
+        host = torch.cat([missing, starts.long()]).cpu()  # the one sync, at resumption
         first, start = host[:num_reqs].numpy(), host[num_reqs : 2 * num_reqs].numpy()
         ranges = [(row, int(first[row]), int(start[row])) for row in range(num_reqs) if 0 <= first[row] < start[row]]
         if not ranges:
@@ -144,6 +176,9 @@ class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
     def _prefill_ranges(self, ranges: list[tuple[int, int, int]]) -> None:
         """One eager draft pass over ``(slot, start, end)`` ranges: writes their draft KV."""
         device = self.device
+        # Shortest first: attention backends that split a batch into decodes and prefills expect
+        # that order (vLLM sorts its own batches so).
+        ranges = sorted(ranges, key=lambda r: r[2] - r[1])
         num_reqs = len(ranges)
         lengths = np.array([hi - lo for _, lo, hi in ranges], dtype=np.int32)
         query_start_loc_np = np.zeros(num_reqs + 1, dtype=np.int32)
@@ -167,7 +202,8 @@ class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
             query_start_loc,
             positions,
             num_tokens,
-            out=torch.empty(block_tables.num_kv_cache_groups, num_tokens, dtype=torch.int64, device=device),
+            # vLLM's own buffer for the expanded pass, which rewrites it before that pass.
+            out=self.expanded_slot_mappings,
         )
         attn_metadata = build_attn_metadata(
             attn_groups=self.attn_groups,
