@@ -29,12 +29,7 @@ _GETATTR_NOT_ON_VLLM = {
     ("worker/boot/draft_check.py", "draft_config"): "transformers' config of a checkpoint, loaded without vLLM",
 }
 # vLLM imports outside the seam still to move (file, statement) -> where their answer is in the seam.
-_IMPORTS_TO_MOVE = {
-    (
-        "worker/tools/bench/cli.py",
-        "import vllm",
-    ): "reads vllm.__version__: worker.vllm_internals.check.installed_version()",
-}
+_IMPORTS_TO_MOVE: dict[tuple[str, str], str] = {}
 # Private names of the standard library the worker calls outside the seam: module -> names.
 _STDLIB_PRIVATE = {"os": {"_exit"}}
 # What holds vLLM's engine outside the seam: these names, and whatever is annotated with its class.

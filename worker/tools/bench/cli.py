@@ -54,9 +54,9 @@ def run(
         if torch.cuda.is_available():
             results["gpu"] = torch.cuda.get_device_name(0)
     with contextlib.suppress(Exception):
-        import vllm
+        from worker.vllm_internals.check import installed_version
 
-        results["vllm_version"] = vllm.__version__
+        results["vllm_version"] = installed_version()
     # The load both comparisons drive, the same for each.
     load: dict[str, Any] = {
         "concurrencies": plan.concurrencies,
