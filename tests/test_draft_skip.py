@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import pytest
+import torch
 
 from worker.boot.plan import build_plan
 from worker.config import load_settings
@@ -134,3 +135,150 @@ def test_a_layer_draft_keeps_the_first_layers_and_everything_else(tiny_models: A
     assert "model.embed_tokens.weight" in names and "model.norm.weight" in names
     with pytest.raises(ValueError, match="between 1 and"):
         make_layer_draft(source, tmp_path / "bad", num_layers=total)
+
+
+class StandInDraftSpeculator:
+    """A stand-in (a fake) for vLLM 0.34's V2 draft-model speculator, a GPU-only class: its pass reads
+    the draft KV of every position before the step's first and writes it as vLLM's does, the step's
+    accepted tokens and the one-ahead correction token, ``[start, start + valid]``; its drafts
+    write the positions after that with tokens a later pass overwrites. It records each read of a
+    position whose draft KV is missing or holds another token."""
+
+    def __init__(self, *, max_num_reqs: int, max_num_tokens: int) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_num_tokens = max_num_tokens
+        self.draft_tokens = torch.zeros(max_num_reqs, 3, dtype=torch.int64)
+        self.kv: dict[int, dict[int, int]] = {}  # slot -> position -> token its draft KV holds
+        self.bad_reads: list[tuple[int, int]] = []
+        self.num_passes = 0
+
+    def add_request(self, req_index: int) -> None:
+        pass
+
+    def read(self, slot: int, end: int) -> None:
+        kv = self.kv.setdefault(slot, {})
+        self.bad_reads += [(slot, p) for p in range(end) if kv.get(p) != token(p)]
+
+    def propose(self, input_batch: Any, *, num_speculative_tokens: int | None = None, **_: Any) -> torch.Tensor:
+        self.num_passes += 1
+        for row in range(input_batch.num_reqs):
+            slot, start, valid = int(input_batch.idx_mapping_np[row]), input_batch.starts[row], input_batch.valid[row]
+            self.read(slot, start)
+            kv = self.kv.setdefault(slot, {})
+            kv.update({p: token(p) for p in range(start, start + valid + 1)})
+            kv.update({p: -1 for p in range(start + valid + 1, start + valid + (num_speculative_tokens or 0))})
+        return self.draft_tokens[: input_batch.num_reqs]
+
+
+def token(position: int) -> int:
+    return 1000 + position  # every request's token at a position: the check needs only one truth
+
+
+def _skipping_stand_in(*, catches_up: bool, max_num_tokens: int = 64) -> Any:
+    import types
+
+    import numpy as np
+
+    from worker.vllm_internals.draft_catch_up import SkipBookkeeping
+
+    class SkippingStandIn(SkipBookkeeping, StandInDraftSpeculator):
+        def _skips(self) -> bool:
+            return True
+
+        def _prefill_ranges(self, ranges: list[tuple[int, int, int]]) -> None:
+            assert sum(hi - lo for _, lo, hi in ranges) <= self.max_num_tokens
+            for slot, lo, hi in ranges:
+                self.read(slot, lo)
+                self.kv.setdefault(slot, {}).update({p: token(p) for p in range(lo, hi)})
+
+    spec = SkippingStandIn(max_num_reqs=8, max_num_tokens=max_num_tokens)
+    req_states = types.SimpleNamespace(num_computed_tokens_np=np.zeros(8, dtype=np.int32), index_to_req_id={})
+    spec.init_bookkeeping(req_states=req_states, device="cpu", covers_hits=True, catches_up=catches_up)
+    return spec
+
+
+def _drive(spec: Any, *, seed: int, num_steps: int = 400) -> None:
+    """Requests join (some on a prefix-cache hit, in prompt chunks), decode with random acceptance
+    and end, under a k that pauses for stretches of 1 to 40 steps; vLLM's order of calls."""
+    import random
+    import types
+
+    import numpy as np
+
+    rng = random.Random(seed)
+    live: dict[int, dict[str, int]] = {}  # slot -> computed, prompt, drafts (verified this step), left
+    k = 3
+    for _ in range(num_steps):
+        for slot in [s for s in range(8) if s not in live and rng.random() < 0.15]:
+            hit = rng.choice([0, 0, 16, 48])
+            spec._req_states.num_computed_tokens_np[slot] = hit
+            spec._req_states.index_to_req_id[slot] = f"r{slot}"
+            if hit and not spec._has_skipped:  # blocks a real pass wrote: they hold the draft's KV
+                spec.kv[slot] = {p: token(p) for p in range(hit + 1)}
+            elif hit:  # blocks possibly written while the draft was off: none of the draft's KV
+                spec.kv[slot] = {}
+            else:
+                spec.kv[slot] = {}
+            spec.add_request(slot)
+            live[slot] = {"computed": hit, "prompt": hit + rng.randint(1, 40), "drafts": 0, "left": rng.randint(5, 80)}
+        if not live:
+            continue
+        slots, starts, valid, lens = [], [], [], []
+        for slot, r in live.items():
+            slots.append(slot)
+            starts.append(r["computed"])
+            if r["computed"] < r["prompt"]:  # a prompt chunk: up to 24 tokens a step
+                n = min(24, r["prompt"] - r["computed"])
+                lens.append(n)
+                valid.append(n)
+            else:
+                lens.append(1 + r["drafts"])
+                valid.append(1 + rng.randint(0, r["drafts"]))
+        positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens, strict=True)])
+        query_start_loc = np.zeros(len(slots) + 1, dtype=np.int32)
+        np.cumsum(lens, out=query_start_loc[1:])
+        batch = types.SimpleNamespace(
+            num_reqs=len(slots),
+            idx_mapping=torch.tensor(slots, dtype=torch.int64),
+            idx_mapping_np=np.array(slots),
+            positions=torch.from_numpy(positions),
+            query_start_loc=torch.from_numpy(query_start_loc),
+            starts=starts,
+            valid=valid,
+        )
+        if rng.random() < 0.1:
+            k = 0 if k else 3  # a pause starts or ends
+        spec.propose(batch, num_speculative_tokens=k)
+        for slot, n in zip(slots, valid, strict=True):
+            r = live[slot]
+            is_prompt = r["computed"] < r["prompt"]
+            r["computed"] += n
+            r["drafts"] = k if r["computed"] >= r["prompt"] else 0
+            if not is_prompt:
+                r["left"] -= n
+            if r["left"] <= 0:  # ended: vLLM frees the slot
+                del live[slot]
+                spec._req_states.index_to_req_id.pop(slot, None)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_after_a_pause_every_drafting_pass_reads_draft_kv_of_the_right_tokens(seed: int) -> None:
+    spec = _skipping_stand_in(catches_up=True)
+    _drive(spec, seed=seed)
+    assert spec.num_skipped_steps > 20 and spec.num_catch_up_tokens > 0
+    assert spec.bad_reads == []
+
+
+def test_without_the_catch_up_a_drafting_pass_reads_missing_kv() -> None:
+    # The negative control (the seam's no-catch-up hook): the same runs read KV that was never written.
+    for seed in range(6):
+        spec = _skipping_stand_in(catches_up=False)
+        _drive(spec, seed=seed)
+        assert spec.num_skipped_steps > 20 and spec.num_catch_up_tokens == 0
+        assert spec.bad_reads, seed
+
+
+def test_a_catch_up_longer_than_the_token_budget_is_split_across_passes() -> None:
+    spec = _skipping_stand_in(catches_up=True, max_num_tokens=8)
+    _drive(spec, seed=3)
+    assert spec.bad_reads == [] and spec.num_catch_up_tokens > 8

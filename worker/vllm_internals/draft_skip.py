@@ -56,7 +56,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
 
-from worker.speculation.catch_up import pack_ranges
+from worker.vllm_internals.draft_catch_up import SkipBookkeeping
 
 __all__ = ["TEST_ENV", "SkippingDraftSpeculator"]
 
@@ -68,39 +68,25 @@ TEST_ENV = "RUNPOD_WORKER_DRAFT_SKIP_TEST"
 _StandaloneARSpeculator: Any = StandaloneARSpeculator
 
 
-class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
+class SkippingDraftSpeculator(SkipBookkeeping, _StandaloneARSpeculator):  # type: ignore[misc]
     """vLLM's standalone draft-model speculator without its pass at k = 0 (module docstring).
     vLLM hands ``req_states`` to a speculator whose constructor names it (``init_speculator``)."""
 
     def __init__(self, vllm_config: Any, device: torch.device, req_states: Any) -> None:
         super().__init__(vllm_config, device)
-        self._req_states = req_states
-        self._token_history = req_states.all_token_ids
-        # By request-state slot: the first position without draft KV, or -1 (the draft is in step).
-        self._missing_from = torch.full((self.max_num_reqs,), -1, dtype=torch.int64, device=device)
-        self._behind: set[int] = set()  # the slots that may be behind, kept on the host: no sync to ask
-        self._has_skipped = False  # a step was skipped since the engine started
-        self._covers_hits = bool(vllm_config.cache_config.enable_prefix_caching)
         test = os.environ.get(TEST_ENV, "")
-        self._catches_up = test != "no-catch-up"
+        self.init_bookkeeping(
+            req_states=req_states,
+            device=device,
+            covers_hits=bool(vllm_config.cache_config.enable_prefix_caching),
+            catches_up=test != "no-catch-up",
+        )
+        self._token_history = req_states.all_token_ids
         # A KV connector ships blocks after the pass (without draft KV, for a process that never skipped).
         self._can_skip = (
             self.dp_size == 1 and self.dcp_size == 1 and vllm_config.kv_transfer_config is None and test != "keep-pass"
         )
         self._is_full_attention: bool | None = None  # known once vLLM has set the draft's attention up
-        self.num_skipped_steps = 0
-        self.num_catch_up_tokens = 0
-
-    def add_request(self, req_index: int) -> None:
-        super().add_request(req_index)
-        # vLLM sets the slot's computed tokens (a prefix-cache hit) before it calls this.
-        is_hit = int(self._req_states.num_computed_tokens_np[req_index]) > 0
-        if self._has_skipped and self._covers_hits and self._catches_up and is_hit:
-            self._missing_from[req_index] = 0
-            self._behind.add(req_index)
-        else:
-            self._missing_from[req_index] = -1
-            self._behind.discard(req_index)
 
     def _skips(self) -> bool:
         """Whether this engine skips at all: one rank, no KV connector, and a draft of full attention
@@ -118,60 +104,6 @@ class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
                 and self.block_tables.cp_size == 1
             )
         return self._is_full_attention
-
-    def propose(
-        self,
-        input_batch: Any,
-        *args: Any,
-        num_speculative_tokens: int | None = None,
-        dummy_run: bool = False,
-        is_profile: bool = False,
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        is_real = not dummy_run and not is_profile and self._skips()
-        if is_real and num_speculative_tokens == 0:
-            return self._skip(input_batch)
-        if is_real and self._behind:
-            self._behind.intersection_update(self._req_states.index_to_req_id)  # ended or preempted: gone
-            if self._behind.intersection(input_batch.idx_mapping_np[: input_batch.num_reqs].tolist()):
-                self._catch_up(input_batch)
-        return super().propose(  # type: ignore[no-any-return]
-            input_batch,
-            *args,
-            num_speculative_tokens=num_speculative_tokens,
-            dummy_run=dummy_run,
-            is_profile=is_profile,
-            **kwargs,
-        )
-
-    def _skip(self, input_batch: Any) -> torch.Tensor:
-        num_reqs = input_batch.num_reqs
-        slots = input_batch.idx_mapping[:num_reqs]
-        starts = input_batch.positions[input_batch.query_start_loc[:num_reqs].long()]
-        if self._catches_up:
-            held = self._missing_from[slots]
-            self._missing_from[slots] = torch.where(held < 0, starts, held)
-            self._behind.update(input_batch.idx_mapping_np[:num_reqs].tolist())
-        self._has_skipped = True
-        self.num_skipped_steps += 1
-        self.draft_tokens[:num_reqs].fill_(-1)
-        return self.draft_tokens[:num_reqs]  # type: ignore[no-any-return]
-
-    def _catch_up(self, input_batch: Any) -> None:
-        num_reqs = input_batch.num_reqs
-        slots = input_batch.idx_mapping[:num_reqs]
-        missing = self._missing_from[slots]
-        starts = input_batch.positions[input_batch.query_start_loc[:num_reqs].long()]
-        self._missing_from[slots] = -1
-        self._behind.difference_update(input_batch.idx_mapping_np[:num_reqs].tolist())
-        host = torch.cat([missing, starts.long()]).cpu()  # the one sync, at resumption
-        first, start = host[:num_reqs].numpy(), host[num_reqs : 2 * num_reqs].numpy()
-        ranges = [(row, int(first[row]), int(start[row])) for row in range(num_reqs) if 0 <= first[row] < start[row]]
-        if not ranges:
-            return
-        slot_of_row = input_batch.idx_mapping_np
-        for ranges_of_pass in pack_ranges(ranges, self.max_num_tokens):
-            self._prefill_ranges([(int(slot_of_row[row]), lo, hi) for row, lo, hi in ranges_of_pass])
 
     def _prefill_ranges(self, ranges: list[tuple[int, int, int]]) -> None:
         """One eager draft pass over ``(slot, start, end)`` ranges: writes their draft KV."""
@@ -229,4 +161,3 @@ class SkippingDraftSpeculator(_StandaloneARSpeculator):  # type: ignore[misc]
             None,
             CUDAGraphMode.NONE,
         )
-        self.num_catch_up_tokens += num_tokens
