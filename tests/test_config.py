@@ -295,6 +295,7 @@ def test_the_local_run_sends_vllms_logs_to_stderr_at_warning() -> None:
         "VLLM_LOGGING_LEVEL": "WARNING",
         "VLLM_LOGGING_STREAM": "ext://sys.stderr",
         "TORCH_CPP_LOG_LEVEL": "ERROR",  # worker/quiet.py: torch's C++ warning of the CPU build
+        "LOAD_PROGRESS": "false",  # vLLM's progress bar for the weights
     }
     assert local_run_environment({}, is_verbose=True) == {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
     assert local_run_environment({"VLLM_LOGGING_STREAM": "ext://sys.stdout"}, is_verbose=True) == {}

@@ -10,7 +10,8 @@ on that logger, which the engine's forked processes inherit), a Python warning (
 that layer's warnings and not only the one listed. vLLM's INFO lines are left out by its level (set
 there too); this module also holds vLLM's loggers to that level before vLLM configures its own
 logging, which it does only when the engine's configuration is built. vLLM's progress bar for
-loading the weights stays (progress, not a warning). ``--verbose`` silences nothing.
+loading the weights is turned off by a setting (``LOAD_PROGRESS``, which the local run sets
+false). ``--verbose`` silences nothing.
 """
 
 from __future__ import annotations

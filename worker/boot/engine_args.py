@@ -68,6 +68,7 @@ def build_engine_kwargs(settings: Settings, speculation: SpeculationPlan, *, is_
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "stream_interval": settings.stream_interval,
         "disable_log_stats": False,
+        "use_tqdm_on_load": settings.load_progress,
         "structured_outputs_config": {
             "backend": settings.structured_outputs_backend,
             "disable_any_whitespace": settings.structured_outputs_disable_any_whitespace,

@@ -72,7 +72,8 @@ def local_run_environment(env: Mapping[str, str] | None = None, *, is_verbose: b
     logging at WARNING (a few hundred INFO lines otherwise), unless ``--verbose`` was given or
     ``VLLM_LOGGING_LEVEL`` is set; and on stderr (vLLM's default is stdout, where its warnings
     came between the job's streamed items), unless ``VLLM_LOGGING_STREAM`` is set. Without
-    ``--verbose`` also torch's C++ warnings at ERROR (``TORCH_CPP_LOG_LEVEL``, unless set), read
+    ``--verbose`` also no progress bar while the weights load (``LOAD_PROGRESS``), and torch's C++
+    warnings at ERROR (``TORCH_CPP_LOG_LEVEL``, unless set), read
     when torch loads: ``worker.quiet.SILENCED`` lists the one that prints, and why."""
     source = os.environ if env is None else env
     values = {}
@@ -80,6 +81,8 @@ def local_run_environment(env: Mapping[str, str] | None = None, *, is_verbose: b
         values["VLLM_LOGGING_LEVEL"] = "WARNING"
     if not is_verbose and "TORCH_CPP_LOG_LEVEL" not in source:
         values["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    if not is_verbose and "LOAD_PROGRESS" not in source:
+        values["LOAD_PROGRESS"] = "false"  # vLLM's progress bar for the weights: progress, not a warning
     if "VLLM_LOGGING_STREAM" not in source:
         values["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
     return values

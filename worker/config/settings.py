@@ -202,6 +202,9 @@ class Settings(BaseSettings):
         ge=1,
         description="tokens per engine output (vLLM's stream_interval); the first token always goes out at once",
     )
+    load_progress: bool = Field(
+        True, description="vLLM's progress bar while the weights load (use_tqdm_on_load); false in a quiet local run"
+    )
     worker_cache_dir: Path = DEFAULT_CACHE_DIR
     runpod_model_cache_dir: Path = Field(
         RUNPOD_MODEL_CACHE_DIR, description="RunPod's cached models (hub layout); hub ids found there load from it"
