@@ -88,8 +88,7 @@ def test_local_test_input_run_streams_and_ends_with_the_blocks(subprocess_env: d
     others = [
         line
         for line in out.stderr.splitlines()
-        if line.strip()
-        and not re.match(r"[\d-]+ [\d:,]+ [A-Z]+ worker\.", line)
+        if line.strip() and not re.match(r"[\d-]+ [\d:,]+ [A-Z]+ worker\.", line)
     ]
     assert others == [], out.stderr[-3000:]
 
