@@ -1,7 +1,7 @@
 """The results page (``docs/benchmarks.md``), its plots and the README's headline table are what the
 result files give (``python -m worker bench --render-page``, :mod:`worker.tools.bench.results_page`),
-and ``docs/gpu-results/`` holds only what the page cites; the renderer judges goals on the image's
-vLLM alone and fails on an index that disagrees with its files."""
+and ``docs/gpu-results/`` holds only what the page cites; the renderer takes runs on the image's vLLM
+alone and fails on an index that disagrees with its files."""
 
 from __future__ import annotations
 
@@ -80,13 +80,27 @@ def test_a_goal_names_the_points_that_miss_it(tmp_path: Path) -> None:
     assert set(rendered.plots) == set()
 
 
-def test_a_run_on_another_vllm_is_marked_and_counts_for_no_goal(tmp_path: Path) -> None:
-    old = _spec_map({"none": {1: 100.0}, "/d:3:2.5:auto": {1: 200.0}})
-    root = _root(tmp_path, runs=[("old", "0.32.0", old)])
+def test_a_run_on_another_vllm_is_refused_naming_it(tmp_path: Path) -> None:
+    data = _spec_map({"none": {1: 100.0}, "/d:3:2.5:auto": {1: 200.0}})
+    root = _root(tmp_path, runs=[("m", "0.34.0", data), ("old", "0.32.0", data)])
+    with pytest.raises(ValueError, match=r"run 'old' is on vLLM 0\.32\.0, not the image's 0\.34\.0"):
+        render(root)
+    assert results_page.main(check=True, root=root) == 2
+
+
+def test_a_goal_and_a_readme_row_without_a_selector_are_not_yet_measured(tmp_path: Path) -> None:
+    data = _spec_map({"none": {1: 100.0}, "/d:3:2.5:auto": {1: 200.0}})
+    root = _root(tmp_path, runs=[("m", "0.34.0", data)])
+    index_path = root / "docs" / "gpu-results" / "results.json"
+    index = json.loads(index_path.read_text())
+    index["sections"][0]["goals"].append({"text": "n-gram at least 0.98x", "at_least": 0.98})
+    index["readme"].append({"what": "n-gram", "set": "`X=1`", "section": "Where speculation pays"})
+    index_path.write_text(json.dumps(index))
     rendered = render(root)
-    assert "at least 1.4x: not yet measured on vLLM 0.34.0" in rendered.page
-    assert "### Where speculation pays: measured on vLLM 0.32.0, to be re-measured" in rendered.page
-    assert "not yet measured on vLLM 0.34.0" in rendered.readme_table and "2.00x" not in rendered.readme_table
+    assert "- at least 1.4x: **met**: 2.00x at 1 stream" in rendered.page
+    assert "- n-gram at least 0.98x: not yet measured on vLLM 0.34.0" in rendered.page
+    link = "[Where speculation pays](docs/benchmarks.md#where-speculation-pays)"
+    assert f"| n-gram | `X=1` | not yet measured on vLLM 0.34.0 | {link} |" in rendered.readme_table
 
 
 def test_an_index_that_disagrees_with_its_file_fails_naming_it(tmp_path: Path) -> None:

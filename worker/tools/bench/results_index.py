@@ -5,9 +5,10 @@ them, the plots and the README's headline rows. Loaded and checked once (a file'
 tables, goals and plots then ask it for points through selectors.
 
 A selector names a run (``"run": id``) or every run of a table (``"table": id``) and what to read
-off it (the keys each table kind takes: ``streams``, ``row``, ``case``, ``measure``, ...). Only
-runs on the image's vLLM (``image_vllm``) give a goal or a headline its figure: a run on another
-vLLM is rendered as such, under "to be re-measured", and never counts as current.
+off it (the keys each table kind takes: ``streams``, ``row``, ``case``, ``measure``, ...); a goal or
+a headline row without one (no ``of``) is not measured yet. Every run is on the image's vLLM
+(``image_vllm``): the index refuses a run on another, whose figures belong in the history
+(``docs/gpu-results/HISTORY.md``) until a run on the image's vLLM replaces them.
 """
 
 from __future__ import annotations
@@ -114,9 +115,6 @@ class Index:
             self._cache[path] = json.loads((self.root / path).read_text())
         return self._cache[path]
 
-    def is_current(self, run: Run) -> bool:
-        return run.vllm == self.image_vllm
-
     def tables(self) -> list[Table]:
         return [table for section in self.sections for table in section.tables]
 
@@ -140,17 +138,14 @@ class Index:
         }
         return files | {plot["file"] for section in self.sections for plot in section.plots}
 
-    def points(self, selector: dict[str, Any], *, current_only: bool = True) -> list[Point]:
-        """The points ``selector`` names: of its run, or of every run of its table; with
-        ``current_only``, of runs on the image's vLLM alone (none: an empty list)."""
+    def points(self, selector: dict[str, Any]) -> list[Point]:
+        """The points ``selector`` names: of its run, or of every run of its table."""
         if "run" in selector:
             table, run = self.run(selector["run"])
             runs = [run]
         else:
             table = self.table(selector["table"])
             runs = list(table.runs)
-        if current_only:
-            runs = [run for run in runs if self.is_current(run)]
         kind = self.kinds[table.kind]
         return [point for run in runs for point in kind.points(self, table, run, selector)]
 
@@ -189,8 +184,9 @@ def _table(entry: dict[str, Any]) -> Table:
 
 def load_index(path: Path, *, kinds: dict[str, Kind]) -> Index:
     """The index at ``path``, its tables drawn by ``kinds``, checked: unique ids, known table kinds,
-    every file present, and each file's own card and vLLM (where it records them) those the index
-    gives its run. Raises ValueError naming the first thing that disagrees."""
+    every run on the image's vLLM, every file present, and each file's own card and vLLM (where it
+    records them) those the index gives its run. Raises ValueError naming the first thing that
+    disagrees."""
     raw = json.loads(path.read_text())
     index = Index(
         root=path.parent,
@@ -217,11 +213,14 @@ def load_index(path: Path, *, kinds: dict[str, Kind]) -> Index:
     if repeated:
         raise ValueError(f"results.json: ids used twice: {', '.join(repeated)}")
     for table in index.tables():
-        if len({run.vllm for run in table.runs}) > 1:
-            raise ValueError(f"results.json: table {table.id!r} mixes vLLM versions: give each its own table")
         if table.kind not in kinds:
             raise ValueError(f"results.json: table {table.id!r} has no kind {table.kind!r} (known: {', '.join(kinds)})")
         for run in table.runs:
+            if run.vllm != index.image_vllm:
+                raise ValueError(
+                    f"results.json: run {run.id!r} is on vLLM {run.vllm}, not the image's {index.image_vllm}: "
+                    "re-measure it, or move it to HISTORY.md"
+                )
             for paths in run.files.values():
                 for file in paths:
                     _check_file(index, run, file)

@@ -4,9 +4,9 @@ headline figures, generated from ``docs/gpu-results/results.json`` and the resul
 goal verdict and plot comes from the files, and ``tests/test_results_page.py`` fails when the page
 and the files disagree.
 
-One section per question a deployer asks. In each: its goals, judged on runs of the image's vLLM
-only; its tables and plots; each run's files, card, vLLM, date and the command that reproduces it;
-then what was measured on an older vLLM (to be re-measured) and what is not measured yet.
+One section per question a deployer asks. In each: its goals, judged on the runs (all on the image's
+vLLM: :mod:`.results_index` refuses others); its tables and plots; each run's files, card, vLLM, date
+and the command that reproduces it; then what is not measured yet, with the command that would.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ names them with the card, the vLLM version, the date, the code and the command (
 where its script stands in git). Then
 `python -m worker bench --render-page` rewrites this page, its plots and the README's headline
 table; `tests/test_results_page.py` fails until it has. A run on another vLLM than the image's is
-shown as such, under "to be re-measured", and never counts for a goal.
+refused: move its figures to the history (its files to git's) and list what it measured under the
+section's `pending` until a run on the image's vLLM replaces it; a goal or a README row without `of`
+reads "not yet measured".
 
 A speculation map is the `spec_map.json` that `python -m worker.tools.bench.spec_map` writes
 (`configs`, `concurrencies`, and `table[config][streams]` with `throughput_tok_s`; one configuration
@@ -82,7 +84,7 @@ def streams(label: str) -> str:
 
 
 def verdict(index: Index, goal: dict[str, Any]) -> str:
-    points = index.points(goal["of"])
+    points = index.points(goal["of"]) if "of" in goal else []
     if not points:
         return f"not yet measured on vLLM {index.image_vllm}"
     if "at_least" in goal:
@@ -97,7 +99,7 @@ def verdict(index: Index, goal: dict[str, Any]) -> str:
 
 
 def headline(index: Index, entry: dict[str, Any]) -> str:
-    points = index.points(entry["of"])
+    points = index.points(entry["of"]) if "of" in entry else []
     if not points:
         return f"not yet measured on vLLM {index.image_vllm}"
     if entry.get("show", "each") == "range":
@@ -146,18 +148,10 @@ def _section(index: Index, section: Section) -> list[str]:
         lines += [f"- {goal['text']}: {verdict(index, goal)}" for goal in section.goals] + [""]
     else:
         lines += ["No goal: reported for choosing.", ""]
-    current = [t for t in section.tables if all(index.is_current(r) for r in t.runs)]
-    older = [t for t in section.tables if t not in current]
-    for table in current:
+    for table in section.tables:
         lines += _table(index, table)
     for plot in section.plots:
         lines += [f"![{plot['title']}](gpu-results/{plot['file']})", ""]
-    if older:
-        versions = sorted({run.vllm for t in older for run in t.runs})
-        lines += [f"### {section.title}: measured on vLLM {', '.join(versions)}, to be re-measured", ""]
-        lines += [f"Not the image's vLLM ({index.image_vllm}): kept until a run on it replaces them.", ""]
-        for table in older:
-            lines += _table(index, table)
     if section.pending:
         lines += [f"### {section.title}: not yet measured on vLLM {index.image_vllm}", ""]
         lines += md_table(["what", "command"], [[p["what"], _code(p.get("command"))] for p in section.pending])
@@ -175,7 +169,7 @@ def _summary(index: Index) -> list[str]:
 
 
 def _readme_table(index: Index) -> str:
-    cards = sorted({run.card for table in index.tables() for run in table.runs if index.is_current(run)})
+    cards = sorted({run.card for table in index.tables() for run in table.runs})
     titles = {section.title for section in index.sections}
     rows = []
     for entry in index.readme:

@@ -25,7 +25,7 @@ _RC: dict[str, Any] = {
 
 
 def render_plot(index: Index, plot: dict[str, Any]) -> str:
-    """The SVG of ``plot``, drawn from runs on the image's vLLM only."""
+    """The SVG of ``plot``, drawn from its series' points."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -5,8 +5,7 @@
   engine without speculation (or, for a selector's ``against``, another of its configurations);
 - ``real_text``: ``--real-text`` files, by role, one column per (role, k);
 - ``stats_vs_stock``: a map's exact-stats configuration against its ``stock`` twin (vLLM's scheduler);
-- ``lossless``: ``--parts lossless``;
-- ``stats_path``: ``--parts overhead,stats_path`` (the stats path's CPU time against the step).
+- ``lossless``: ``--parts lossless``.
 """
 
 from __future__ import annotations
@@ -200,47 +199,9 @@ def _lossless_points(index: Index, table: Table, run: Run, selector: dict[str, A
     ]
 
 
-# ------------------------------------------------------------------------------ stats_path
-STOP_CASES = {
-    "no_stop": "no stop strings",
-    "all_stop": '`"\\n\\n"` watched on every request',
-    "all_stop_ending": "requests ending at it",
-}
-
-
-def _stats_rows(index: Index, run: Run) -> list[tuple[int, float, dict[str, float]]]:
-    data = index.load(run.file)
-    step_ms = {int(r["concurrency"]): r["handler"]["itl_mean_ms"] for r in data["overhead"]["rows"]}
-    return [
-        (int(r["batch"]), step_ms[int(r["batch"])], {case: r[case]["total_us"] for case in STOP_CASES})
-        for r in data["stats_path"]["rows"]
-        if int(r["batch"]) in step_ms
-    ]
-
-
-def _stats_render(index: Index, table: Table) -> list[str]:
-    rows = [
-        [name(run), str(batch), f"{step:.2f}"]
-        + [f"{us[case]:.1f} µs ({us[case] / (step * 10):.2f}%)" for case in STOP_CASES]
-        for run in table.runs
-        for batch, step, us in _stats_rows(index, run)
-    ]
-    return md_table(["run", "batch", "engine step, ms", *STOP_CASES.values()], rows)
-
-
-def _stats_points(index: Index, table: Table, run: Run, selector: dict[str, Any]) -> list[Point]:
-    case = selector.get("case", "no_stop")
-    return [
-        Point(str(batch), us[case] / (step * 10), "%", 2, batch, "streams")
-        for batch, step, us in _stats_rows(index, run)
-        if wanted(selector, batch)
-    ]
-
-
 SPEC_KINDS: dict[str, Kind] = {
     "spec_map": Kind(_map_render, _map_points),
     "real_text": Kind(_real_text_render, _real_text_points),
     "stats_vs_stock": Kind(_stock_render, _stock_points),
     "lossless": Kind(_lossless_render, _lossless_points),
-    "stats_path": Kind(_stats_render, _stats_points),
 }

@@ -132,7 +132,7 @@ def _pairs(r: dict[str, Any]) -> str:
 def _pod_render(index: Index, table: Table) -> list[str]:
     ceiling: dict[float, float] = {}
     if "ceiling" in table.options:
-        found = index.points({"run": table.options["ceiling"], "measure": "raw_tok_s"}, current_only=False)
+        found = index.points({"run": table.options["ceiling"], "measure": "raw_tok_s"})
         ceiling = {p.x: p.value for p in found if p.x is not None}
     rows = []
     for run in table.runs:
