@@ -14,6 +14,7 @@ import torch
 
 from worker.boot.plan import build_plan
 from worker.config import load_settings
+from worker.errors import ConfigError
 from worker.speculation.catch_up import pack_ranges
 from worker.speculation.controller import PROBE_EVERY_MAX_STEPS, PROBE_EVERY_STEPS, SpeculationController
 from worker.speculation.cost import STEP_COSTS, step_ms
@@ -26,21 +27,30 @@ NGRAM = {**REAL, "SPECULATIVE_METHOD": "ngram", "NUM_SPECULATIVE_TOKENS": "4"}
 EAGLE = {**REAL, "SPECULATIVE_CONFIG": '{"method": "eagle3", "model": "org/head", "num_speculative_tokens": 4}'}
 
 
-def test_the_plan_skips_a_draft_models_pass_on_a_gpu_only() -> None:
+def test_the_plan_skips_a_draft_models_pass_where_asked_on_a_gpu_only() -> None:
+    skip = {**DRAFT, "SKIP_DRAFT_PASS": "true"}
     for mode in ("pod", "serverless"):
-        assert decide(load_settings(DRAFT), mode=mode, is_cpu=False).skips_draft_pass
-        static = load_settings({**DRAFT, "SPECULATION_CONTROL": "static"})
+        # Off until measured on a GPU: vLLM's pass runs unless asked.
+        assert not decide(load_settings(DRAFT), mode=mode, is_cpu=False).skips_draft_pass
+        assert decide(load_settings(skip), mode=mode, is_cpu=False).skips_draft_pass
+        static = load_settings({**skip, "SPECULATION_CONTROL": "static"})
         assert decide(static, mode=mode, is_cpu=False).skips_draft_pass
-        # The CPU build's proposer keeps its pass; EAGLE heads need the target's hidden states to catch
-        # up, which the target does not keep; n-gram has no pass; no speculation, nothing to skip.
-        assert not decide(load_settings(DRAFT), mode=mode, is_cpu=True).skips_draft_pass
-        for env in (EAGLE, NGRAM, REAL):
-            assert not decide(load_settings(env), mode=mode, is_cpu=False).skips_draft_pass, env
+        # The CPU build's proposer keeps its pass.
+        assert not decide(load_settings(skip), mode=mode, is_cpu=True).skips_draft_pass
+
+
+def test_a_skip_without_a_draft_model_is_refused() -> None:
+    # n-gram has no pass; an EAGLE head needs the target's hidden states to catch up, which the target
+    # does not keep; no speculation, nothing to skip: a setting without effect is refused.
+    for env in (EAGLE, NGRAM, REAL):
+        with pytest.raises(ConfigError, match="SKIP_DRAFT_PASS=true needs a separate draft model"):
+            load_settings({**env, "SKIP_DRAFT_PASS": "true"})
 
 
 def test_the_engine_core_is_told_by_one_marker() -> None:
-    assert build_plan(load_settings(DRAFT), mode="pod", is_cpu=False).environment[DRAFT_SKIP_ENV] == "1"
-    for env, is_cpu in ((DRAFT, True), (EAGLE, False), (NGRAM, False)):
+    skip = {**DRAFT, "SKIP_DRAFT_PASS": "true"}
+    assert build_plan(load_settings(skip), mode="pod", is_cpu=False).environment[DRAFT_SKIP_ENV] == "1"
+    for env, is_cpu in ((skip, True), (DRAFT, False)):
         assert build_plan(load_settings(env), mode="pod", is_cpu=is_cpu).environment.get(DRAFT_SKIP_ENV) is None
 
 

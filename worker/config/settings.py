@@ -186,6 +186,13 @@ class Settings(BaseSettings):
         "was measured at or above static k, n-gram, EAGLE heads and separate draft models on a GPU with full CUDA "
         "graphs, else static (docs/speculation.md)",
     )
+    # A draft model's pass at k = 0 skipped, its KV caught up when drafting resumes (GPU only:
+    # worker/vllm_internals/draft_skip.py). Off until measured on a GPU (docs/speculation.md).
+    skip_draft_pass: bool = Field(
+        False,
+        description="a separate draft model runs no pass on a step that drafts nothing and catches its KV cache "
+        "up when drafting resumes (a GPU; docs/speculation.md)",
+    )
     # "none" turns the worker's exact stats path off (vLLM's plain scheduler, no spec_decode block):
     # the baseline the benchmark measures that path against.
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "summary"
@@ -274,6 +281,11 @@ class Settings(BaseSettings):
             )
         if self.speculation_control is not None and self.resolved_speculative_config is None:
             raise ValueError("SPECULATION_CONTROL needs speculative decoding to be configured")
+        if self.skip_draft_pass and self.drafter != "draft_model":
+            raise ValueError(
+                "SKIP_DRAFT_PASS=true needs a separate draft model (SPECULATIVE_MODEL): n-gram has no pass, and an "
+                "EAGLE or MTP head keeps its own (its catch-up would need the target's hidden states)"
+            )
         names = [module.name for module in self.lora_modules]
         if len(set(names)) != len(names):
             raise ValueError("LORA_MODULES: adapter names must be unique")

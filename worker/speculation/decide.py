@@ -80,8 +80,8 @@ class SpeculationPlan:
     is_worker_full_graphs: bool  # FULL chosen by the worker: its plugin adds decode graphs, vLLM's config marked
     speculative_config: dict[str, Any] | None  # vLLM's, as the worker builds it (ENGINE_ARGS may replace it)
     is_exact_stats: bool  # the worker's scheduler and output processor: exact per-request stats
-    # A draft model on a GPU: no draft pass on a step that drafts nothing, its KV caught up when
-    # drafting resumes (worker.vllm_internals.draft_skip; vLLM 0.34's V2 runner, where the seam has it).
+    # SKIP_DRAFT_PASS, a draft model, a GPU: no draft pass on a step that drafts nothing, its KV caught
+    # up when drafting resumes (worker.vllm_internals.draft_skip; vLLM 0.34's V2 runner, where the seam has it).
     skips_draft_pass: bool = False
 
     @property
@@ -175,7 +175,7 @@ def decide(settings: Settings, *, mode: DeploymentMode, is_cpu: bool) -> Specula
         is_worker_full_graphs=is_worker_full_graphs,
         speculative_config=spec,
         is_exact_stats=speculates and runs_worker_scheduler,
-        skips_draft_pass=not is_cpu and drafter == "draft_model" and spec is not None,
+        skips_draft_pass=settings.skip_draft_pass and not is_cpu and drafter == "draft_model" and spec is not None,
     )
 
 

@@ -151,7 +151,14 @@ async def bench_pause_lossless(
 
 def _env(base: dict[str, str], draft: str, k: int, *, paused: bool) -> dict[str, str]:
     env = {key: value for key, value in base.items() if "SPECULATI" not in key}
-    env.update({"SPECULATIVE_MODEL": draft, "NUM_SPECULATIVE_TOKENS": str(k), "SPECULATION_CONTROL": "static"})
+    env.update(
+        {
+            "SPECULATIVE_MODEL": draft,
+            "NUM_SPECULATIVE_TOKENS": str(k),
+            "SPECULATION_CONTROL": "static",
+            "SKIP_DRAFT_PASS": "true",
+        }
+    )
     if paused:
         env["SPECULATIVE_TOKENS_BY_BATCH"] = f"1-1:{k},2-1024:0"
     return env
