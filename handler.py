@@ -48,12 +48,16 @@ def main(argv: list[str]) -> int:
     args = local_arg_parser().parse_args(argv)  # --help, or an unknown flag: usage, before anything boots
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _worker.holder.install_signal_handlers()
+    is_local = not (args.rp_serve_api or is_on_runpod())
+    if is_local:
+        local = local_run_environment(is_verbose=args.verbose)
+        os.environ.update(local)  # before the settings are read and vLLM is imported
     try:  # a setting that can never serve ends the process before it takes a job (worker/boot/preflight.py)
         check_at_start(_worker.holder.settings)
     except ConfigError as exc:
         logging.getLogger("handler").error("configuration error, exiting before taking a job: %s", exc.message)
         return 2
-    if args.rp_serve_api or is_on_runpod():
+    if not is_local:
         os.environ.update(sdk_environment())  # before the SDK reads its log level
         runpod = import_runpod()  # reads its own --rp_* flags from sys.argv
 
@@ -67,8 +71,6 @@ def main(argv: list[str]) -> int:
         runpod.serverless.start(_worker.runpod_config)
         return 0
     # The SDK's own local mode does not iterate async-generator handlers: ours does.
-    local = local_run_environment(is_verbose=args.verbose)
-    os.environ.update(local)  # before vLLM is imported
     if not args.verbose:
         silence(vllm_level=local.get("VLLM_LOGGING_LEVEL"))  # what needs no action (worker/quiet.py)
     return main_local(_worker, args.test_input)
