@@ -169,7 +169,9 @@ def _summary(index: Index) -> list[str]:
 
 
 def _readme_table(index: Index) -> str:
-    cards = sorted({run.card for table in index.tables() for run in table.runs})
+    runs = [run for table in index.tables() for run in table.runs]
+    cards = sorted({run.card for run in runs})
+    dates = sorted({run.date for run in runs})
     titles = {section.title for section in index.sections}
     rows = []
     for entry in index.readme:
@@ -180,7 +182,7 @@ def _readme_table(index: Index) -> str:
     head = [
         "what you choose",
         "what to set",
-        f"on vLLM {index.image_vllm} (the image's), {', '.join(cards)}",
+        f"on vLLM {index.image_vllm} (the image's), {', '.join(cards)}, {dates[0]} to {dates[-1]}",
         "details",
     ]
     return "\n".join(md_table(head, rows))
