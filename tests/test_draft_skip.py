@@ -15,10 +15,10 @@ import torch
 from worker.boot.plan import build_plan
 from worker.config import load_settings
 from worker.errors import ConfigError
-from worker.speculation.catch_up import pack_ranges
 from worker.speculation.controller import PROBE_EVERY_MAX_STEPS, PROBE_EVERY_STEPS, SpeculationController
 from worker.speculation.cost import STEP_COSTS, step_ms
 from worker.speculation.decide import decide
+from worker.vllm_internals.draft_catch_up import pack_ranges
 from worker.vllm_internals.plugin import DRAFT_SKIP_ENV, apply_draft_skip
 
 REAL = {"MODEL_NAME": "org/model"}

@@ -66,31 +66,23 @@ class StepCost:
     catch_up_per_token_ms: float = 0.0
 
 
+# Provisional: read off the map's one stream at k = 4 and 0% acceptance (docs/benchmarks.md).
+_DRAFT_MODEL = StepCost(
+    base_ms=4.85,
+    per_seq_ms=0.03,
+    per_token_ms=0.025,
+    knee_tokens=512,
+    verify_ms=0.4,
+    draft_pass_ms=2.0,
+    draft_per_seq_ms=0.004,
+    is_synced_at_zero=True,
+)
+
 # 8B bf16 target on one H200 (module docstring).
 STEP_COSTS: dict[str, StepCost] = {
-    # Provisional: read off the map's one stream at k = 4 and 0% acceptance (docs/benchmarks.md).
-    "draft_model": StepCost(
-        base_ms=4.85,
-        per_seq_ms=0.03,
-        per_token_ms=0.025,
-        knee_tokens=512,
-        verify_ms=0.4,
-        draft_pass_ms=2.0,
-        draft_per_seq_ms=0.004,
-        is_synced_at_zero=True,
-    ),
+    "draft_model": _DRAFT_MODEL,
     # The draft above, its pass at k = 0 skipped: ~2.4 GFLOP a token for a 1B draft at ~400 TFLOPS.
-    "draft_model_skip": StepCost(
-        base_ms=4.85,
-        per_seq_ms=0.03,
-        per_token_ms=0.025,
-        knee_tokens=512,
-        verify_ms=0.4,
-        draft_pass_ms=2.0,
-        draft_per_seq_ms=0.004,
-        is_synced_at_zero=False,
-        catch_up_per_token_ms=0.006,
-    ),
+    "draft_model_skip": dataclasses.replace(_DRAFT_MODEL, is_synced_at_zero=False, catch_up_per_token_ms=0.006),
     # Fitted to the sixth run's V2 steps at k = 0 (1-256 streams), static k = 2 (1-128) and auto
     # (k = 2-3, 1-64); the steps: docs/benchmarks.md. Past ~400 tokens a step, 256 streams at k = 1
     # (512 tokens), the model extrapolates.

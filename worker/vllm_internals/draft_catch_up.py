@@ -1,6 +1,7 @@
 """The bookkeeping of a draft model's skipped pass (:mod:`worker.vllm_internals.draft_skip` has the
 why): which request-state slots lack draft KV from which position, recorded on a step that drafts
-nothing, and turned into catch-up ranges before the next step that drafts. A mixin over vLLM 0.34's
+nothing, and turned into catch-up ranges, packed into passes within the engine's token budget
+(:func:`pack_ranges`), before the next step that drafts. A mixin over vLLM 0.34's
 V2 draft-model speculator, apart from it so that the position arithmetic is tested on the CPU
 (``tests/test_draft_skip.py``, over a stand-in for that GPU-only class). Imports no vLLM module: it
 reads vLLM's request states and input batch by the attributes the contract lists for
@@ -17,9 +18,34 @@ from typing import Any
 
 import torch
 
-from worker.speculation.catch_up import pack_ranges
+__all__ = ["TEST_ENV", "SkipBookkeeping", "pack_ranges"]
 
-__all__ = ["SkipBookkeeping"]
+# The seam's test hook for the bench's controls (worker.vllm_internals.draft_skip): "no-catch-up" or "keep-pass".
+TEST_ENV = "RUNPOD_WORKER_DRAFT_SKIP_TEST"
+
+
+def pack_ranges(ranges: list[tuple[int, int, int]], budget: int) -> list[list[tuple[int, int, int]]]:
+    """``(row, start, end)`` ranges of positions packed into passes of at most ``budget`` tokens,
+    in order; a range longer than what is left of a pass is split, its pieces in later passes (each
+    pass attends to the KV the ones before it wrote)."""
+    passes: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    room = budget
+    pending = list(ranges)
+    while pending:
+        row, start, end = pending.pop(0)
+        take = min(end - start, room)
+        current.append((row, start, start + take))
+        room -= take
+        if start + take < end:
+            pending.insert(0, (row, start + take, end))
+        if room == 0:
+            passes.append(current)
+            current, room = [], budget
+    if current:
+        passes.append(current)
+    return passes
+
 
 # Typed as Any for the checker: the mixin's super() is vLLM's speculator, or a test's stand-in.
 _Speculator: Any = object
@@ -86,7 +112,7 @@ class SkipBookkeeping(_Speculator):  # type: ignore[misc]
     def _skip(self, input_batch: Any) -> torch.Tensor:
         num_reqs = input_batch.num_reqs
         slots = input_batch.idx_mapping[:num_reqs]
-        starts = input_batch.positions[input_batch.query_start_loc[:num_reqs].long()]
+        starts = _first_positions(input_batch)
         if self._catches_up:
             held = self._missing_from[slots]
             self._missing_from[slots] = torch.where(held < 0, starts, held)
@@ -100,7 +126,7 @@ class SkipBookkeeping(_Speculator):  # type: ignore[misc]
         num_reqs = input_batch.num_reqs
         slots = input_batch.idx_mapping[:num_reqs]
         missing = self._missing_from[slots]
-        starts = input_batch.positions[input_batch.query_start_loc[:num_reqs].long()]
+        starts = _first_positions(input_batch)
         self._missing_from[slots] = -1
         self._behind.difference_update(input_batch.idx_mapping_np[:num_reqs].tolist())
         host = torch.cat([missing, starts.long()]).cpu()  # the one sync, at resumption
@@ -112,3 +138,8 @@ class SkipBookkeeping(_Speculator):  # type: ignore[misc]
         for ranges_of_pass in pack_ranges(ranges, self.max_num_tokens):
             self._prefill_ranges([(int(slot_of_row[row]), lo, hi) for row, lo, hi in ranges_of_pass])
             self.num_catch_up_tokens += sum(hi - lo for _, lo, hi in ranges_of_pass)
+
+
+def _first_positions(input_batch: Any) -> torch.Tensor:
+    """Each request's first position in the step (on the device)."""
+    return input_batch.positions[input_batch.query_start_loc[: input_batch.num_reqs].long()]  # type: ignore[no-any-return]

@@ -56,11 +56,9 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
 
-from worker.vllm_internals.draft_catch_up import SkipBookkeeping
+from worker.vllm_internals.draft_catch_up import TEST_ENV, SkipBookkeeping
 
-__all__ = ["TEST_ENV", "SkippingDraftSpeculator"]
-
-TEST_ENV = "RUNPOD_WORKER_DRAFT_SKIP_TEST"
+__all__ = ["SkippingDraftSpeculator"]
 
 
 # Typed as Any: the type checker runs against the CPU build's vLLM (0.32), whose class of this name

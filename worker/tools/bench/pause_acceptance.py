@@ -41,6 +41,8 @@ from typing import Any
 
 from worker.config import load_settings
 from worker.tools.bench.engines import EnginePool
+from worker.tools.bench.spec_map_config import config_env
+from worker.vllm_internals.draft_catch_up import TEST_ENV
 
 __all__ = ["bench_pause_acceptance", "bench_pause_lossless", "main"]
 
@@ -50,7 +52,6 @@ PROMPT_B = (
     "shaping the loaf and baking it until the crust is golden brown.\n"
 )
 TOLERANCE = 0.03  # the paused engine's mean acceptance length within 3% of the reference's
-TEST_ENV = "RUNPOD_WORKER_DRAFT_SKIP_TEST"  # the seam's test hook (worker.vllm_internals.draft_skip)
 
 
 async def _run(engine: Any, prompt: str, max_tokens: int) -> tuple[str, float | None, int]:
@@ -121,9 +122,7 @@ async def bench_pause_lossless(
             samples.append(tokens)
         return samples
 
-    plain = await pool.boot(
-        load_settings({**{k_: v for k_, v in base_env.items() if "SPECULATI" not in k_}, "SPECULATIVE_METHOD": "none"})
-    )
+    plain = await pool.boot(load_settings(config_env(base_env, "none")))
     try:
         a = await sample(plain, 0, paused=False)
         a2 = await sample(plain, 10**6, paused=False)
@@ -195,14 +194,12 @@ async def bench_pause_acceptance(
     pool = pool or EnginePool(share=False)
     rows: list[dict[str, Any]] = []
     for draft in drafts:
-        engine = await pool.boot(load_settings(_env(base_env, draft, k, paused=True)))
-        try:
-            paused = await _paused_runs(engine, pauses, max_tokens)
-        finally:
-            pool.release(engine)
-        controls = {"keep_pass": await _under_hook(pool, base_env, draft, k, "keep-pass", pauses, max_tokens)}
+        paused = await _paused_engine_runs(pool, base_env, draft, k, None, pauses, max_tokens)
+        controls = {"keep_pass": await _paused_engine_runs(pool, base_env, draft, k, "keep-pass", pauses, max_tokens)}
         if no_catch_up:
-            controls["no_catch_up"] = await _under_hook(pool, base_env, draft, k, "no-catch-up", pauses, max_tokens)
+            controls["no_catch_up"] = await _paused_engine_runs(
+                pool, base_env, draft, k, "no-catch-up", pauses, max_tokens
+            )
         reference = await pool.boot(load_settings(_env(base_env, draft, k, paused=False)))
         try:
             for n in pauses:
@@ -243,11 +240,19 @@ async def bench_pause_acceptance(
     }
 
 
-async def _under_hook(
-    pool: EnginePool, base_env: dict[str, str], draft: str, k: int, hook: str, pauses: list[int], max_tokens: int
+async def _paused_engine_runs(
+    pool: EnginePool,
+    base_env: dict[str, str],
+    draft: str,
+    k: int,
+    hook: str | None,
+    pauses: list[int],
+    max_tokens: int,
 ) -> dict[int, dict[str, Any]]:
-    """The paused runs on an engine booted under the seam's test hook ``hook``."""
-    os.environ[TEST_ENV] = hook  # read by the engine core the boot starts
+    """The paused runs on an engine of their own, booted under the seam's test hook ``hook`` (None:
+    the skip as it ships)."""
+    if hook is not None:
+        os.environ[TEST_ENV] = hook  # read by the engine core the boot starts
     try:
         engine = await pool.boot(load_settings(_env(base_env, draft, k, paused=True)))
     finally:
