@@ -54,6 +54,7 @@ from worker.speculation.stats.tracking import RequestEnd
 from worker.vllm_internals import async_llm, core_first, scheduler
 from worker.vllm_internals import frontend as spec_frontend
 from worker.vllm_internals.check import require_internals
+from worker.vllm_internals.config_fields import engine_arg_names
 from worker.vllm_internals.plugin import apply_draft_skip, apply_full_graph_choices
 
 __all__ = [
@@ -101,11 +102,10 @@ class ApiProcess:
 
 
 def engine_args_problem(engine_args: Mapping[str, Any]) -> str | None:
-    """What is wrong with ``ENGINE_ARGS``: keys that are not fields of vLLM's ``AsyncEngineArgs``;
-    None when nothing is. Asked at the process's start (``boot/preflight.py``) and again here, for a
-    boot without it."""
-    known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
-    unknown = sorted(set(engine_args) - known)
+    """What is wrong with ``ENGINE_ARGS``: keys that are not vLLM's engine arguments; None when
+    nothing is. For a boot that did not pass the process's start (``boot/preflight.py`` refuses the
+    same keys there, with a suggestion for each)."""
+    unknown = sorted(set(engine_args) - engine_arg_names())
     return f"ENGINE_ARGS: {', '.join(unknown)}: not a vLLM engine argument" if unknown else None
 
 
